@@ -1,0 +1,56 @@
+/* The attention entry points: validate once, then hand the problem to the context's backend. */
+#include <math.h>
+
+#include "error.h"
+#include "tiling.h"
+#include "validate.h"
+
+fa_status fa_context_backend_state(fa_context *ctx, const fa_backend_iface **iface, void **state);
+
+void fa_attention_desc_init(fa_attention_desc *desc)
+{
+    if (!desc) return;
+    *desc = (fa_attention_desc){0};
+    desc->window_left = -1;
+    desc->window_right = -1;
+}
+
+fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
+                     const fa_tensor *v, fa_tensor *out, float *lse)
+{
+    const fa_backend_iface *iface;
+    void *state;
+    fa_problem p;
+    fa_status st = fa_context_backend_state(ctx, &iface, &state);
+    if (st == FA_SUCCESS) st = fa_validate_forward(desc, q, k, v, out, lse, &p);
+    if (st == FA_SUCCESS) st = iface->forward(state, &p);
+    return st;
+}
+
+fa_status fa_backward(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
+                      const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout, const float *lse,
+                      fa_tensor *dq, fa_tensor *dk, fa_tensor *dv)
+{
+    const fa_backend_iface *iface;
+    void *state;
+    fa_problem p;
+    fa_status st = fa_context_backend_state(ctx, &iface, &state);
+    if (st == FA_SUCCESS) st = fa_validate_backward(desc, q, k, v, out, dout, lse, dq, dk, dv, &p);
+    if (st == FA_SUCCESS) st = iface->backward(state, &p);
+    return st;
+}
+
+fa_tiling fa_tiling_for(int64_t sram_elements, int64_t head_dim)
+{
+    fa_tiling t;
+    fa_paper_tiles(sram_elements, head_dim, &t.block_rows, &t.block_cols);
+    return t;
+}
+
+#define FA_STR2(x) #x
+#define FA_STR(x) FA_STR2(x)
+const char *fa_version_string(void)
+{
+    return FA_STR(FA_VERSION_MAJOR) "." FA_STR(FA_VERSION_MINOR) "." FA_STR(FA_VERSION_PATCH);
+}
+unsigned fa_version_number(void) { return FA_VERSION_NUMBER; }

@@ -1,0 +1,70 @@
+/* The backend interface: every backend (the built-in CPU one and the dlopen'd GPU plugins) is a
+ * table of function pointers plus an opaque state, in the style of ggml-backend. The core
+ * validates arguments once and hands each backend a normalised fa_problem; backends never see
+ * packed (all-zero) strides or a zero softmax scale. */
+#ifndef FA_BACKEND_H
+#define FA_BACKEND_H
+
+#include "flashattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever fa_problem, fa_host_api or fa_backend_iface change layout. */
+#define FA_BACKEND_ABI_VERSION 1u
+
+/* A validated attention problem. Tensor strides are always explicit (never 0). */
+typedef struct fa_problem {
+    int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+    fa_dtype dtype;
+    float scale;                       /* resolved softmax scale */
+    int causal;
+    int32_t window_left, window_right; /* -1 = unbounded */
+    const int32_t *seqlens_k;          /* host, [batch] or NULL */
+    float dropout_p;
+    uint64_t dropout_seed, dropout_offset;
+    const fa_block_mask *block_mask;   /* host or NULL */
+    fa_tensor q, k, v, out;
+    fa_tensor dout, dq, dk, dv;        /* backward only; data NULL in forward */
+    float *lse;                        /* forward: output or NULL; backward: input */
+} fa_problem;
+
+/* Services the core library offers to plugins (plugins never link the core). */
+typedef struct fa_host_api {
+    uint32_t abi_version;
+    /* Records the thread's detailed error message (printf-style); returns the status passed. */
+    fa_status (*set_error)(fa_status status, const char *fmt, ...);
+} fa_host_api;
+
+typedef struct fa_backend_iface {
+    uint32_t abi_version;
+    fa_backend kind;
+    const char *name;
+    /* Devices usable now; 0 means absent (then the backend has recorded why via set_error). */
+    int (*device_count)(void);
+    fa_status (*open)(int device, void **state);
+    void (*close)(void *state);
+    fa_status (*set_num_threads)(void *state, int n);
+    fa_status (*set_stream)(void *state, void *stream);
+    fa_status (*synchronize)(void *state);
+    fa_status (*mem_alloc)(void *state, size_t bytes, void **ptr);
+    fa_status (*mem_free)(void *state, void *ptr);
+    fa_status (*copy_h2d)(void *state, void *dst, const void *src, size_t bytes);
+    fa_status (*copy_d2h)(void *state, void *dst, const void *src, size_t bytes);
+    fa_status (*tiling)(void *state, int64_t head_dim, fa_dtype dtype, fa_tiling *tiling,
+                        int64_t *sram_elements);
+    const char *(*info)(void *state);
+    fa_status (*forward)(void *state, const fa_problem *p);
+    fa_status (*backward)(void *state, const fa_problem *p);
+} fa_backend_iface;
+
+/* A plugin exports one C symbol of this type, named FA_PLUGIN_ENTRY_NAME. It returns NULL when
+ * host->abi_version does not match the one it was built for. */
+typedef const fa_backend_iface *(*fa_plugin_entry_fn)(const fa_host_api *host);
+#define FA_PLUGIN_ENTRY_NAME "fa_backend_plugin_entry"
+
+#ifdef __cplusplus
+}
+#endif
+#endif

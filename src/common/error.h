@@ -1,0 +1,15 @@
+/* The thread's last error: a fixed text per status plus one detailed line. */
+#ifndef FA_ERROR_H
+#define FA_ERROR_H
+#include "flashattn.h"
+
+#if defined(__GNUC__)
+#  define FA_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#  define FA_PRINTF(a, b)
+#endif
+
+/* Records the message for this thread and returns status, so callers can `return fa_set_error(...)`. */
+fa_status fa_set_error(fa_status status, const char *fmt, ...) FA_PRINTF(2, 3);
+void fa_clear_error(void);
+#endif

@@ -1,0 +1,159 @@
+#include "validate.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "error.h"
+
+#define INVALID(...) fa_set_error(FA_ERROR_INVALID_VALUE, __VA_ARGS__)
+
+int fa_checked_mul(int64_t a, int64_t b, int64_t *result)
+{
+    if (a < 0 || b < 0) return 0;
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    *result = a * b;
+    return 1;
+}
+
+int fa_checked_add(int64_t a, int64_t b, int64_t *result)
+{
+    if (a < 0 || b < 0 || a > INT64_MAX - b) return 0;
+    *result = a + b;
+    return 1;
+}
+
+size_t fa_dtype_size(fa_dtype dtype) { return dtype == FA_DTYPE_F32 ? 4 : 2; }
+
+static int valid_dtype(fa_dtype d) { return d == FA_DTYPE_F32 || d == FA_DTYPE_F16 || d == FA_DTYPE_BF16; }
+
+/* Checks one tensor and returns it with explicit strides. */
+static fa_status check_tensor(const char *name, const fa_tensor *t, fa_tensor *out)
+{
+    if (!t) return INVALID("%s: is NULL", name);
+    if (!t->data) return INVALID("%s: data is NULL", name);
+    if (!valid_dtype(t->dtype)) return INVALID("%s: unknown dtype %d", name, (int)t->dtype);
+    const int64_t dims[4] = {t->batch, t->seqlen, t->heads, t->head_dim};
+    static const char *const dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
+    for (int i = 0; i < 4; ++i)
+        if (dims[i] <= 0) return INVALID("%s: %s %lld is not positive", name, dim_names[i], (long long)dims[i]);
+    *out = *t;
+    const int packed = t->stride_batch == 0 && t->stride_seq == 0 && t->stride_head == 0;
+    if (packed) {
+        out->stride_head = t->head_dim;
+        if (!fa_checked_mul(t->heads, t->head_dim, &out->stride_seq) ||
+            !fa_checked_mul(t->seqlen, out->stride_seq, &out->stride_batch))
+            return INVALID("%s: element count overflows 64 bits", name);
+    } else if (t->stride_batch <= 0 || t->stride_seq <= 0 || t->stride_head <= 0) {
+        return INVALID("%s: strides (%lld, %lld, %lld) must be all 0 (packed) or all positive", name,
+                       (long long)t->stride_batch, (long long)t->stride_seq, (long long)t->stride_head);
+    }
+    /* The largest element offset, and its byte offset, must fit: no index arithmetic overflows. */
+    int64_t count, last = t->head_dim - 1, term, bytes;
+    const int64_t extents[3][2] = {{t->batch - 1, out->stride_batch}, {t->seqlen - 1, out->stride_seq},
+                                   {t->heads - 1, out->stride_head}};
+    int ok = fa_checked_mul(t->batch, t->seqlen, &count) && fa_checked_mul(count, t->heads, &count) &&
+             fa_checked_mul(count, t->head_dim, &count);
+    for (int i = 0; ok && i < 3; ++i)
+        ok = fa_checked_mul(extents[i][0], extents[i][1], &term) && fa_checked_add(last, term, &last);
+    ok = ok && fa_checked_add(last, 1, &last) && fa_checked_mul(last, (int64_t)fa_dtype_size(t->dtype), &bytes);
+    if (!ok) return INVALID("%s: element count overflows 64 bits", name);
+    return FA_SUCCESS;
+}
+
+static fa_status same_shape(const char *name, const fa_tensor *t, const char *ref_name, const fa_tensor *ref)
+{
+    if (t->batch != ref->batch || t->seqlen != ref->seqlen || t->heads != ref->heads || t->head_dim != ref->head_dim)
+        return INVALID("%s: shape [%lld, %lld, %lld, %lld] differs from %s [%lld, %lld, %lld, %lld]", name,
+                       (long long)t->batch, (long long)t->seqlen, (long long)t->heads, (long long)t->head_dim,
+                       ref_name, (long long)ref->batch, (long long)ref->seqlen, (long long)ref->heads,
+                       (long long)ref->head_dim);
+    if (t->dtype != ref->dtype) return INVALID("%s: dtype differs from %s", name, ref_name);
+    return FA_SUCCESS;
+}
+
+static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
+{
+    if (!desc) return INVALID("desc: is NULL");
+    if (!isfinite(desc->softmax_scale)) return INVALID("desc->softmax_scale: is not finite");
+    if (desc->window_left < -1) return INVALID("desc->window_left: %d is below -1", desc->window_left);
+    if (desc->window_right < -1) return INVALID("desc->window_right: %d is below -1", desc->window_right);
+    if (!(desc->dropout_p >= 0.0f && desc->dropout_p < 1.0f))
+        return INVALID("desc->dropout_p: %g is outside [0, 1)", (double)desc->dropout_p);
+    if (desc->seqlens_k) {
+        for (int64_t b = 0; b < p->batch; ++b)
+            if (desc->seqlens_k[b] < 0 || desc->seqlens_k[b] > p->seqlen_k)
+                return INVALID("desc->seqlens_k[%lld]: %d is outside [0, %lld]", (long long)b, desc->seqlens_k[b],
+                               (long long)p->seqlen_k);
+    }
+    const fa_block_mask *bm = desc->block_mask;
+    if (bm) {
+        if (!bm->mask) return INVALID("desc->block_mask->mask: is NULL");
+        if (bm->block_q <= 0 || bm->block_k <= 0)
+            return INVALID("desc->block_mask: block sizes %d x %d must be positive", bm->block_q, bm->block_k);
+        const int64_t rows = (p->seqlen_q + bm->block_q - 1) / bm->block_q;
+        const int64_t cols = (p->seqlen_k + bm->block_k - 1) / bm->block_k;
+        if (bm->rows != rows || bm->cols != cols)
+            return INVALID("desc->block_mask: %lld x %lld blocks, expected %lld x %lld for seqlens %lld, %lld",
+                           (long long)bm->rows, (long long)bm->cols, (long long)rows, (long long)cols,
+                           (long long)p->seqlen_q, (long long)p->seqlen_k);
+    }
+    int64_t elements;
+    if (desc->dropout_p > 0.0f &&
+        !(fa_checked_mul(p->batch, p->heads_q, &elements) && fa_checked_mul(elements, p->seqlen_q, &elements) &&
+          fa_checked_mul(elements, p->seqlen_k, &elements)))
+        return INVALID("desc->dropout_p: the attention matrix has more than 2^63 elements to index");
+    p->scale = desc->softmax_scale != 0.0f ? desc->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
+    p->causal = desc->causal != 0;
+    p->window_left = desc->window_left;
+    p->window_right = desc->window_right;
+    p->seqlens_k = desc->seqlens_k;
+    p->dropout_p = desc->dropout_p;
+    p->dropout_seed = desc->dropout_seed;
+    p->dropout_offset = desc->dropout_offset;
+    p->block_mask = bm;
+    return FA_SUCCESS;
+}
+
+fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
+                              const fa_tensor *v, const fa_tensor *out, float *lse, fa_problem *p)
+{
+    memset(p, 0, sizeof *p);
+    fa_status st;
+    if ((st = check_tensor("q", q, &p->q)) || (st = check_tensor("k", k, &p->k)) ||
+        (st = check_tensor("v", v, &p->v)) || (st = check_tensor("out", out, &p->out)))
+        return st;
+    if (k->batch != q->batch) return INVALID("k: batch %lld differs from q's %lld", (long long)k->batch, (long long)q->batch);
+    if (k->head_dim != q->head_dim)
+        return INVALID("k: head_dim %lld differs from q's %lld", (long long)k->head_dim, (long long)q->head_dim);
+    if (k->dtype != q->dtype) return INVALID("k: dtype differs from q");
+    if ((st = same_shape("v", v, "k", k)) || (st = same_shape("out", out, "q", q))) return st;
+    if (q->heads % k->heads != 0)
+        return INVALID("k: heads %lld does not divide q's heads %lld", (long long)k->heads, (long long)q->heads);
+    p->batch = q->batch;
+    p->heads_q = q->heads;
+    p->heads_kv = k->heads;
+    p->seqlen_q = q->seqlen;
+    p->seqlen_k = k->seqlen;
+    p->head_dim = q->head_dim;
+    p->dtype = q->dtype;
+    p->lse = lse;
+    return check_desc(desc, p);
+}
+
+fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
+                               const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout,
+                               const float *lse, const fa_tensor *dq, const fa_tensor *dk,
+                               const fa_tensor *dv, fa_problem *p)
+{
+    fa_status st = fa_validate_forward(desc, q, k, v, out, NULL, p);
+    if (st) return st;
+    if (!lse) return INVALID("lse: is NULL (backward needs the forward's lse)");
+    if ((st = check_tensor("dout", dout, &p->dout)) || (st = check_tensor("dq", dq, &p->dq)) ||
+        (st = check_tensor("dk", dk, &p->dk)) || (st = check_tensor("dv", dv, &p->dv)))
+        return st;
+    if ((st = same_shape("dout", dout, "q", q)) || (st = same_shape("dq", dq, "q", q)) ||
+        (st = same_shape("dk", dk, "k", k)) || (st = same_shape("dv", dv, "v", v)))
+        return st;
+    p->lse = (float *)lse;
+    return FA_SUCCESS;
+}

@@ -1,0 +1,18 @@
+/* Argument validation: turns the public call's arguments into a checked fa_problem, or returns
+ * FA_ERROR_INVALID_VALUE with a message naming the argument. */
+#ifndef FA_VALIDATE_H
+#define FA_VALIDATE_H
+#include "backend.h"
+
+fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
+                              const fa_tensor *v, const fa_tensor *out, float *lse, fa_problem *p);
+fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
+                               const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout,
+                               const float *lse, const fa_tensor *dq, const fa_tensor *dk,
+                               const fa_tensor *dv, fa_problem *p);
+
+/* a * b and a + b for non-negative int64, returning 0 on overflow. */
+int fa_checked_mul(int64_t a, int64_t b, int64_t *result);
+int fa_checked_add(int64_t a, int64_t b, int64_t *result);
+size_t fa_dtype_size(fa_dtype dtype);
+#endif

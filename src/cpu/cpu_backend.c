@@ -1,0 +1,101 @@
+/* The CPU backend's interface table: host memory, OpenMP threads, cache-sized tiles. */
+#include "cpu_backend.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "../common/alloc.h"
+#include "../common/error.h"
+#include "../common/registry.h"
+#include "../common/tiling.h"
+#include "cpu_tile.h"
+
+static int cpu_device_count(void) { return 1; }
+
+static fa_status cpu_open(int device, void **state)
+{
+    (void)device;
+    const fa_cpu_kernels *kernels = fa_cpu_select_kernels();
+    if (!kernels) return FA_ERROR_NOT_SUPPORTED; /* reason recorded by the selector */
+    fa_cpu_state *s = fa_host_calloc(1, sizeof *s);
+    if (!s) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "ctx: cannot allocate the CPU backend state");
+    s->kernels = kernels;
+    s->caches = fa_cpu_detect_caches();
+    *state = s;
+    return FA_SUCCESS;
+}
+
+static void cpu_close(void *state) { fa_host_free(state); }
+
+static fa_status cpu_set_num_threads(void *state, int n)
+{
+    ((fa_cpu_state *)state)->num_threads = n;
+    return FA_SUCCESS;
+}
+
+static fa_status cpu_set_stream(void *state, void *stream)
+{
+    (void)state;
+    if (stream) return fa_set_error(FA_ERROR_NOT_SUPPORTED, "stream: the CPU backend has no streams (pass NULL)");
+    return FA_SUCCESS;
+}
+
+static fa_status cpu_synchronize(void *state)
+{
+    (void)state; /* CPU calls complete before they return */
+    return FA_SUCCESS;
+}
+
+static fa_status cpu_mem_alloc(void *state, size_t bytes, void **ptr)
+{
+    (void)state;
+    *ptr = fa_host_alloc(bytes);
+    if (!*ptr) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "bytes: cannot allocate %zu bytes", bytes);
+    return FA_SUCCESS;
+}
+
+static fa_status cpu_mem_free(void *state, void *ptr)
+{
+    (void)state;
+    fa_host_free(ptr);
+    return FA_SUCCESS;
+}
+
+static fa_status cpu_copy(void *state, void *dst, const void *src, size_t bytes)
+{
+    (void)state;
+    memmove(dst, src, bytes);
+    return FA_SUCCESS;
+}
+
+void fa_cpu_tiles(const fa_cpu_state *s, int64_t head_dim, int64_t *block_rows, int64_t *block_cols,
+                  int64_t *sram_elements)
+{
+    const int64_t m = s->caches.l2_bytes / (int64_t)sizeof(float);
+    fa_fit_tiles(m, head_dim, s->kernels->row_step, s->kernels->col_step, block_rows, block_cols);
+    if (sram_elements) *sram_elements = m;
+}
+
+static fa_status cpu_tiling(void *state, int64_t head_dim, fa_dtype dtype, fa_tiling *tiling, int64_t *sram)
+{
+    (void)dtype; /* tiles are f32 whatever the input dtype */
+    fa_cpu_tiles(state, head_dim, &tiling->block_rows, &tiling->block_cols, sram);
+    return FA_SUCCESS;
+}
+
+static const char *cpu_info(void *state)
+{
+    fa_cpu_state *s = state;
+    snprintf(s->info, sizeof s->info, "cpu: isa %s, %d thread(s), L1d %lld KiB, L2 %lld KiB%s", s->kernels->isa,
+             fa_cpu_thread_count(s->num_threads), (long long)(s->caches.l1d_bytes / 1024),
+             (long long)(s->caches.l2_bytes / 1024), s->caches.detected ? "" : " (cache sizes not detected, defaults)");
+    return s->info;
+}
+
+static const fa_backend_iface cpu_iface = {
+    FA_BACKEND_ABI_VERSION, FA_BACKEND_CPU, "cpu", cpu_device_count, cpu_open, cpu_close,
+    cpu_set_num_threads, cpu_set_stream, cpu_synchronize, cpu_mem_alloc, cpu_mem_free, cpu_copy, cpu_copy,
+    cpu_tiling, cpu_info, fa_cpu_forward, fa_cpu_backward,
+};
+
+const fa_backend_iface *fa_cpu_backend_iface(void) { return &cpu_iface; }

@@ -1,0 +1,143 @@
+#include "cpu_tile.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+void fa_cpu_load_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, float *dst, int64_t ld)
+{
+    const int64_t d = t->head_dim;
+    for (int64_t r = 0; r < rows; ++r) {
+        const void *src = fa_row_ptr(t, b, s0 + r, h);
+        float *out = dst + r * ld;
+        switch (t->dtype) {
+        case FA_DTYPE_F32:
+            for (int64_t c = 0; c < d; ++c) out[c] = ((const float *)src)[c];
+            break;
+        case FA_DTYPE_F16:
+            for (int64_t c = 0; c < d; ++c) out[c] = fa_f16_to_f32(((const uint16_t *)src)[c]);
+            break;
+        case FA_DTYPE_BF16:
+            for (int64_t c = 0; c < d; ++c) out[c] = fa_bf16_to_f32(((const uint16_t *)src)[c]);
+            break;
+        }
+    }
+}
+
+void fa_cpu_store_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, const float *src,
+                       int64_t ld)
+{
+    const int64_t d = t->head_dim;
+    for (int64_t r = 0; r < rows; ++r) {
+        void *dst = fa_row_ptr(t, b, s0 + r, h);
+        const float *in = src + r * ld;
+        switch (t->dtype) {
+        case FA_DTYPE_F32:
+            for (int64_t c = 0; c < d; ++c) ((float *)dst)[c] = in[c];
+            break;
+        case FA_DTYPE_F16:
+            for (int64_t c = 0; c < d; ++c) ((uint16_t *)dst)[c] = fa_f32_to_f16(in[c]);
+            break;
+        case FA_DTYPE_BF16:
+            for (int64_t c = 0; c < d; ++c) ((uint16_t *)dst)[c] = fa_f32_to_bf16(in[c]);
+            break;
+        }
+    }
+}
+
+void fa_cpu_rows_init(const fa_problem *p, int64_t b, int64_t i0, int64_t count, fa_key_range *storage,
+                      fa_cpu_rows *rows)
+{
+    const int64_t valid_k = p->seqlens_k ? p->seqlens_k[b] : p->seqlen_k;
+    rows->i0 = i0;
+    rows->count = count;
+    rows->range = storage;
+    rows->key_lo = INT64_MAX;
+    rows->key_hi = 0;
+    for (int64_t r = 0; r < count; ++r) {
+        storage[r] = fa_visible_keys(i0 + r, p->seqlen_q, p->seqlen_k, valid_k, p->causal, p->window_left,
+                                     p->window_right);
+        if (storage[r].hi <= storage[r].lo) continue;
+        if (storage[r].lo < rows->key_lo) rows->key_lo = storage[r].lo;
+        if (storage[r].hi > rows->key_hi) rows->key_hi = storage[r].hi;
+    }
+    if (rows->key_hi <= 0) rows->key_lo = 0;
+}
+
+static int block_visible(const fa_block_mask *bm, int64_t i, int64_t j)
+{
+    return bm->mask[(i / bm->block_q) * bm->cols + j / bm->block_k] != 0;
+}
+
+fa_tile_visibility fa_cpu_tile_visibility(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols)
+{
+    const int64_t j1 = j0 + cols;
+    if (rows->key_hi <= j0 || rows->key_lo >= j1) return FA_TILE_EMPTY;
+    int full = 1;
+    for (int64_t r = 0; r < rows->count && full; ++r)
+        full = rows->range[r].lo <= j0 && rows->range[r].hi >= j1;
+    const fa_block_mask *bm = p->block_mask;
+    if (!bm) return full ? FA_TILE_FULL : FA_TILE_PARTIAL;
+    /* Scan the mask blocks covering the tile: skip it when all are zero (Algorithm 5). */
+    const int64_t r0 = rows->i0 / bm->block_q, r1 = (rows->i0 + rows->count - 1) / bm->block_q;
+    const int64_t c0 = j0 / bm->block_k, c1 = (j1 - 1) / bm->block_k;
+    int any = 0, all = 1;
+    for (int64_t br = r0; br <= r1; ++br)
+        for (int64_t bc = c0; bc <= c1; ++bc) {
+            const int set = bm->mask[br * bm->cols + bc] != 0;
+            any |= set;
+            all &= set;
+        }
+    if (!any) return FA_TILE_EMPTY;
+    return full && all ? FA_TILE_FULL : FA_TILE_PARTIAL;
+}
+
+void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols,
+                       fa_tile_visibility vis, float *s, int64_t lds)
+{
+    const float scale = p->scale;
+    for (int64_t r = 0; r < rows->count; ++r) {
+        float *row = s + r * lds;
+        if (vis == FA_TILE_FULL) {
+            for (int64_t c = 0; c < cols; ++c) row[c] *= scale;
+            continue;
+        }
+        const fa_key_range range = rows->range[r];
+        const int64_t i = rows->i0 + r;
+        for (int64_t c = 0; c < cols; ++c) {
+            const int64_t j = j0 + c;
+            int visible = j >= range.lo && j < range.hi;
+            if (visible && p->block_mask) visible = block_visible(p->block_mask, i, j);
+            row[c] = visible ? row[c] * scale : -INFINITY;
+        }
+    }
+}
+
+void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
+                          int64_t cols, float *tile, int64_t ld)
+{
+    const float keep_scale = 1.0f / (1.0f - p->dropout_p);
+    for (int64_t r = 0; r < rows->count; ++r) {
+        const uint64_t row_base =
+            (((uint64_t)b * (uint64_t)p->heads_q + (uint64_t)h) * (uint64_t)p->seqlen_q + (uint64_t)(rows->i0 + r)) *
+            (uint64_t)p->seqlen_k;
+        float *row = tile + r * ld;
+        int64_t c = 0;
+        while (c < cols) {
+            const uint64_t e = row_base + (uint64_t)(j0 + c);
+            const fa_philox4x32 w = fa_dropout_words(p->dropout_seed, p->dropout_offset, e >> 2);
+            for (uint64_t word = e & 3u; word < 4 && c < cols; ++word, ++c)
+                row[c] = fa_dropout_uniform(w.v[word]) < p->dropout_p ? 0.0f : row[c] * keep_scale;
+        }
+    }
+}
+
+int fa_cpu_thread_count(int requested)
+{
+#ifdef _OPENMP
+    return requested > 0 ? requested : omp_get_max_threads();
+#else
+    (void)requested;
+    return 1;
+#endif
+}

@@ -1,0 +1,52 @@
+/* Tile plumbing shared by the CPU forward and backward: moving rows between tensors (any dtype,
+ * any strides) and f32 tiles, and the visibility of one (query tile, key tile) pair. */
+#ifndef FA_CPU_TILE_H
+#define FA_CPU_TILE_H
+#include <math.h>
+#include <stdint.h>
+
+#include "../common/backend.h"
+#include "../common/half.h"
+#include "../common/philox.h"
+#include "../common/visibility.h"
+#include "kernels/kernels.h"
+
+/* Address of row (b, s, h) of a tensor with explicit strides. */
+static inline void *fa_row_ptr(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
+{
+    const int64_t offset = b * t->stride_batch + s * t->stride_seq + h * t->stride_head;
+    return (char *)t->data + offset * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
+}
+
+/* dst[r * ld + c] = tensor[b, s0 + r, h, c] for r < rows, c < head_dim, converted to f32. */
+void fa_cpu_load_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, float *dst, int64_t ld);
+/* tensor[b, s0 + r, h, c] = src[r * ld + c], converted from f32. */
+void fa_cpu_store_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, const float *src,
+                       int64_t ld);
+
+/* Per query row of a tile: the visible key range (causal, window, padding). */
+typedef struct fa_cpu_rows {
+    int64_t i0, count;         /* first query row and number of rows */
+    fa_key_range *range;       /* [count] */
+    int64_t key_lo, key_hi;    /* union of the ranges (empty when key_hi <= key_lo) */
+} fa_cpu_rows;
+
+void fa_cpu_rows_init(const fa_problem *p, int64_t b, int64_t i0, int64_t count, fa_key_range *storage,
+                      fa_cpu_rows *rows);
+
+typedef enum fa_tile_visibility { FA_TILE_EMPTY, FA_TILE_PARTIAL, FA_TILE_FULL } fa_tile_visibility;
+
+/* Whether any (FULL: every) element of rows x keys [j0, j0 + cols) is visible, block mask included. */
+fa_tile_visibility fa_cpu_tile_visibility(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols);
+
+/* s[r][c] = scale * s[r][c] where visible, -inf elsewhere (masks applied when the tile is PARTIAL). */
+void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols,
+                       fa_tile_visibility vis, float *s, int64_t lds);
+
+/* Dropout on a tile of probabilities of (b, h): p[r][c] *= keep ? 1/(1-p) : 0. */
+void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
+                          int64_t cols, float *tile, int64_t ld);
+
+/* OpenMP-agnostic helpers. */
+int fa_cpu_thread_count(int requested);
+#endif
