@@ -1,0 +1,43 @@
+/* The shared case table and the runner every backend's tests use: a case is generated
+ * (unit-normal inputs from a fixed seed), run through the public API on a context of any backend
+ * (tensors copied with fa_malloc / fa_memcpy_*), and compared with the oracle. */
+#ifndef FA_TEST_HARNESS_H
+#define FA_TEST_HARNESS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashattn.h"
+#include "oracle.h"
+
+typedef enum case_layout { LAYOUT_PACKED, LAYOUT_BHSD /* [batch, heads, seqlen, head_dim] via strides */ } case_layout;
+typedef enum case_block_mask { BLOCK_MASK_NONE, BLOCK_MASK_RANDOM, BLOCK_MASK_BUTTERFLY, BLOCK_MASK_LOCAL_GLOBAL } case_block_mask;
+
+typedef struct fa_test_case {
+    const char *name;
+    oracle_shape shape;
+    float softmax_scale; /* 0 = default */
+    int causal;
+    int32_t window_left, window_right;
+    int key_padding;     /* 1: seqlens_k set, with some batches short and one zero-length */
+    float dropout_p;
+    uint64_t dropout_seed, dropout_offset;
+    case_block_mask block_mask;
+    int32_t block_q, block_k;
+    case_layout layout;
+} fa_test_case;
+
+extern const fa_test_case fa_test_cases[];
+extern const size_t fa_test_case_count;
+
+typedef struct fa_case_errors {
+    double out, lse, dq, dk, dv; /* max abs error against the oracle */
+} fa_case_errors;
+
+/* Tolerance on max abs error for unit-normal inputs: f32 1e-4 (the foundation issue's bound);
+ * f16 and bf16 are stated next to their definition in harness.c. */
+double fa_case_tolerance(fa_dtype dtype);
+
+/* Runs forward and (if backward) backward of c on ctx in dtype; fills errors.
+ * Returns FA_SUCCESS or the status the library returned. */
+fa_status fa_run_case(fa_context *ctx, const fa_test_case *c, fa_dtype dtype, int backward, fa_case_errors *errors);
+#endif
