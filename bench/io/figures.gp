@@ -31,9 +31,12 @@ set ylabel 'slow-memory traffic, GB (model, 1024 heads, fp16)'
 set y2label 'runtime per head, ms (paper loop order, this CPU)'
 set ytics nomirror
 set y2tics
+set yrange [0:*]
+set y2range [0:*]
 plot dir.'/fig2_middle.csv' using 1:3 with linespoints lw 2 title 'HBM traffic (model)' axes x1y1, \
      '' using 1:4 with linespoints lw 2 title 'runtime (measured)' axes x1y2
 unset logscale x
+set autoscale y
 unset y2tics
 unset y2label
 set ytics mirror
