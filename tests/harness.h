@@ -41,11 +41,12 @@ typedef struct fa_case_errors {
 
 /* Tolerance on max abs error for unit-normal inputs: f32 1e-4 (the foundation issue's bound);
  * f16 and bf16 are stated next to their definition in harness.c. For f16/bf16 the allowed error
- * of a quantity is this tolerance times its scale (above); for f32 it is absolute. */
+ * of out, dq, dk, dv is this tolerance times the quantity's scale (above); f32 results and lse
+ * (fp32 in every dtype) are held to the absolute f32 bound. */
 double fa_case_tolerance(fa_dtype dtype);
 
 /* 1 when every error the run produced (outputs and lse; gradients too if backward) is within
- * tolerance. why (may be NULL) receives a one-line account of every quantity, worst first. */
+ * tolerance. why (may be NULL) receives a one-line account of every quantity and its limit. */
 int fa_case_passes(const fa_case_errors *errors, fa_dtype dtype, int backward, char *why, size_t why_size);
 
 /* "name [f16] b2 hq4 hkv2 sq129 sk129 d64 causal ..." : for failure messages. */
