@@ -267,9 +267,14 @@ typedef struct case_tensor {
     size_t elements; /* of the whole buffer, gaps included */
 } case_tensor;
 
-static void tensor_shape(case_tensor *ct, fa_dtype dtype, case_layout layout, int64_t batch, int64_t seqlen,
-                         int64_t heads, int64_t head_dim)
+enum tensor_side { QUERY_SIDE, KEY_SIDE }; /* q, out, dout, dq | k, v, dk, dv */
+
+static void tensor_shape(case_tensor *ct, const fa_test_case *c, fa_dtype dtype, enum tensor_side side)
 {
+    const case_layout layout = c->layout;
+    const int64_t batch = c->shape.batch, head_dim = c->shape.head_dim;
+    const int64_t seqlen = side == KEY_SIDE ? c->shape.seqlen_k : c->shape.seqlen_q;
+    const int64_t heads = side == KEY_SIDE ? c->shape.heads_kv : c->shape.heads_q;
     memset(ct, 0, sizeof *ct);
     fa_tensor *t = &ct->t;
     t->dtype = dtype;
@@ -480,10 +485,10 @@ fa_status fa_run_case(fa_context *ctx, const fa_test_case *c, fa_dtype dtype, in
     TRY_ALLOC(m.got = malloc((q_count > kv_count ? q_count : kv_count) * sizeof(double)));
     TRY_ALLOC(m.lse_host = malloc(lse_count * sizeof(float)));
 
-    tensor_shape(&m.tq, dtype, c->layout, s->batch, s->seqlen_q, s->heads_q, s->head_dim);
-    tensor_shape(&m.tk, dtype, c->layout, s->batch, s->seqlen_k, s->heads_kv, s->head_dim);
-    tensor_shape(&m.tv, dtype, c->layout, s->batch, s->seqlen_k, s->heads_kv, s->head_dim);
-    tensor_shape(&m.tout, dtype, c->layout, s->batch, s->seqlen_q, s->heads_q, s->head_dim);
+    tensor_shape(&m.tq, c, dtype, QUERY_SIDE);
+    tensor_shape(&m.tk, c, dtype, KEY_SIDE);
+    tensor_shape(&m.tv, c, dtype, KEY_SIDE);
+    tensor_shape(&m.tout, c, dtype, QUERY_SIDE);
     TRY(tensor_upload(ctx, &m.tq, m.q));
     TRY(tensor_upload(ctx, &m.tk, m.k));
     TRY(tensor_upload(ctx, &m.tv, m.v));
@@ -506,10 +511,10 @@ fa_status fa_run_case(fa_context *ctx, const fa_test_case *c, fa_dtype dtype, in
     TRY_ALLOC(m.dq_ref = malloc(q_count * sizeof(double)));
     TRY_ALLOC(m.dk_ref = malloc(kv_count * sizeof(double)));
     TRY_ALLOC(m.dv_ref = malloc(kv_count * sizeof(double)));
-    tensor_shape(&m.tdout, dtype, c->layout, s->batch, s->seqlen_q, s->heads_q, s->head_dim);
-    tensor_shape(&m.tdq, dtype, c->layout, s->batch, s->seqlen_q, s->heads_q, s->head_dim);
-    tensor_shape(&m.tdk, dtype, c->layout, s->batch, s->seqlen_k, s->heads_kv, s->head_dim);
-    tensor_shape(&m.tdv, dtype, c->layout, s->batch, s->seqlen_k, s->heads_kv, s->head_dim);
+    tensor_shape(&m.tdout, c, dtype, QUERY_SIDE);
+    tensor_shape(&m.tdq, c, dtype, QUERY_SIDE);
+    tensor_shape(&m.tdk, c, dtype, KEY_SIDE);
+    tensor_shape(&m.tdv, c, dtype, KEY_SIDE);
     TRY(tensor_upload(ctx, &m.tdout, m.dout));
     TRY(tensor_upload(ctx, &m.tdq, NULL));
     TRY(tensor_upload(ctx, &m.tdk, NULL));

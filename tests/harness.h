@@ -53,7 +53,8 @@ int fa_case_passes(const fa_case_errors *errors, fa_dtype dtype, int backward, c
 void fa_case_describe(const fa_test_case *c, fa_dtype dtype, char *text, size_t size);
 const char *fa_dtype_label(fa_dtype dtype);
 
-/* FA_TEST_QUICK=1 in the environment (for sanitizer and valgrind runs) skips the larger cases:
+/* FA_TEST_QUICK=1 in the environment (for sanitizer and valgrind runs) skips the larger cases
+ * (and tests/core/test_memory, whose size is the point of it):
  * this returns 0 for them. Otherwise it returns 1 for every case. */
 int fa_case_selected(const fa_test_case *c);
 
