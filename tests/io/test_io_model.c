@@ -68,6 +68,18 @@ static void assert_counts_equal(const fa_io_counts *model, const fa_io_counts *r
     assert_int_equal(model->tiles_visited, run->tiles_visited);
 }
 
+/* A square problem: seqlen_q = seqlen_k = n, defaults otherwise (fa_io_problem_init). */
+static fa_io_problem square_problem(fa_io_algorithm algorithm, int64_t n, int64_t d, int64_t sram)
+{
+    fa_io_problem p;
+    fa_io_problem_init(&p);
+    p.algorithm = algorithm;
+    p.seqlen_q = p.seqlen_k = n;
+    p.head_dim = d;
+    p.sram_elements = sram;
+    return p;
+}
+
 typedef enum grid_mask { MASK_NONE, MASK_RANDOM, MASK_BUTTERFLY, MASK_LOCAL_GLOBAL } grid_mask;
 
 /* A mask over blocks of block_q x block_k tokens (deliberately not the algorithm's tile sizes). */
@@ -231,12 +243,7 @@ static void test_model_equals_run_explicit_tiles(void **state)
 static void test_density_equals_mask(void **state)
 {
     (void)state;
-    fa_io_problem p;
-    fa_io_problem_init(&p);
-    p.algorithm = FA_IO_BLOCK_SPARSE;
-    p.seqlen_q = p.seqlen_k = 256;
-    p.head_dim = 16;
-    p.sram_elements = 1024; /* Bc = 16, Br = 16: 16 x 16 tiles */
+    fa_io_problem p = square_problem(FA_IO_BLOCK_SPARSE, 256, 16, 1024); /* Bc = Br = 16: 16 x 16 tiles */
     p.batch_heads = 3;
     fa_block_mask bm;
     uint8_t *m = make_mask(MASK_RANDOM, 256, 256, 16, 16, 99, &bm);
@@ -267,10 +274,7 @@ static int64_t total(const fa_io_problem *p, fa_io_pass pass)
 static void test_theorem2_scaling(void **state)
 {
     (void)state;
-    fa_io_problem p;
-    fa_io_problem_init(&p);
-    p.seqlen_q = p.seqlen_k = 4096;
-    p.head_dim = 64;
+    fa_io_problem p = square_problem(FA_IO_FLASH, 4096, 64, 16384);
     for (int pass = FA_IO_FORWARD; pass <= FA_IO_BACKWARD; ++pass) {
         /* Doubling M (Bc 64 -> 128) halves the dominant term: the total drops by almost 2x. */
         p.sram_elements = 16384;
@@ -312,12 +316,8 @@ static void test_theorem2_scaling(void **state)
 static void test_flash_vs_standard_paper_setting(void **state)
 {
     (void)state;
-    fa_io_problem p;
-    fa_io_problem_init(&p);
-    p.seqlen_q = p.seqlen_k = 1024;
-    p.head_dim = 64;
+    fa_io_problem p = square_problem(FA_IO_FLASH, 1024, 64, 100 * 1024 / 2);
     p.element_bytes = 2;
-    p.sram_elements = 100 * 1024 / 2;
     const double flash = (double)(total(&p, FA_IO_FORWARD) + total(&p, FA_IO_BACKWARD));
     p.algorithm = FA_IO_STANDARD;
     const double standard = (double)(total(&p, FA_IO_FORWARD) + total(&p, FA_IO_BACKWARD));
@@ -329,12 +329,7 @@ static void test_flash_vs_standard_paper_setting(void **state)
 static void test_proposition4_scaling(void **state)
 {
     (void)state;
-    fa_io_problem p;
-    fa_io_problem_init(&p);
-    p.algorithm = FA_IO_BLOCK_SPARSE;
-    p.seqlen_q = p.seqlen_k = 8192;
-    p.head_dim = 64;
-    p.sram_elements = 32768;
+    fa_io_problem p = square_problem(FA_IO_BLOCK_SPARSE, 8192, 64, 32768);
     for (int pass = FA_IO_FORWARD; pass <= FA_IO_BACKWARD; ++pass) {
         p.block_density = 1.0;
         const double dense = (double)total(&p, (fa_io_pass)pass);
@@ -362,11 +357,8 @@ static void expect_invalid(const fa_io_problem *p, fa_io_pass pass, const char *
 static void test_estimate_argument_errors(void **state)
 {
     (void)state;
-    fa_io_problem base, p;
-    fa_io_problem_init(&base);
-    base.seqlen_q = base.seqlen_k = 64;
-    base.head_dim = 16;
-    base.sram_elements = 1024;
+    const fa_io_problem base = square_problem(FA_IO_FLASH, 64, 16, 1024);
+    fa_io_problem p;
     fa_io_counts c;
     assert_int_equal(fa_io_estimate(&base, FA_IO_FORWARD, &c), FA_SUCCESS);
     expect_invalid(NULL, FA_IO_FORWARD, "problem");
@@ -430,11 +422,7 @@ static void test_estimate_argument_errors(void **state)
 static void test_simulate_argument_errors(void **state)
 {
     (void)state;
-    fa_io_problem p;
-    fa_io_problem_init(&p);
-    p.seqlen_q = p.seqlen_k = 8;
-    p.head_dim = 4;
-    p.sram_elements = 64;
+    fa_io_problem p = square_problem(FA_IO_FLASH, 8, 4, 64);
     float a[32] = {0}, b[32] = {0}, o[32], lse[8], g1[32], g2[32], g3[32];
     fa_io_counts fc, bc;
     assert_int_equal(fa_io_simulate(&p, a, a, a, o, lse, &fc, b, g1, g2, g3, &bc), FA_SUCCESS);
