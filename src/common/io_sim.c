@@ -5,6 +5,7 @@
  * between the two is counted per operand. The counts are independent of io_model.c's closed forms
  * (they share only the problem validation and the definition of a visited tile). */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,9 +21,16 @@ typedef struct sim {
 } sim;
 
 /* ---- on-chip buffers and counted transfers -------------------------------------------------- */
+/* malloc of n floats; NULL when n floats do not fit in size_t. */
+static float *float_alloc(int64_t n)
+{
+    if ((uint64_t)n > SIZE_MAX / sizeof(float)) return NULL;
+    return malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+}
+
 static float *chip_acquire(sim *s, int64_t elements)
 {
-    float *p = malloc((size_t)(elements > 0 ? elements : 1) * sizeof(float));
+    float *p = float_alloc(elements);
     if (!p) {
         s->out_of_memory = 1;
         return NULL;
@@ -562,7 +570,7 @@ static fa_status pass_result(sim *s, fa_io_counts *counts)
 /* Allocates a slow-memory intermediate of n floats and records it in hbm_extra. */
 static float *slow_alloc(fa_io_counts *counts, int64_t n, int *failed)
 {
-    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    float *p = float_alloc(n);
     if (!p) *failed = 1;
     counts->hbm_extra += n;
     return p;
@@ -573,8 +581,10 @@ fa_status fa_io_simulate(const fa_io_problem *problem, const float *q, const flo
                          fa_io_counts *backward_counts)
 {
     fa_io_plan fwd, bwd;
+    fa_io_counts model;
     fa_status st = fa_io_plan_make(problem, FA_IO_FORWARD, &fwd);
     if (st) return st;
+    if ((st = fa_io_estimate(problem, FA_IO_FORWARD, &model))) return st; /* every count, and so every size, fits */
     const float *inputs[] = {q, k, v, out};
     const char *const input_names[] = {"q", "k", "v", "out"};
     if ((st = check_arrays(inputs, input_names, 4))) return st;
@@ -586,6 +596,7 @@ fa_status fa_io_simulate(const fa_io_problem *problem, const float *q, const flo
         return fa_set_error(FA_ERROR_INVALID_VALUE, "lse: standard attention (Algorithm 0) keeps no statistics; pass NULL");
     if (dout) {
         if ((st = fa_io_plan_make(problem, FA_IO_BACKWARD, &bwd))) return st;
+        if ((st = fa_io_estimate(problem, FA_IO_BACKWARD, &model))) return st;
         const float *grads[] = {dq, dk, dv};
         const char *const grad_names[] = {"dq", "dk", "dv"};
         if ((st = check_arrays(grads, grad_names, 3))) return st;

@@ -444,6 +444,10 @@ static void test_simulate_argument_errors(void **state)
     assert_int_equal(fa_io_simulate(&p, a, a, a, o, lse, &fc, NULL, NULL, NULL, NULL, NULL), FA_ERROR_INVALID_VALUE);
     assert_non_null(strstr(fa_last_error(), "block_mask"));
     p.block_density = 1.0;
+    p.seqlen_q = p.seqlen_k = INT64_C(1) << 40; /* rejected before anything is allocated */
+    assert_int_equal(fa_io_simulate(&p, a, a, a, o, lse, &fc, NULL, NULL, NULL, NULL, NULL), FA_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(fa_last_error(), "overflow"));
+    p.seqlen_q = p.seqlen_k = 8;
     p.algorithm = FA_IO_FLASH_QUERY_OUTER;
     assert_int_equal(fa_io_simulate(&p, a, a, a, o, lse, &fc, b, g1, g2, g3, &bc), FA_ERROR_INVALID_VALUE);
     assert_non_null(strstr(fa_last_error(), "pass"));
