@@ -102,12 +102,19 @@ static void key_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, const
         for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += br) {
             fa_cpu_rows rows;
             fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, &rows);
-            const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, j0, cols);
+            /* Only the keys of this tile that these rows can see: [lo, hi). */
+            const int64_t lo = rows.key_lo > j0 ? rows.key_lo : j0;
+            const int64_t hi = rows.key_hi < j0 + cols ? rows.key_hi : j0 + cols;
+            if (hi <= lo) continue;
+            const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, lo, hi - lo);
             if (vis == FA_TILE_EMPTY) continue;
             load_query_side(p, kern, delta, b, h, &rows, br, w);
-            tile_gradients(p, kern, br, b, h, &rows, j0, cols, vis, k, ldk, v, ldv, w);
-            kern->gemm(cols, d, rows.count, w->st, br, 1, w->dout_rows, w->lddo, dv, d, NULL, 1); /* dV += Z^T dO */
-            kern->gemm(cols, d, rows.count, w->dst, br, 1, w->q_rows, w->ldq, dk, d, NULL, 1);    /* dK += dS^T Q */
+            tile_gradients(p, kern, br, b, h, &rows, lo, hi - lo, vis, k + (lo - j0) * ldk, ldk, v + (lo - j0) * ldv,
+                           ldv, w);
+            kern->gemm(hi - lo, d, rows.count, w->st, br, 1, w->dout_rows, w->lddo, dv + (lo - j0) * d, d, NULL,
+                       1); /* dV += Z^T dO */
+            kern->gemm(hi - lo, d, rows.count, w->dst, br, 1, w->q_rows, w->ldq, dk + (lo - j0) * d, d, NULL,
+                       1); /* dK += dS^T Q */
         }
     }
     for (int64_t x = 0; x < cols * d; ++x) dk[x] *= p->scale;
@@ -125,8 +132,10 @@ static void query_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, con
     float *dq = w->acc_a;
     memset(dq, 0, (size_t)(rows.count * d) * sizeof(float));
     if (rows.key_hi > rows.key_lo) load_query_side(p, kern, delta, b, h, &rows, br, w);
-    for (int64_t j0 = rows.key_lo / bc * bc; j0 < rows.key_hi; j0 += bc) {
-        const int64_t cols = p->seqlen_k - j0 < bc ? p->seqlen_k - j0 : bc;
+    /* Key tiles start at the first visible key and stop at the last one, so a causal or window
+     * mask costs only the keys these rows can see (to within one tile's rows). */
+    for (int64_t j0 = rows.key_lo; j0 < rows.key_hi; j0 += bc) {
+        const int64_t cols = rows.key_hi - j0 < bc ? rows.key_hi - j0 : bc;
         const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, j0, cols);
         if (vis == FA_TILE_EMPTY) continue;
         int64_t ldk, ldv;

@@ -79,8 +79,10 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, int64_
     memset(w->o, 0, (size_t)(rows_n * d) * sizeof(float));
     if (rows.key_hi > rows.key_lo) fa_cpu_load_transposed(&p->q, b, i0, h, rows_n, w->qt, br);
 
-    for (int64_t j0 = rows.key_lo / bc * bc; j0 < rows.key_hi; j0 += bc) {
-        const int64_t cols = p->seqlen_k - j0 < bc ? p->seqlen_k - j0 : bc;
+    /* Key tiles start at the first visible key and stop at the last one, so a causal or window
+     * mask costs only the keys these rows can see (to within one tile's rows). */
+    for (int64_t j0 = rows.key_lo; j0 < rows.key_hi; j0 += bc) {
+        const int64_t cols = rows.key_hi - j0 < bc ? rows.key_hi - j0 : bc;
         const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, j0, cols);
         if (vis == FA_TILE_EMPTY) continue; /* never loads K_j, V_j (Algorithm 5) */
         int64_t ldk, ldv;

@@ -5,7 +5,6 @@
 #include <stdint.h>
 
 #include "../kernels.h"
-#include "exp_poly.h"
 
 #define VEC __m256
 #define W 8
@@ -22,30 +21,17 @@
 #define VADD(a, b) _mm256_add_ps(a, b)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #define VMAX(a, b) _mm256_max_ps(a, b)
-#define VEXP(x) avx2_exp(x)
+#define VMIN(a, b) _mm256_min_ps(a, b)
+#define VFNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
+#define VROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+/* y * 2^n for integral n in [-126, 127]: n + 127 in the exponent field */
+#define VSCALE2(y, n) \
+    _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))
+#define VZERO_BELOW(y, x, lo) _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y)
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 
 static const int32_t avx2_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 #define VMASK(n) _mm256_loadu_si256((const __m256i *)(avx2_mask_table + 8 - (n)))
-
-static inline __m256 avx2_exp(__m256 x)
-{
-    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(FA_EXP_LO), _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(FA_EXP_LO)), _mm256_set1_ps(FA_EXP_HI));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(FA_EXP_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(FA_EXP_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(FA_EXP_LN2_LO), r);
-    __m256 poly = _mm256_set1_ps(FA_EXP_P0);
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(FA_EXP_P1));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(FA_EXP_P2));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(FA_EXP_P3));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(FA_EXP_P4));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(FA_EXP_P5));
-    const __m256 y = _mm256_fmadd_ps(poly, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
-}
 
 #include "vector_kernels.h"
 

@@ -5,7 +5,6 @@
 #include <stdint.h>
 
 #include "../kernels.h"
-#include "exp_poly.h"
 
 #define VEC __m512
 #define W 16
@@ -23,26 +22,12 @@
 #define VADD(a, b) _mm512_add_ps(a, b)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VMAX(a, b) _mm512_max_ps(a, b)
-#define VEXP(x) avx512_exp(x)
+#define VMIN(a, b) _mm512_min_ps(a, b)
+#define VFNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define VROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VSCALE2(y, n) _mm512_scalef_ps(y, n)
+#define VZERO_BELOW(y, x, lo) _mm512_maskz_mov_ps((__mmask16)~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), y)
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-
-static inline __m512 avx512_exp(__m512 x)
-{
-    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP_LO), _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(FA_EXP_LO)), _mm512_set1_ps(FA_EXP_HI));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(FA_EXP_LOG2E)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FA_EXP_LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FA_EXP_LN2_LO), r);
-    __m512 poly = _mm512_set1_ps(FA_EXP_P0);
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(FA_EXP_P1));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(FA_EXP_P2));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(FA_EXP_P3));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(FA_EXP_P4));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(FA_EXP_P5));
-    const __m512 y = _mm512_fmadd_ps(poly, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_scalef_ps(y, n));
-}
 
 #include "vector_kernels.h"
 

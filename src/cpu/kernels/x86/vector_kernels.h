@@ -2,12 +2,14 @@
  * ISA (avx2_kernels.c, avx512_kernels.c). The including file defines:
  *   VEC, W (lanes), MR (register rows), KNAME(x) (name prefix), MASK_T, VMASK(n) (first n lanes),
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
- *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VADD, VMUL, VMAX, VEXP(x) (see exp_poly.h),
+ *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VMAX, VMIN,
+ *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
  *   VLOAD_F16(p) (W binary16 values widened).
  * The register tile is MR x 2W: 2*MR accumulators, two B vectors and one broadcast of A. */
 #ifndef FA_VECTOR_KERNELS_H
 #define FA_VECTOR_KERNELS_H
 #include "../../../common/half.h"
+#include "exp_poly.h"
 #endif
 
 #define FA_INLINE static inline __attribute__((always_inline))
@@ -96,6 +98,24 @@ static void KNAME(col_max)(const float *x, int64_t ld, int64_t rows, int64_t col
         VMSTORE(out + j, m, best);
     }
 }
+
+/* exp(x) = 2^n e^r, see exp_poly.h. */
+FA_INLINE VEC KNAME(exp)(VEC x)
+{
+    const VEC lo = VSET1(FA_EXP_LO);
+    const VEC xc = VMIN(VMAX(x, lo), VSET1(FA_EXP_HI));
+    const VEC n = VROUND(VMUL(xc, VSET1(FA_EXP_LOG2E)));
+    const VEC r = VFNMA(n, VSET1(FA_EXP_LN2_LO), VFNMA(n, VSET1(FA_EXP_LN2_HI), xc));
+    VEC poly = VSET1(FA_EXP_P0);
+    poly = VFMA(poly, r, VSET1(FA_EXP_P1));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P2));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P3));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P4));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P5));
+    const VEC y = VFMA(poly, VMUL(r, r), VADD(r, VSET1(1.0f)));
+    return VZERO_BELOW(VSCALE2(y, n), x, lo);
+}
+#define VEXP(x) KNAME(exp)(x)
 
 static void KNAME(exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift,
                             float *sum)
