@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* setenv */
 /* checkasm (in the style of dav1d's): every ISA kernel built into the library and supported by
  * this CPU against the portable reference kernel, on odd shapes, strides and edge values; then
  * the whole forward and backward with the ISA forced through FLASHATTN_CPU_ISA against the same
