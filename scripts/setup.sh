@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One-step set-up on a fresh Debian/Ubuntu machine: installs the build and test dependencies,
+# configures and builds flashattn in ./build (Release). Safe to run again.
+#   FA_SETUP_NO_APT=1   skip the apt-get step (dependencies already present)
+#   FA_BUILD_DIR=dir    build folder (default: build)
+#   extra arguments     passed to `meson setup` (e.g. -Dcuda=disabled)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential pkg-config meson ninja-build   # toolchain
+  libcmocka-dev librandom123-dev                 # tests: cmocka, Random123 (independent Philox)
+  libopenblas-dev                                # bench: standard attention baseline
+  hipcc libamdhip64-dev                          # HIP plugin (AMD), compiled only
+  clang llvm libclang-rt-14-dev valgrind         # sanitizer, fuzzing and valgrind CI steps
+  gnuplot-nox                                    # IO figures
+)
+
+if [ "${FA_SETUP_NO_APT:-0}" != 1 ]; then
+  missing=()
+  for p in "${packages[@]}"; do
+    [[ "$p" == \#* ]] && continue
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    sudo_cmd=()
+    [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+    echo "setup: installing ${missing[*]}"
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
+
+# nvcc lives outside PATH in NVIDIA's packaging; the CUDA plugin is built when it is found.
+if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+build="${FA_BUILD_DIR:-build}"
+if [ -f "$build/build.ninja" ]; then
+  meson setup --reconfigure "$build" "$@" >/dev/null
+else
+  meson setup "$build" "$@"
+fi
+start=$(date +%s)
+meson compile -C "$build"
+echo "setup: built in $(( $(date +%s) - start )) s; run the tests with: meson test -C $build"
