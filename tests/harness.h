@@ -34,7 +34,9 @@ extern const fa_test_case fa_test_cases[];
 extern const size_t fa_test_case_count;
 
 typedef struct fa_case_errors {
-    double out, lse, dq, dk, dv; /* max abs error against the oracle (INFINITY for NaN or a missed -inf) */
+    /* max abs error against the oracle; INFINITY for NaN, a missed -inf, or a write into the gaps
+     * of a LAYOUT_PADDED output */
+    double out, lse, dq, dk, dv;
     /* max(1, max |oracle value|) of each quantity: f16/bf16 tolerances scale with it */
     double out_scale, lse_scale, dq_scale, dk_scale, dv_scale;
 } fa_case_errors;

@@ -1,9 +1,9 @@
 #!/bin/sh
 # Installs the build into a temporary DESTDIR, compiles test_client.c against the installed
 # pkg-config file and runs it against the installed library.
-# Arguments: meson build_dir prefix libdir includedir cc client_source
+# Arguments: meson build_dir prefix libdir cc client_source b_sanitize
 set -eu
-meson=$1 build=$2 prefix=$3 libdir=$4 cc=$5 client=$6
+meson=$1 build=$2 prefix=$3 libdir=$4 cc=$5 client=$6 sanitize=$7
 case $libdir in /*) ;; *) libdir=$prefix/$libdir ;; esac
 stage=$(mktemp -d "${TMPDIR:-/tmp}/flashattn-install.XXXXXX")
 trap 'rm -rf "$stage"' EXIT INT TERM
@@ -18,5 +18,7 @@ unset PKG_CONFIG_LIBDIR || true
 flags=$(pkg-config --cflags --libs flashattn)
 echo "pkg-config: $flags"
 # shellcheck disable=SC2086 # flags are a list of words
+# A sanitized library needs its runtime first in the client too.
+case $sanitize in none | "") ;; *) flags="-fsanitize=$sanitize $flags" ;; esac
 "$cc" -std=c11 -Wall -Werror -o "$stage/client" "$client" $flags -lm
 LD_LIBRARY_PATH="$stage$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$stage/client"
