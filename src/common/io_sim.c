@@ -9,42 +9,69 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "error.h"
 #include "io_model.h"
 #include "philox.h"
+
+/* An on-chip buffer: a header linking it into the live list, then the floats. The list lets a
+ * run that stops on an allocation failure release whatever its loops still held. */
+typedef struct chip_block {
+    struct chip_block *prev, *next;
+    int64_t elements;
+    int64_t pad_; /* keeps the floats 32-byte aligned after the 32-byte header */
+} chip_block;
 
 typedef struct sim {
     const fa_io_plan *plan;
     fa_io_counts *counts;
     int64_t on_chip;
     int out_of_memory;
+    chip_block *live;
 } sim;
 
 /* ---- on-chip buffers and counted transfers -------------------------------------------------- */
-/* malloc of n floats; NULL when n floats do not fit in size_t. */
-static float *float_alloc(int64_t n)
+/* n floats (plus extra bytes in front) from the library allocator; NULL when they do not fit. */
+static void *float_alloc_with(int64_t n, size_t extra)
 {
-    if ((uint64_t)n > SIZE_MAX / sizeof(float)) return NULL;
-    return malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (n < 0 || (uint64_t)n > (SIZE_MAX - extra) / sizeof(float)) return NULL;
+    return fa_host_alloc(extra + (size_t)(n > 0 ? n : 1) * sizeof(float));
 }
+
+static float *float_alloc(int64_t n) { return float_alloc_with(n, 0); }
 
 static float *chip_acquire(sim *s, int64_t elements)
 {
-    float *p = float_alloc(elements);
-    if (!p) {
+    chip_block *b = float_alloc_with(elements, sizeof(chip_block));
+    if (!b) {
         s->out_of_memory = 1;
         return NULL;
     }
+    b->elements = elements;
+    b->prev = NULL;
+    b->next = s->live;
+    if (s->live) s->live->prev = b;
+    s->live = b;
     s->on_chip += elements;
     if (s->on_chip > s->counts->sram_peak) s->counts->sram_peak = s->on_chip;
-    return p;
+    return (float *)(b + 1);
 }
 
 static void chip_release(sim *s, float *p, int64_t elements)
 {
     if (!p) return;
-    free(p);
+    chip_block *b = (chip_block *)p - 1;
+    if (b->prev) b->prev->next = b->next;
+    else s->live = b->next;
+    if (b->next) b->next->prev = b->prev;
+    fa_host_free(b);
     s->on_chip -= elements;
+}
+
+/* After a run: frees what an interrupted loop nest still held (nothing after a complete run). */
+static void chip_release_all(sim *s)
+{
+    while (s->live) chip_release(s, (float *)(s->live + 1), s->live->elements);
 }
 
 static void load(sim *s, fa_io_operand op, float *chip, const float *slow, int64_t n)
@@ -621,8 +648,9 @@ fa_status fa_io_simulate(const fa_io_problem *problem, const float *q, const flo
         x.m = slow_alloc(&fc, rows, &failed);
     }
     if (fwd.dropout) fc.hbm_extra += 2;
-    sim s = {&fwd, &fc, 0, failed};
+    sim s = {&fwd, &fc, 0, failed, NULL};
     if (!failed) run_pass(&s, &x, lse_slow, NULL, NULL);
+    chip_release_all(&s);
     st = pass_result(&s, &fc);
     if (!st && lse && x.l) /* the paper returns l and m; lse = m + log l is read outside the count */
         for (int64_t r = 0; r < rows; ++r) lse[r] = x.l[r] > 0.0f ? x.m[r] + logf(x.l[r]) : -INFINITY;
@@ -639,17 +667,18 @@ fa_status fa_io_simulate(const fa_io_problem *problem, const float *q, const flo
             bc.hbm_extra += 2 * rows; /* l and m, kept from the forward */
         }
         if (bwd.dropout) bc.hbm_extra += 2;
-        sim sb = {&bwd, &bc, 0, failed};
+        sim sb = {&bwd, &bc, 0, failed, NULL};
         if (!failed) run_pass(&sb, &x, NULL, dP, dS);
+        chip_release_all(&sb);
         st = pass_result(&sb, &bc);
         if (!st) *backward_counts = bc;
     }
-    free(dS);
-    free(dP);
-    if (!lse) free(lse_slow);
-    free(x.m);
-    free(x.l);
-    free(x.p_mat);
-    free(x.s_mat);
+    fa_host_free(dS);
+    fa_host_free(dP);
+    if (!lse) fa_host_free(lse_slow);
+    fa_host_free(x.m);
+    fa_host_free(x.l);
+    fa_host_free(x.p_mat);
+    fa_host_free(x.s_mat);
     return st;
 }
