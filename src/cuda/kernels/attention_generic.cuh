@@ -33,8 +33,41 @@ __device__ __forceinline__ float dot_row(const float *a, const float *b, int64_t
     return acc;
 }
 
-/* Forward: Algorithm 1 with online softmax; one block per (query tile, query head, batch).
- * Query tiles are issued last to first so the longest causal rows start early. */
+/* The query tile a forward or dQ block owns: one block per (query tile, query head, batch), tiles
+ * issued last to first so the longest causal rows start early. */
+struct query_block {
+    int64_t b, h, hk, i0, rows;
+    fa_key_range keys; /* keys any of its rows may see */
+};
+
+template <int TILE>
+__device__ __forceinline__ query_block this_query_block(const fa_gpu_params &p)
+{
+    query_block q;
+    q.b = blockIdx.z;
+    q.h = blockIdx.y;
+    q.hk = q.h / (p.heads_q / p.heads_kv);
+    q.i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * TILE;
+    q.rows = p.seqlen_q - q.i0 < TILE ? p.seqlen_q - q.i0 : TILE;
+    q.keys = fa_tile_keys(p, q.b, q.i0, q.rows);
+    return q;
+}
+
+/* Stages K_j, V_j of key tile j0 for the query block in shared memory; false (nothing loaded)
+ * when the block mask hides the whole tile. Called by every thread of the block. */
+template <int TILE>
+__device__ __forceinline__ bool stage_key_tile(const fa_gpu_params &p, const query_block &qb, int64_t j0, int64_t cols,
+                                               float *sk, float *sv, int64_t ld)
+{
+    if (!fa_block_mask_any(p, qb.i0, qb.rows, j0, cols)) return false; /* K_j, V_j never loaded */
+    __syncthreads(); /* the previous tile is no longer read */
+    fa_load_tile(p.k, p.dtype, qb.b, j0, qb.hk, cols, TILE, p.head_dim, sk, ld);
+    fa_load_tile(p.v, p.dtype, qb.b, j0, qb.hk, cols, TILE, p.head_dim, sv, ld);
+    __syncthreads();
+    return true;
+}
+
+/* Forward: Algorithm 1 with online softmax. */
 template <int BUCKET, int TILE>
 __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params p)
 {
@@ -45,10 +78,8 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params p)
     float *sq = smem, *sk = sq + TILE * ld, *sv = sk + TILE * ld;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
     float *sp = sv + TILE * ld + warp * TILE;
-    const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (p.heads_q / p.heads_kv);
-    const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * TILE;
-    const int64_t rows = p.seqlen_q - i0 < TILE ? p.seqlen_q - i0 : TILE;
-    const fa_key_range keys = fa_tile_keys(p, b, i0, rows);
+    const query_block qb = this_query_block<TILE>(p);
+    const int64_t b = qb.b, h = qb.h, i0 = qb.i0, rows = qb.rows;
 
     float o[RPW][DPL], m[RPW], l[RPW];
     for (int rr = 0; rr < RPW; ++rr) {
@@ -58,13 +89,9 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params p)
     }
     fa_load_tile(p.q, p.dtype, b, i0, h, rows, TILE, d, sq, ld);
 
-    for (int64_t j0 = keys.lo / TILE * TILE; j0 < keys.hi; j0 += TILE) {
+    for (int64_t j0 = qb.keys.lo / TILE * TILE; j0 < qb.keys.hi; j0 += TILE) {
         const int64_t cols = p.seqlen_k - j0 < TILE ? p.seqlen_k - j0 : TILE;
-        if (!fa_block_mask_any(p, i0, rows, j0, cols)) continue; /* K_j, V_j never loaded */
-        __syncthreads(); /* the previous tile is no longer read */
-        fa_load_tile(p.k, p.dtype, b, j0, hk, cols, TILE, d, sk, ld);
-        fa_load_tile(p.v, p.dtype, b, j0, hk, cols, TILE, d, sv, ld);
-        __syncthreads();
+        if (!stage_key_tile<TILE>(p, qb, j0, cols, sk, sv, ld)) continue;
         for (int rr = 0; rr < RPW; ++rr) {
             const int r = warp * RPW + rr;
             if (r >= rows) break;
@@ -170,10 +197,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params p)
     float *sq = smem, *sdo = sq + TILE * ld, *sk = sdo + TILE * ld, *sv = sk + TILE * ld;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
     float *sds = sv + TILE * ld + warp * TILE;
-    const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (p.heads_q / p.heads_kv);
-    const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * TILE;
-    const int64_t rows = p.seqlen_q - i0 < TILE ? p.seqlen_q - i0 : TILE;
-    const fa_key_range keys = fa_tile_keys(p, b, i0, rows);
+    const query_block qb = this_query_block<TILE>(p);
+    const int64_t b = qb.b, h = qb.h, i0 = qb.i0, rows = qb.rows;
     const int64_t stat_base = (b * p.heads_q + h) * p.seqlen_q + i0;
 
     float dq[RPW][DPL];
@@ -182,13 +207,9 @@ __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params p)
     fa_load_tile(p.q, p.dtype, b, i0, h, rows, TILE, d, sq, ld);
     fa_load_tile(p.dout, p.dtype, b, i0, h, rows, TILE, d, sdo, ld);
 
-    for (int64_t j0 = keys.lo / TILE * TILE; j0 < keys.hi; j0 += TILE) {
+    for (int64_t j0 = qb.keys.lo / TILE * TILE; j0 < qb.keys.hi; j0 += TILE) {
         const int64_t cols = p.seqlen_k - j0 < TILE ? p.seqlen_k - j0 : TILE;
-        if (!fa_block_mask_any(p, i0, rows, j0, cols)) continue;
-        __syncthreads();
-        fa_load_tile(p.k, p.dtype, b, j0, hk, cols, TILE, d, sk, ld);
-        fa_load_tile(p.v, p.dtype, b, j0, hk, cols, TILE, d, sv, ld);
-        __syncthreads();
+        if (!stage_key_tile<TILE>(p, qb, j0, cols, sk, sv, ld)) continue;
         for (int rr = 0; rr < RPW; ++rr) {
             const int r = warp * RPW + rr;
             if (r >= rows) break;
