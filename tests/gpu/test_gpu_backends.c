@@ -48,7 +48,7 @@ static fa_context *context_or_skip(void **state)
         (void)fa_backend_available(f->backend); /* records the reason */
         fa_context *probe = NULL;
         fa_context_create(f->backend, 0, &probe);
-        print_message("SKIP: %s backend unavailable: %s\n", fa_backend_name(f->backend), fa_last_error());
+        print_message("SKIP: %s\n", fa_last_error());
         skip();
     }
     return f->ctx;
