@@ -177,18 +177,44 @@ static void test_unavailable_is_explained(void **state)
     assert_true(strlen(why) > strlen(fa_backend_name(f->backend)) + 20);
 }
 
-#define GPU_TESTS(setup)                                                                          \
-    cmocka_unit_test_setup_teardown(test_unavailable_is_explained, setup, teardown),             \
+#define GPU_KERNEL_TESTS(setup)                                                                   \
     cmocka_unit_test_setup_teardown(test_context_services, setup, teardown),                     \
     cmocka_unit_test_setup_teardown(test_case_table_f32, setup, teardown),                       \
     cmocka_unit_test_setup_teardown(test_case_table_f16, setup, teardown),                       \
     cmocka_unit_test_setup_teardown(test_case_table_bf16, setup, teardown),                      \
     cmocka_unit_test_setup_teardown(test_dropout_mask_matches_cpu, setup, teardown)
 
-int main(void)
+/* Exit status 77 tells meson the test was skipped. */
+enum { EXIT_SKIPPED = 77 };
+
+/* usage: test_gpu_backends unavailable | cuda | hip
+ *   unavailable  the availability checks of both backends (they pass with or without a GPU)
+ *   cuda, hip    that backend's kernels; every test skip()s without a device, and the program
+ *                then exits 77 so meson reports SKIP rather than OK */
+int main(int argc, char **argv)
 {
-    const struct CMUnitTest cuda_tests[] = {GPU_TESTS(setup_cuda)};
-    const struct CMUnitTest hip_tests[] = {GPU_TESTS(setup_hip)};
-    const int failed = cmocka_run_group_tests_name("cuda", cuda_tests, NULL, NULL);
-    return failed + cmocka_run_group_tests_name("hip", hip_tests, NULL, NULL);
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "unavailable") == 0) {
+        const struct CMUnitTest tests[] = {
+            cmocka_unit_test_setup_teardown(test_unavailable_is_explained, setup_cuda, teardown),
+            cmocka_unit_test_setup_teardown(test_unavailable_is_explained, setup_hip, teardown),
+        };
+        return cmocka_run_group_tests_name("availability", tests, NULL, NULL);
+    }
+    fa_backend backend;
+    int failed;
+    if (strcmp(mode, "cuda") == 0) {
+        const struct CMUnitTest tests[] = {GPU_KERNEL_TESTS(setup_cuda)};
+        backend = FA_BACKEND_CUDA;
+        failed = cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
+    } else if (strcmp(mode, "hip") == 0) {
+        const struct CMUnitTest tests[] = {GPU_KERNEL_TESTS(setup_hip)};
+        backend = FA_BACKEND_HIP;
+        failed = cmocka_run_group_tests_name("hip", tests, NULL, NULL);
+    } else {
+        fprintf(stderr, "usage: %s unavailable|cuda|hip\n", argv[0]);
+        return 2;
+    }
+    if (failed) return failed;
+    return fa_backend_available(backend) ? 0 : EXIT_SKIPPED;
 }
