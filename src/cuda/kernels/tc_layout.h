@@ -64,6 +64,11 @@ FA_HD fa_frag_coord fa_tc_mma_acc_coord(int lane, int item)
     return c;
 }
 
+/* A lane of the mma.sync layer holds items of two rows ("slots"): lane / 4 and lane / 4 + 8; the
+ * four lanes of a quad share them. */
+FA_HD int fa_tc_mma_item_slot(int item) { return (item % 4) / 2; }
+FA_HD int fa_tc_mma_slot_row(int lane, int slot) { return lane / 4 + 8 * slot; }
+
 /* P reused as the A operand of P V: A register reg (0..3), half h (0 low, 1 high) of key step
  * kstep (16 keys) is accumulator item fa_tc_p_item(kstep, reg, h) of the 16 x Bc score tile:
  * the C layout of n-tiles 2 kstep and 2 kstep + 1 is the A layout of one k16 step. */
@@ -76,5 +81,15 @@ FA_HD fa_frag_coord fa_tc_fma_acc_coord(int lane, int item, int warp)
     c.row = lane % 16;
     c.col = lane / 16 + (warp / 16) * item;
     return c;
+}
+
+/* Plain-FMA layer, P V: the lane and item holding P[lane % 16][c] (read with a shuffle). */
+typedef struct fa_lane_item { int lane, item; } fa_lane_item;
+FA_HD fa_lane_item fa_tc_fma_p_source(int lane, int c, int warp)
+{
+    fa_lane_item s;
+    s.lane = lane % 16 + 16 * (c % (warp / 16));
+    s.item = c / (warp / 16);
+    return s;
 }
 #endif

@@ -57,8 +57,8 @@ struct fma_layer {
         const int lane = threadIdx.x % kWarp;
 #pragma unroll
         for (int c = 0; c < BC; ++c) {
-            /* P[row][c] is item c / G of lane row + 16 (c % G) */
-            const float pc = fa_shfl_idx(p.v[c / kGroups], lane % 16 + 16 * (c % kGroups));
+            const fa_lane_item src = fa_tc_fma_p_source(lane, c, kWarp); /* holds P[row][c] */
+            const float pc = fa_shfl_idx(p.v[src.item], src.lane);
 #pragma unroll
             for (int it = 0; it < items(W); ++it)
                 o.v[it] = fmaf(pc, to_float<DT>(sv[fa_tc_swizzle(c, item_col(lane, it), W)]), o.v[it]);

@@ -63,8 +63,8 @@ struct mma_sync_layer {
     template <int N>
     struct acc { float v[N / 2]; };
 
-    __device__ static __forceinline__ int item_slot(int item) { return (item % 4) / 2; }
-    __device__ static __forceinline__ int slot_row(int lane, int slot) { return lane / 4 + 8 * slot; }
+    __device__ static __forceinline__ int item_slot(int item) { return fa_tc_mma_item_slot(item); }
+    __device__ static __forceinline__ int slot_row(int lane, int slot) { return fa_tc_mma_slot_row(lane, slot); }
     __device__ static __forceinline__ int item_col(int lane, int item) { return fa_tc_mma_acc_coord(lane, item).col; }
     __device__ static __forceinline__ bool row_leader(int lane) { return lane % 4 == 0; }
     /* a row's items live in the 4 lanes of a quad */
