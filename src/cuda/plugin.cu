@@ -129,9 +129,9 @@ static fa_status gpu_open(int device, void **state)
         return runtime_failure(e, "device query");
     }
     s->smem_bytes = smem;
-    char kernels[160];
+    char kernels[200];
     if (s->family == FA_GPU_FAMILY_GENERIC) snprintf(kernels, sizeof kernels, "generic");
-    else snprintf(kernels, sizeof kernels, "FLASHATTN_GPU_KERNELS=%s forward for f16/bf16 (%s, never run on hardware), generic otherwise",
+    else snprintf(kernels, sizeof kernels, "FLASHATTN_GPU_KERNELS=%s for f16/bf16, forward d <= 256, backward d <= 128 (%s, never run on hardware), generic otherwise",
                   fa_gpu_family_name(s->family), s->family == FA_GPU_FAMILY_TC ? "mma.sync" : "plain-FMA tile layer");
     int driver = 0, runtime = 0;
     (void)fa_gpu_driver_get_version(&driver); /* left 0 when unknown */
@@ -230,20 +230,24 @@ static fa_status gpu_copy_d2h(void *state, void *dst, const void *src, size_t by
     return gpu_copy((fa_gpu_state *)state, dst, src, bytes, fa_gpu_memcpy_d2h);
 }
 
-/* The tile-MMA forward kernel a problem of (dtype, head_dim) runs on this context, or NULL for the
- * generic kernels; *width receives the padded head dim. */
-static fa_gpu_kernel tc_forward_kernel(const fa_gpu_state *s, fa_dtype dtype, int64_t head_dim, int *width)
+/* The tile-MMA kernels a problem of (dtype, head_dim) runs on this context (NULL entries: the
+ * generic kernels); *width receives the padded head dim. */
+static fa_tc_set tc_kernels(const fa_gpu_state *s, fa_dtype dtype, int64_t head_dim, int *width)
 {
+    fa_tc_set none = {NULL, NULL, NULL};
     *width = fa_tc_padded_dim(head_dim);
-    if (s->family == FA_GPU_FAMILY_GENERIC || *width == 0 || fa_tc_smem_bytes(*width) > s->smem_bytes) return NULL;
-    return fa_tc_forward_kernel(s->family, dtype, *width);
+    if (s->family == FA_GPU_FAMILY_GENERIC || *width == 0) return none;
+    fa_tc_set set = fa_tc_kernels(s->family, dtype, *width);
+    if (fa_tc_smem_bytes(*width) > s->smem_bytes) set.forward = NULL;
+    if (!set.backward_dq || fa_tc_backward_smem_bytes(*width) > s->smem_bytes) set.backward_dkdv = set.backward_dq = NULL;
+    return set;
 }
 
 static fa_status gpu_tiling(void *state, int64_t head_dim, fa_dtype dtype, fa_tiling *tiling, int64_t *sram)
 {
     const fa_gpu_state *s = (const fa_gpu_state *)state;
     int width;
-    if (tc_forward_kernel(s, dtype, head_dim, &width)) {
+    if (tc_kernels(s, dtype, head_dim, &width).forward) {
         tiling->block_rows = FA_TC_BLOCK_ROWS;
         tiling->block_cols = fa_tc_block_cols(width);
         *sram = s->smem_bytes / (int64_t)sizeof(float);
@@ -389,13 +393,20 @@ static int tensor_chunk_aligned(const fa_tensor *t)
     return fa_tc_chunk_aligned(t->data, t->head_dim, t->stride_batch, t->stride_seq, t->stride_head);
 }
 
+/* Whether the tile kernels may copy Q, K, V (and dO in the backward) in 16-byte chunks. */
+static int problem_chunk_aligned(const fa_problem *p, int backward)
+{
+    return tensor_chunk_aligned(&p->q) && tensor_chunk_aligned(&p->k) && tensor_chunk_aligned(&p->v) &&
+           (!backward || tensor_chunk_aligned(&p->dout));
+}
+
 /* The tile-MMA forward of p (the caller checked that the context has the kernel). */
 static fa_status tc_forward(fa_gpu_state *s, const fa_problem *p, fa_gpu_kernel kernel, int width)
 {
     fa_gpu_params k;
     const fa_status st = build_params(s, p, 0, &k);
     if (st != FA_SUCCESS) return st;
-    k.chunked_loads = tensor_chunk_aligned(&p->q) && tensor_chunk_aligned(&p->k) && tensor_chunk_aligned(&p->v);
+    k.chunked_loads = problem_chunk_aligned(p, 0);
     const dim3 grid((unsigned)fa_gpu_tiles(p->seqlen_q, FA_TC_BLOCK_ROWS), (unsigned)p->heads_q, (unsigned)p->batch);
     return launch_warps(s, kernel, grid, FA_TC_WARPS, (size_t)fa_tc_smem_bytes(width), &k, "tile-MMA forward launch");
 }
@@ -405,7 +416,7 @@ static fa_status gpu_forward(void *state, const fa_problem *p)
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
     int width;
-    const fa_gpu_kernel tc_kernel = tc_forward_kernel(s, p->dtype, p->head_dim, &width);
+    const fa_gpu_kernel tc_kernel = tc_kernels(s, p->dtype, p->head_dim, &width).forward;
     if (tc_kernel) return tc_forward(s, p, tc_kernel, width);
     int tile;
     fa_generic_set set;
@@ -422,25 +433,36 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
 {
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
-    int tile;
+    int width, tile = 0;
+    const fa_tc_set tc = tc_kernels(s, p->dtype, p->head_dim, &width);
     fa_generic_set set;
-    fa_status st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->head_dim, &tile, &set);
+    fa_status st = FA_SUCCESS;
+    if (!tc.backward_dq) st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->head_dim, &tile, &set);
     const size_t delta_bytes = (size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float);
     fa_gpu_params k;
     if (st == FA_SUCCESS) st = build_params(s, p, delta_bytes, &k);
     if (st != FA_SUCCESS) return st;
     k.delta = (float *)s->workspace;
-    const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
+    k.chunked_loads = problem_chunk_aligned(p, 1);
     const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
     const int64_t row_blocks = fa_gpu_tiles(rows, FA_GENERIC_WARPS);
     st = launch(s, fa_generic::row_delta, dim3((unsigned)(row_blocks < 65535 ? row_blocks : 65535)), 0, &k,
                 "backward pre-pass launch");
-    if (st == FA_SUCCESS)
-        st = launch(s, set.backward_dkdv, dim3((unsigned)fa_gpu_tiles(p->seqlen_k, tile), (unsigned)p->heads_kv, (unsigned)p->batch),
-                    smem, &k, "backward dK/dV launch");
-    if (st == FA_SUCCESS)
-        st = launch(s, set.backward_dq, dim3((unsigned)fa_gpu_tiles(p->seqlen_q, tile), (unsigned)p->heads_q, (unsigned)p->batch),
-                    smem, &k, "backward dQ launch");
+    if (st != FA_SUCCESS) return st;
+    const dim3 key_grid((unsigned)fa_gpu_tiles(p->seqlen_k, tc.backward_dq ? FA_TC_BLOCK_ROWS : tile), (unsigned)p->heads_kv,
+                        (unsigned)p->batch);
+    const dim3 query_grid((unsigned)fa_gpu_tiles(p->seqlen_q, tc.backward_dq ? FA_TC_BLOCK_ROWS : tile), (unsigned)p->heads_q,
+                          (unsigned)p->batch);
+    if (tc.backward_dq) {
+        const size_t smem = (size_t)fa_tc_backward_smem_bytes(width);
+        st = launch_warps(s, tc.backward_dkdv, key_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dK/dV launch");
+        if (st == FA_SUCCESS)
+            st = launch_warps(s, tc.backward_dq, query_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dQ launch");
+        return st;
+    }
+    const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
+    st = launch(s, set.backward_dkdv, key_grid, smem, &k, "backward dK/dV launch");
+    if (st == FA_SUCCESS) st = launch(s, set.backward_dq, query_grid, smem, &k, "backward dQ launch");
     return st;
 }
 

@@ -62,6 +62,21 @@ FA_HD int64_t fa_tc_smem_bytes(int padded_dim)
     return 2 * (int64_t)padded_dim * (FA_TC_BLOCK_ROWS + 2 * fa_tc_block_cols(padded_dim));
 }
 
+/* The backward kernels (attention_tc_backward.cuh) run widths up to 128 (dK, dV and dQ stay in
+ * registers); wider head dims use the generic backward. The dK/dV kernel owns FA_TC_BLOCK_ROWS keys
+ * and streams query tiles of FA_TC_BACKWARD_QUERY_TILE rows; the dQ kernel owns FA_TC_BLOCK_ROWS
+ * queries and streams key tiles of that many keys. */
+#define FA_TC_BACKWARD_MAX_WIDTH 128
+#define FA_TC_BACKWARD_QUERY_TILE 32
+
+/* Dynamic shared memory of the backward kernels (the larger of the two, dK/dV): K and V (or Q
+ * and dO) of FA_TC_BLOCK_ROWS rows, the streamed pair of tiles, lse and D of a query tile. */
+FA_HD int64_t fa_tc_backward_smem_bytes(int padded_dim)
+{
+    return 2 * (int64_t)padded_dim * (2 * FA_TC_BLOCK_ROWS + 2 * FA_TC_BACKWARD_QUERY_TILE) +
+           2 * (int64_t)sizeof(float) * FA_TC_BACKWARD_QUERY_TILE;
+}
+
 /* Whether every row of a 16-bit tensor starts on a 16-byte boundary and a row is whole chunks:
  * then tiles move in 16-byte chunks (cp.async on NVIDIA); otherwise element by element. */
 FA_HD int fa_tc_chunk_aligned(const void *data, int64_t head_dim, int64_t stride_batch, int64_t stride_seq,

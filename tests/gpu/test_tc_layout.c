@@ -4,7 +4,8 @@
  * layer's address and item functions on swizzled tiles, must give the plain matrix products. The
  * swizzle must be a bijection and conflict-free for the kernel's ldmatrix and 16-byte copy
  * phases; the plain-FMA layer's ownership and shuffle sources must be consistent; the padded
- * head dims, tiles, shared memory and chunk alignment of the plan are checked. */
+ * head dims, tiles, shared memory (forward and backward) and chunk alignment of the plan are
+ * checked. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -376,6 +377,14 @@ static void test_shared_memory_fits(void **state)
         for (size_t i = 0; i < sizeof devices / sizeof devices[0]; ++i) assert_true(fa_tc_smem_bytes(w) <= devices[i]);
     }
     assert_true(fa_tc_smem_bytes(256) > 49152); /* needs the opt-in above 48 KiB; the plugin raises it */
+    /* the backward: widths up to FA_TC_BACKWARD_MAX_WIDTH, whole k16 steps over the query tile */
+    assert_int_equal(FA_TC_BACKWARD_QUERY_TILE % 16, 0);
+    for (int w = 64; w <= FA_TC_BACKWARD_MAX_WIDTH; w *= 2) {
+        assert_int_equal(fa_tc_backward_smem_bytes(w),
+                         2 * w * (2 * FA_TC_BLOCK_ROWS + 2 * FA_TC_BACKWARD_QUERY_TILE) + 8 * FA_TC_BACKWARD_QUERY_TILE);
+        for (size_t i = 0; i < sizeof devices / sizeof devices[0]; ++i)
+            assert_true(fa_tc_backward_smem_bytes(w) <= devices[i]);
+    }
 }
 
 static void test_chunk_alignment(void **state)

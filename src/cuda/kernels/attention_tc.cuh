@@ -60,24 +60,33 @@ __device__ __forceinline__ int64_t previous_live_tile(const fa_gpu_params &p, co
     return tile;
 }
 
-/* The shared Philox stream's decision for element (b, h, i, j), out of line: the softmax loop is
- * unrolled over a lane's items, and inlining ten Philox rounds into each copy multiplies the
- * kernel's code (and build time) for a path only dropout takes. */
-__device__ __noinline__ bool dropout_kept(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
+/* The shared Philox stream's decision for element (b, h, i, j) (fa_dropout_kept), with the Philox
+ * rounds out of line: the softmax loop is unrolled over a lane's items, and inlining ten rounds
+ * into each copy multiplies the kernel's code (and build time) for a path only dropout takes. */
+__device__ __noinline__ bool dropout_keep_element(uint64_t seed, uint64_t offset, uint64_t element, float p)
 {
-    return fa_dropout_kept(p, b, h, i, j);
+    return fa_dropout_keep(seed, offset, element, p) != 0;
 }
 
-/* Whether the block mask lets row i see key j, out of line for the same reason (64-bit divisions). */
-__device__ __noinline__ bool block_mask_allows(const fa_gpu_params &p, int64_t i, int64_t j)
+__device__ __forceinline__ bool dropout_kept(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    return p.block_mask[(i / p.mask_block_q) * p.mask_cols + j / p.mask_block_k] != 0;
+    const uint64_t e = ((static_cast<uint64_t>(b) * p.heads_q + h) * p.seqlen_q + i) * p.seqlen_k + j;
+    return dropout_keep_element(p.dropout_seed, p.dropout_offset, e, p.dropout_p);
+}
+
+/* Whether the block mask lets row i see key j, out of line for the same reason (two 64-bit
+ * divisions). */
+__device__ __noinline__ bool block_mask_allows(const uint8_t *mask, int64_t cols, int32_t block_q, int32_t block_k,
+                                               int64_t i, int64_t j)
+{
+    return mask[(i / block_q) * cols + j / block_k] != 0;
 }
 
 /* fa_element_visible of tensor_access.cuh with the block-mask lookup out of line. */
 __device__ __forceinline__ bool element_visible(const fa_gpu_params &p, fa_key_range range, int64_t i, int64_t j)
 {
-    return j >= range.lo && j < range.hi && (!p.block_mask || block_mask_allows(p, i, j));
+    return j >= range.lo && j < range.hi &&
+           (!p.block_mask || block_mask_allows(p.block_mask, p.mask_cols, p.mask_block_q, p.mask_block_k, i, j));
 }
 
 /* Online softmax of one score tile in registers: scales and masks s into base-2 logits, updates
