@@ -28,17 +28,30 @@ void fa_cpu_load_transposed(const fa_tensor *t, int64_t b, int64_t s0, int64_t h
                             int64_t ld)
 {
     const int64_t d = t->head_dim;
-    for (int64_t r = 0; r < rows; ++r) {
-        const void *src = fa_row_ptr(t, b, s0 + r, h);
-        for (int64_t c = 0; c < d; ++c) {
-            float x = 0.0f;
-            switch (t->dtype) {
-            case FA_DTYPE_F32: x = ((const float *)src)[c]; break;
-            case FA_DTYPE_F16: x = fa_f16_to_f32(((const uint16_t *)src)[c]); break;
-            case FA_DTYPE_BF16: x = fa_bf16_to_f32(((const uint16_t *)src)[c]); break;
-            }
-            dst[c * ld + r] = x;
+    /* The dtype switch sits outside the loops: this runs once per tile pair in the backward. */
+    switch (t->dtype) {
+    case FA_DTYPE_F32:
+        /* Blocks of 16 rows: each column's 16 values are written to one contiguous line. */
+        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+            const int64_t n = rows - r0 < 16 ? rows - r0 : 16;
+            const float *src[16];
+            for (int64_t r = 0; r < n; ++r) src[r] = fa_row_ptr(t, b, s0 + r0 + r, h);
+            for (int64_t c = 0; c < d; ++c)
+                for (int64_t r = 0; r < n; ++r) dst[c * ld + r0 + r] = src[r][c];
         }
+        break;
+    case FA_DTYPE_F16:
+        for (int64_t r = 0; r < rows; ++r) {
+            const uint16_t *src = fa_row_ptr(t, b, s0 + r, h);
+            for (int64_t c = 0; c < d; ++c) dst[c * ld + r] = fa_f16_to_f32(src[c]);
+        }
+        break;
+    case FA_DTYPE_BF16:
+        for (int64_t r = 0; r < rows; ++r) {
+            const uint16_t *src = fa_row_ptr(t, b, s0 + r, h);
+            for (int64_t c = 0; c < d; ++c) dst[c * ld + r] = fa_bf16_to_f32(src[c]);
+        }
+        break;
     }
 }
 
