@@ -143,15 +143,29 @@ void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0,
                        fa_tile_visibility vis, int fold_scale, float *st, int64_t ld)
 {
     const float scale = fold_scale ? 1.0f : p->scale;
+    /* Keys in [all_lo, all_hi) are visible to every row (without a block mask): their columns
+     * are only scaled. A causal or window tile has just a band of Br keys where rows differ, so
+     * this keeps the element-wise test off most of a wide partial tile. */
+    int64_t all_lo = 0, all_hi = 0; /* empty: every element tested (a block mask) */
     if (vis == FA_TILE_FULL) {
-        if (!fold_scale)
-            for (int64_t c = 0; c < cols; ++c)
-                for (int64_t r = 0; r < rows->count; ++r) st[c * ld + r] *= scale;
-        return;
+        all_lo = j0;
+        all_hi = j0 + cols;
+    } else if (!p->block_mask) {
+        all_lo = INT64_MIN;
+        all_hi = INT64_MAX;
+        for (int64_t r = 0; r < rows->count; ++r) {
+            if (rows->range[r].lo > all_lo) all_lo = rows->range[r].lo;
+            if (rows->range[r].hi < all_hi) all_hi = rows->range[r].hi;
+        }
     }
     for (int64_t c = 0; c < cols; ++c) {
         const int64_t j = j0 + c;
         float *keys = st + c * ld;
+        if (j >= all_lo && j < all_hi) {
+            if (!fold_scale)
+                for (int64_t r = 0; r < rows->count; ++r) keys[r] *= scale;
+            continue;
+        }
         for (int64_t r = 0; r < rows->count; ++r) {
             int visible = j >= rows->range[r].lo && j < rows->range[r].hi;
             if (visible && p->block_mask) visible = block_visible(p->block_mask, rows->i0 + r, j);
