@@ -31,7 +31,7 @@ void *fa_host_calloc(size_t count, size_t size)
 
 void fa_host_free(void *ptr) { free(ptr); }
 
-FA_API size_t fa_debug_fail_allocation(size_t k)
+size_t fa_debug_fail_allocation(size_t k)
 {
     const size_t made = atomic_exchange(&alloc_count, 0);
     atomic_store(&fail_at, k);
