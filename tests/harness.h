@@ -9,7 +9,11 @@
 #include "flashattn.h"
 #include "oracle.h"
 
-typedef enum case_layout { LAYOUT_PACKED, LAYOUT_BHSD /* [batch, heads, seqlen, head_dim] via strides */ } case_layout;
+typedef enum case_layout {
+    LAYOUT_PACKED,
+    LAYOUT_BHSD,  /* [batch, heads, seqlen, head_dim] via strides */
+    LAYOUT_PADDED /* packed order with gaps: stride_seq and stride_head larger than packed */
+} case_layout;
 typedef enum case_block_mask { BLOCK_MASK_NONE, BLOCK_MASK_RANDOM, BLOCK_MASK_BUTTERFLY, BLOCK_MASK_LOCAL_GLOBAL } case_block_mask;
 
 typedef struct fa_test_case {
@@ -30,12 +34,31 @@ extern const fa_test_case fa_test_cases[];
 extern const size_t fa_test_case_count;
 
 typedef struct fa_case_errors {
-    double out, lse, dq, dk, dv; /* max abs error against the oracle */
+    /* max abs error against the oracle; INFINITY for NaN, a missed -inf, or a write into the gaps
+     * of a LAYOUT_PADDED output */
+    double out, lse, dq, dk, dv;
+    /* max(1, max |oracle value|) of each quantity: f16/bf16 tolerances scale with it */
+    double out_scale, lse_scale, dq_scale, dk_scale, dv_scale;
 } fa_case_errors;
 
 /* Tolerance on max abs error for unit-normal inputs: f32 1e-4 (the foundation issue's bound);
- * f16 and bf16 are stated next to their definition in harness.c. */
+ * f16 and bf16 are stated next to their definition in harness.c. For f16/bf16 the allowed error
+ * of out, dq, dk, dv is this tolerance times the quantity's scale (above); f32 results and lse
+ * (fp32 in every dtype) are held to the absolute f32 bound. */
 double fa_case_tolerance(fa_dtype dtype);
+
+/* 1 when every error the run produced (outputs and lse; gradients too if backward) is within
+ * tolerance. why (may be NULL) receives a one-line account of every quantity and its limit. */
+int fa_case_passes(const fa_case_errors *errors, fa_dtype dtype, int backward, char *why, size_t why_size);
+
+/* "name [f16] b2 hq4 hkv2 sq129 sk129 d64 causal ..." : for failure messages. */
+void fa_case_describe(const fa_test_case *c, fa_dtype dtype, char *text, size_t size);
+const char *fa_dtype_label(fa_dtype dtype);
+
+/* FA_TEST_QUICK=1 in the environment (for sanitizer and valgrind runs) skips the larger cases
+ * (and tests/core/test_memory, whose size is the point of it):
+ * this returns 0 for them. Otherwise it returns 1 for every case. */
+int fa_case_selected(const fa_test_case *c);
 
 /* Runs forward and (if backward) backward of c on ctx in dtype; fills errors.
  * Returns FA_SUCCESS or the status the library returned. */

@@ -15,8 +15,9 @@ static int cpu_device_count(void) { return 1; }
 static fa_status cpu_open(int device, void **state)
 {
     (void)device;
-    const fa_cpu_kernels *kernels = fa_cpu_select_kernels();
-    if (!kernels) return FA_ERROR_NOT_SUPPORTED; /* reason recorded by the selector */
+    const fa_cpu_kernels *kernels = NULL;
+    const fa_status selected = fa_cpu_select_kernels(&kernels);
+    if (selected != FA_SUCCESS) return selected; /* reason recorded by the selector */
     fa_cpu_state *s = fa_host_calloc(1, sizeof *s);
     if (!s) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "ctx: cannot allocate the CPU backend state");
     s->kernels = kernels;
@@ -72,7 +73,7 @@ void fa_cpu_tiles(const fa_cpu_state *s, int64_t head_dim, int64_t *block_rows, 
                   int64_t *sram_elements)
 {
     const int64_t m = s->caches.l2_bytes / (int64_t)sizeof(float);
-    fa_fit_tiles(m, head_dim, s->kernels->row_step, s->kernels->col_step, block_rows, block_cols);
+    fa_fit_tiles(m, head_dim, s->kernels->tile_step, s->kernels->tile_step, block_rows, block_cols);
     if (sram_elements) *sram_elements = m;
 }
 

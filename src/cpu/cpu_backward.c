@@ -3,6 +3,8 @@
  *   per visible (query tile i, key tile j):  P = exp(tau S - lse), Z = dropout(P),
  *   dV_j += Z^T dO_i,  dP = dropout(dO_i V_j^T),  dS = P o (dP - D_i),
  *   dK_j += tau dS^T Q_i,  dQ_i += tau dS K_j.
+ * Tiles are transposed (S^T, dS^T: key rows, query columns; see kernels/kernels.h), so P^T and
+ * dS^T multiply dO and Q directly and dS K reads dS^T with swapped strides.
  * Race-free and deterministic: pass 1 owns one key tile per task (dK, dV summed over the query
  * heads of its group in a fixed order); pass 2 owns one query tile per task and recomputes the
  * tile products to accumulate dQ. Results do not depend on the thread count. */
@@ -15,65 +17,73 @@
 #include "cpu_tile.h"
 
 typedef struct backward_scratch {
-    float *q, *k, *v, *dout, *s, *dp, *acc_a, *acc_b, *lse, *delta;
+    float *q, *dout, *qt, *dout_t, *k, *v, *st, *dst, *acc_a, *acc_b, *shift, *delta, *sum;
+    const float *q_rows, *dout_rows; /* Q_i, dO_i as f32 rows (in place or converted) */
+    int64_t ldq, lddo;
     fa_key_range *ranges;
 } backward_scratch;
 
 static void *backward_scratch_alloc(backward_scratch *w, int64_t br, int64_t bc, int64_t d)
 {
-    const int64_t floats = br * d + 2 * bc * d + br * d + 2 * br * bc + 2 * (br > bc ? br : bc) * d + 2 * br;
+    const int64_t acc = (br > bc ? br : bc) * d;
+    const int64_t floats = (4 * br * d + 2 * bc * d + 2 * bc * br + 2 * acc + 3 * br + 1) & ~(int64_t)1;
     char *base = fa_host_alloc((size_t)floats * sizeof(float) + (size_t)br * sizeof(fa_key_range));
     if (!base) return NULL;
-    const int64_t acc = (br > bc ? br : bc) * d;
     float *f = (float *)base;
     w->q = f; f += br * d;
+    w->dout = f; f += br * d;
+    w->qt = f; f += d * br;
+    w->dout_t = f; f += d * br;
     w->k = f; f += bc * d;
     w->v = f; f += bc * d;
-    w->dout = f; f += br * d;
-    w->s = f; f += br * bc;
-    w->dp = f; f += br * bc;
+    w->st = f; f += bc * br;
+    w->dst = f; f += bc * br;
     w->acc_a = f; f += acc;
     w->acc_b = f; f += acc;
-    w->lse = f; f += br;
+    w->shift = f; f += br;
     w->delta = f; f += br;
-    w->ranges = (fa_key_range *)f;
+    w->sum = f;
+    w->ranges = (fa_key_range *)(base + (size_t)floats * sizeof(float));
     return base;
 }
 
-/* Loads the query-side tiles of (b, h, rows): Q, dO, lse and D. */
-static void load_query_side(const fa_problem *p, const float *delta, int64_t b, int64_t h, const fa_cpu_rows *rows,
-                            backward_scratch *w)
+/* Loads the query side of (b, h, rows): Q and dO as rows and transposed, the exponential's shift
+ * (lse, or +inf for a row that sees no key so that P = 0) and D. */
+static void load_query_side(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t b,
+                            int64_t h, const fa_cpu_rows *rows, int64_t br, backward_scratch *w)
 {
-    const int64_t d = p->head_dim, base = (b * p->heads_q + h) * p->seqlen_q + rows->i0;
-    fa_cpu_load_rows(&p->q, b, rows->i0, h, rows->count, w->q, d);
-    fa_cpu_load_rows(&p->dout, b, rows->i0, h, rows->count, w->dout, d);
+    const int64_t base = (b * p->heads_q + h) * p->seqlen_q + rows->i0;
+    w->q_rows = fa_cpu_view_rows(&p->q, kern, b, rows->i0, h, rows->count, w->q, &w->ldq);
+    w->dout_rows = fa_cpu_view_rows(&p->dout, kern, b, rows->i0, h, rows->count, w->dout, &w->lddo);
+    fa_cpu_load_transposed(&p->q, b, rows->i0, h, rows->count, w->qt, br);
+    fa_cpu_load_transposed(&p->dout, b, rows->i0, h, rows->count, w->dout_t, br);
     for (int64_t r = 0; r < rows->count; ++r) {
-        w->lse[r] = p->lse[base + r];
+        w->shift[r] = p->lse[base + r] == -INFINITY ? INFINITY : p->lse[base + r];
         w->delta[r] = delta[base + r];
     }
 }
 
-/* For the loaded tiles Q_i, dO_i (rows) and K_j, V_j (cols): w->s = dropout(P) (the Z of the
- * paper, what multiplied V in the forward), w->dp = dS. */
-static void tile_gradients(const fa_problem *p, const fa_cpu_kernels *kern, int64_t bc, int64_t b, int64_t h,
-                           const fa_cpu_rows *rows, int64_t j0, int64_t cols, fa_tile_visibility vis,
-                           backward_scratch *w)
+/* For the loaded query side and the key tile K_j, V_j: w->st = dropout(P)^T (the Z of the paper,
+ * what multiplied V in the forward), w->dst = dS^T. */
+static void tile_gradients(const fa_problem *p, const fa_cpu_kernels *kern, int64_t br, int64_t b, int64_t h,
+                           const fa_cpu_rows *rows, int64_t j0, int64_t cols, fa_tile_visibility vis, const float *k,
+                           int64_t ldk, const float *v, int64_t ldv, backward_scratch *w)
 {
-    const int64_t d = p->head_dim;
-    kern->gemm_nt(rows->count, cols, d, w->q, d, w->k, d, w->s, bc);
-    fa_cpu_scale_mask(p, rows, j0, cols, vis, w->s, bc);
-    for (int64_t r = 0; r < rows->count; ++r) {
-        float *srow = w->s + r * bc;
-        if (w->lse[r] == -INFINITY) memset(srow, 0, (size_t)cols * sizeof(float)); /* row sees no key */
-        else kern->exp_sub(srow, cols, w->lse[r]);
-    }
-    kern->gemm_nt(rows->count, cols, d, w->dout, d, w->v, d, w->dp, bc);
+    const int64_t d = p->head_dim, n = rows->count;
+    const int fold = p->scale > 0.0f;
+    kern->gemm(cols, n, d, k, ldk, 1, w->qt, br, w->st, br, NULL, 0); /* S^T = K Q^T */
+    if (vis != FA_TILE_FULL || !fold) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, br);
+    kern->exp_cols(w->st, br, cols, n, fold ? p->scale : 1.0f, w->shift, w->sum);
+    kern->gemm(cols, n, d, v, ldv, 1, w->dout_t, br, w->dst, br, NULL, 0); /* dP^T = V dO^T */
     /* dS = P o (dropout(dP) - D) uses P undropped; dV then needs Z = dropout(P). */
     const int dropout = p->dropout_p > 0.0f;
-    if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->dp, bc);
-    for (int64_t r = 0; r < rows->count; ++r)
-        for (int64_t c = 0; c < cols; ++c) w->dp[r * bc + c] = w->s[r * bc + c] * (w->dp[r * bc + c] - w->delta[r]);
-    if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->s, bc);
+    if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->dst, br);
+    for (int64_t c = 0; c < cols; ++c) {
+        const float *pc = w->st + c * br;
+        float *dsc = w->dst + c * br;
+        for (int64_t r = 0; r < n; ++r) dsc[r] = pc[r] * (dsc[r] - w->delta[r]);
+    }
+    if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->st, br);
 }
 
 /* Pass 1: dK_j, dV_j for one (batch, kv head, key tile). */
@@ -85,18 +95,26 @@ static void key_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, const
     float *dk = w->acc_a, *dv = w->acc_b;
     memset(dk, 0, (size_t)(cols * d) * sizeof(float));
     memset(dv, 0, (size_t)(cols * d) * sizeof(float));
-    fa_cpu_load_rows(&p->k, b, j0, hk, cols, w->k, d);
-    fa_cpu_load_rows(&p->v, b, j0, hk, cols, w->v, d);
+    int64_t ldk, ldv;
+    const float *k = fa_cpu_view_rows(&p->k, kern, b, j0, hk, cols, w->k, &ldk);
+    const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, hk, cols, w->v, &ldv);
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += br) {
             fa_cpu_rows rows;
             fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, &rows);
-            const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, j0, cols);
+            /* Only the keys of this tile that these rows can see: [lo, hi). */
+            const int64_t lo = rows.key_lo > j0 ? rows.key_lo : j0;
+            const int64_t hi = rows.key_hi < j0 + cols ? rows.key_hi : j0 + cols;
+            if (hi <= lo) continue;
+            const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, lo, hi - lo);
             if (vis == FA_TILE_EMPTY) continue;
-            load_query_side(p, delta, b, h, &rows, w);
-            tile_gradients(p, kern, bc, b, h, &rows, j0, cols, vis, w);
-            kern->gemm_tn(cols, d, rows.count, w->s, bc, w->dout, d, dv, d);
-            kern->gemm_tn(cols, d, rows.count, w->dp, bc, w->q, d, dk, d);
+            load_query_side(p, kern, delta, b, h, &rows, br, w);
+            tile_gradients(p, kern, br, b, h, &rows, lo, hi - lo, vis, k + (lo - j0) * ldk, ldk, v + (lo - j0) * ldv,
+                           ldv, w);
+            kern->gemm(hi - lo, d, rows.count, w->st, br, 1, w->dout_rows, w->lddo, dv + (lo - j0) * d, d, NULL,
+                       1); /* dV += Z^T dO */
+            kern->gemm(hi - lo, d, rows.count, w->dst, br, 1, w->q_rows, w->ldq, dk + (lo - j0) * d, d, NULL,
+                       1); /* dK += dS^T Q */
         }
     }
     for (int64_t x = 0; x < cols * d; ++x) dk[x] *= p->scale;
@@ -113,15 +131,18 @@ static void query_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, con
     fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, &rows);
     float *dq = w->acc_a;
     memset(dq, 0, (size_t)(rows.count * d) * sizeof(float));
-    if (rows.key_hi > rows.key_lo) load_query_side(p, delta, b, h, &rows, w);
-    for (int64_t j0 = rows.key_lo / bc * bc; j0 < rows.key_hi; j0 += bc) {
-        const int64_t cols = p->seqlen_k - j0 < bc ? p->seqlen_k - j0 : bc;
+    if (rows.key_hi > rows.key_lo) load_query_side(p, kern, delta, b, h, &rows, br, w);
+    /* Key tiles start at the first visible key and stop at the last one, so a causal or window
+     * mask costs only the keys these rows can see (to within one tile's rows). */
+    for (int64_t j0 = rows.key_lo; j0 < rows.key_hi; j0 += bc) {
+        const int64_t cols = rows.key_hi - j0 < bc ? rows.key_hi - j0 : bc;
         const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, j0, cols);
         if (vis == FA_TILE_EMPTY) continue;
-        fa_cpu_load_rows(&p->k, b, j0, hk, cols, w->k, d);
-        fa_cpu_load_rows(&p->v, b, j0, hk, cols, w->v, d);
-        tile_gradients(p, kern, bc, b, h, &rows, j0, cols, vis, w);
-        kern->gemm_nn(rows.count, d, cols, w->dp, bc, w->k, d, dq, d);
+        int64_t ldk, ldv;
+        const float *k = fa_cpu_view_rows(&p->k, kern, b, j0, hk, cols, w->k, &ldk);
+        const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, hk, cols, w->v, &ldv);
+        tile_gradients(p, kern, br, b, h, &rows, j0, cols, vis, k, ldk, v, ldv, w);
+        kern->gemm(rows.count, d, cols, w->dst, 1, br, k, ldk, dq, d, NULL, 1); /* dQ += dS K */
     }
     for (int64_t x = 0; x < rows.count * d; ++x) dq[x] *= p->scale;
     fa_cpu_store_rows(&p->dq, b, i0, h, rows.count, dq, d);
@@ -148,7 +169,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     if (!delta) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "backward: cannot allocate D (%lld floats)",
                                     (long long)(p->batch * p->heads_q * p->seqlen_q));
     const int64_t k_tiles = (p->seqlen_k + bc - 1) / bc, q_tiles = (p->seqlen_q + br - 1) / br;
-    const int64_t key_tasks = p->batch * p->heads_kv * k_tiles, query_tasks = p->batch * p->heads_q * q_tiles;
+    const int64_t kv_pairs = p->batch * p->heads_kv, q_pairs = p->batch * p->heads_q;
     int out_of_memory = 0;
 
 #pragma omp parallel num_threads(threads)
@@ -162,17 +183,18 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 #pragma omp for schedule(static)
         for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x)
             if (block) delta[x] = row_delta(p, x, &w);
+        /* Longest tasks first under a causal mask: early key tiles, late query tiles. */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < key_tasks; ++t) {
+        for (int64_t t = 0; t < kv_pairs * k_tiles; ++t) {
             if (!block) continue;
-            const int64_t bh = t / k_tiles;
-            key_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_kv, bh % p->heads_kv, (t % k_tiles) * bc, &w);
+            const int64_t kt = t / kv_pairs, bh = t % kv_pairs;
+            key_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_kv, bh % p->heads_kv, kt * bc, &w);
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < query_tasks; ++t) {
+        for (int64_t t = 0; t < q_pairs * q_tiles; ++t) {
             if (!block) continue;
-            const int64_t bh = t / q_tiles;
-            query_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_q, bh % p->heads_q, (t % q_tiles) * br, &w);
+            const int64_t qt = q_tiles - 1 - t / q_pairs, bh = t % q_pairs;
+            query_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
         }
         fa_host_free(block);
     }

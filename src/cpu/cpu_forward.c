@@ -1,8 +1,11 @@
 /* Forward pass on the CPU: Algorithm 1/2 of the paper with cache-sized tiles.
  * One task per (batch, query head, query tile); each task streams the visible key/value tiles
- * through its cache, keeping the running row max m and row sum l (online softmax). The output
- * is normalised once at the end (the deferred division of FlashAttention-2, exact in arithmetic).
- * Extra memory: one set of tiles per thread, nothing of size N x N. */
+ * through its cache, keeping the running row max m and row sum l (online softmax). Scores are
+ * held transposed (S^T[key][query], see kernels/kernels.h) so the per-query statistics are vector
+ * lanes; the rescale of O by exp(m_old - m_new) is folded into the P V update, and O is
+ * normalised once at the end (the deferred division of FlashAttention-2, exact in arithmetic).
+ * f32 K and V are read in place; f16/bf16 tiles are widened once per tile; Q^T is packed once per
+ * task and reused against every key tile. Extra memory: one set of tiles per thread. */
 #include <math.h>
 #include <string.h>
 
@@ -12,25 +15,51 @@
 #include "cpu_tile.h"
 
 typedef struct forward_scratch {
-    float *q, *k, *v, *s, *o, *m, *l;
+    float *qt, *k, *v, *st, *o, *m, *l, *tile_max, *shift, *alpha, *tile_sum;
     fa_key_range *ranges;
 } forward_scratch;
 
 static void *forward_scratch_alloc(forward_scratch *w, int64_t br, int64_t bc, int64_t d)
 {
-    const int64_t floats = br * d + 2 * bc * d + br * bc + br * d + 2 * br;
+    const int64_t floats = (d * br + 2 * bc * d + bc * br + br * d + 6 * br + 1) & ~(int64_t)1; /* ranges 8-aligned */
     char *base = fa_host_alloc((size_t)floats * sizeof(float) + (size_t)br * sizeof(fa_key_range));
     if (!base) return NULL;
     float *f = (float *)base;
-    w->q = f; f += br * d;
+    w->qt = f; f += d * br;
     w->k = f; f += bc * d;
     w->v = f; f += bc * d;
-    w->s = f; f += br * bc;
+    w->st = f; f += bc * br;
     w->o = f; f += br * d;
     w->m = f; f += br;
     w->l = f; f += br;
-    w->ranges = (fa_key_range *)f;
+    w->tile_max = f; f += br;
+    w->shift = f; f += br;
+    w->alpha = f; f += br;
+    w->tile_sum = f;
+    w->ranges = (fa_key_range *)(base + (size_t)floats * sizeof(float));
     return base;
+}
+
+/* Online-softmax step for one key tile whose raw scores are in w->st (cols x rows): new running
+ * max, the shift for the exponential and the rescale factor of the accumulated output. */
+static void softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t rows, int64_t cols,
+                         forward_scratch *w, int64_t ld)
+{
+    kern->col_max(w->st, ld, cols, rows, w->tile_max);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float tile_max = w->tile_max[r] * scale_in_exp; /* -inf stays -inf (scale > 0) */
+        const float m_new = w->m[r] > tile_max ? w->m[r] : tile_max;
+        if (m_new == -INFINITY) { /* nothing visible in this row so far: P = 0, O stays 0 */
+            w->shift[r] = INFINITY;
+            w->alpha[r] = 1.0f;
+            continue;
+        }
+        w->shift[r] = m_new;
+        w->alpha[r] = expf(w->m[r] - m_new); /* 0 on the first visible tile */
+        w->m[r] = m_new;
+    }
+    kern->exp_cols(w->st, ld, cols, rows, scale_in_exp, w->shift, w->tile_sum);
+    for (int64_t r = 0; r < rows; ++r) w->l[r] = w->l[r] * w->alpha[r] + w->tile_sum[r];
 }
 
 static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, int64_t br, int64_t bc, int64_t b,
@@ -38,6 +67,9 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, int64_
 {
     const int64_t d = p->head_dim, hk = h / (p->heads_q / p->heads_kv);
     const int64_t rows_n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
+    /* exp(scale * s - m) folds the scale into the exponential when it keeps the max (scale > 0). */
+    const int fold = p->scale > 0.0f;
+    const float scale_in_exp = fold ? p->scale : 1.0f;
     fa_cpu_rows rows;
     fa_cpu_rows_init(p, b, i0, rows_n, w->ranges, &rows);
     for (int64_t r = 0; r < rows_n; ++r) {
@@ -45,34 +77,22 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, int64_
         w->l[r] = 0.0f;
     }
     memset(w->o, 0, (size_t)(rows_n * d) * sizeof(float));
-    if (rows.key_hi > rows.key_lo) fa_cpu_load_rows(&p->q, b, i0, h, rows_n, w->q, d);
+    if (rows.key_hi > rows.key_lo) fa_cpu_load_transposed(&p->q, b, i0, h, rows_n, w->qt, br);
 
-    for (int64_t j0 = rows.key_lo / bc * bc; j0 < rows.key_hi; j0 += bc) {
-        const int64_t cols = p->seqlen_k - j0 < bc ? p->seqlen_k - j0 : bc;
+    /* Key tiles start at the first visible key and stop at the last one, so a causal or window
+     * mask costs only the keys these rows can see (to within one tile's rows). */
+    for (int64_t j0 = rows.key_lo; j0 < rows.key_hi; j0 += bc) {
+        const int64_t cols = rows.key_hi - j0 < bc ? rows.key_hi - j0 : bc;
         const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, j0, cols);
         if (vis == FA_TILE_EMPTY) continue; /* never loads K_j, V_j (Algorithm 5) */
-        fa_cpu_load_rows(&p->k, b, j0, hk, cols, w->k, d);
-        fa_cpu_load_rows(&p->v, b, j0, hk, cols, w->v, d);
-        kern->gemm_nt(rows_n, cols, d, w->q, d, w->k, d, w->s, bc);
-        fa_cpu_scale_mask(p, &rows, j0, cols, vis, w->s, bc);
-        for (int64_t r = 0; r < rows_n; ++r) {
-            float *srow = w->s + r * bc;
-            float tile_max = -INFINITY;
-            for (int64_t c = 0; c < cols; ++c) tile_max = srow[c] > tile_max ? srow[c] : tile_max;
-            if (tile_max == -INFINITY) { /* nothing visible in this row of the tile */
-                memset(srow, 0, (size_t)cols * sizeof(float));
-                continue;
-            }
-            const float m_new = w->m[r] > tile_max ? w->m[r] : tile_max;
-            const float alpha = expf(w->m[r] - m_new); /* 0 on the first visible tile */
-            const float row_sum = kern->exp_sub(srow, cols, m_new);
-            w->l[r] = w->l[r] * alpha + row_sum;
-            w->m[r] = m_new;
-            if (alpha != 1.0f)
-                for (int64_t c = 0; c < d; ++c) w->o[r * d + c] *= alpha;
-        }
-        if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, b, h, &rows, j0, cols, w->s, bc);
-        kern->gemm_nn(rows_n, d, cols, w->s, bc, w->v, d, w->o, d);
+        int64_t ldk, ldv;
+        const float *k = fa_cpu_view_rows(&p->k, kern, b, j0, hk, cols, w->k, &ldk);
+        const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, hk, cols, w->v, &ldv);
+        kern->gemm(cols, rows_n, d, k, ldk, 1, w->qt, br, w->st, br, NULL, 0); /* S^T = K Q^T */
+        if (vis != FA_TILE_FULL || !fold) fa_cpu_scale_mask(p, &rows, j0, cols, vis, fold, w->st, br);
+        softmax_step(kern, scale_in_exp, rows_n, cols, w, br);
+        if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, b, h, &rows, j0, cols, w->st, br);
+        kern->gemm(rows_n, d, cols, w->st, 1, br, v, ldv, w->o, d, w->alpha, 1); /* O = alpha O + P V */
     }
 
     for (int64_t r = 0; r < rows_n; ++r) {
@@ -101,11 +121,12 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
 #pragma omp atomic write
             out_of_memory = 1;
         }
-        /* Later query tiles of a causal problem see more keys: dynamic scheduling balances that. */
+        /* Under a causal mask later query tiles see more keys: hand them out first (longest task
+         * first) and dynamically, so the threads finish together. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; ++t) {
             if (!block) continue;
-            const int64_t qt = t % q_tiles, bh = t / q_tiles;
+            const int64_t qt = q_tiles - 1 - t / (p->batch * p->heads_q), bh = t % (p->batch * p->heads_q);
             forward_task(p, s->kernels, br, bc, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
         }
         fa_host_free(block);

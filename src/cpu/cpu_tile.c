@@ -24,6 +24,40 @@ void fa_cpu_load_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int6
     }
 }
 
+void fa_cpu_load_transposed(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, float *dst,
+                            int64_t ld)
+{
+    const int64_t d = t->head_dim;
+    for (int64_t r = 0; r < rows; ++r) {
+        const void *src = fa_row_ptr(t, b, s0 + r, h);
+        for (int64_t c = 0; c < d; ++c) {
+            float x = 0.0f;
+            switch (t->dtype) {
+            case FA_DTYPE_F32: x = ((const float *)src)[c]; break;
+            case FA_DTYPE_F16: x = fa_f16_to_f32(((const uint16_t *)src)[c]); break;
+            case FA_DTYPE_BF16: x = fa_bf16_to_f32(((const uint16_t *)src)[c]); break;
+            }
+            dst[c * ld + r] = x;
+        }
+    }
+}
+
+const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
+                              int64_t rows, float *scratch, int64_t *ld)
+{
+    if (t->dtype == FA_DTYPE_F32) {
+        *ld = t->stride_seq;
+        return fa_row_ptr(t, b, s0, h);
+    }
+    const int64_t d = t->head_dim;
+    *ld = d;
+    if (t->dtype == FA_DTYPE_F16)
+        for (int64_t r = 0; r < rows; ++r) kern->f16_to_f32(fa_row_ptr(t, b, s0 + r, h), scratch + r * d, d);
+    else
+        fa_cpu_load_rows(t, b, s0, h, rows, scratch, d);
+    return scratch;
+}
+
 void fa_cpu_store_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, const float *src,
                        int64_t ld)
 {
@@ -93,41 +127,42 @@ fa_tile_visibility fa_cpu_tile_visibility(const fa_problem *p, const fa_cpu_rows
 }
 
 void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols,
-                       fa_tile_visibility vis, float *s, int64_t lds)
+                       fa_tile_visibility vis, int fold_scale, float *st, int64_t ld)
 {
-    const float scale = p->scale;
-    for (int64_t r = 0; r < rows->count; ++r) {
-        float *row = s + r * lds;
-        if (vis == FA_TILE_FULL) {
-            for (int64_t c = 0; c < cols; ++c) row[c] *= scale;
-            continue;
-        }
-        const fa_key_range range = rows->range[r];
-        const int64_t i = rows->i0 + r;
-        for (int64_t c = 0; c < cols; ++c) {
-            const int64_t j = j0 + c;
-            int visible = j >= range.lo && j < range.hi;
-            if (visible && p->block_mask) visible = block_visible(p->block_mask, i, j);
-            row[c] = visible ? row[c] * scale : -INFINITY;
+    const float scale = fold_scale ? 1.0f : p->scale;
+    if (vis == FA_TILE_FULL) {
+        if (!fold_scale)
+            for (int64_t c = 0; c < cols; ++c)
+                for (int64_t r = 0; r < rows->count; ++r) st[c * ld + r] *= scale;
+        return;
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+        const int64_t j = j0 + c;
+        float *keys = st + c * ld;
+        for (int64_t r = 0; r < rows->count; ++r) {
+            int visible = j >= rows->range[r].lo && j < rows->range[r].hi;
+            if (visible && p->block_mask) visible = block_visible(p->block_mask, rows->i0 + r, j);
+            keys[r] = visible ? keys[r] * scale : -INFINITY;
         }
     }
 }
 
 void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
-                          int64_t cols, float *tile, int64_t ld)
+                          int64_t cols, float *st, int64_t ld)
 {
     const float keep_scale = 1.0f / (1.0f - p->dropout_p);
     for (int64_t r = 0; r < rows->count; ++r) {
         const uint64_t row_base =
             (((uint64_t)b * (uint64_t)p->heads_q + (uint64_t)h) * (uint64_t)p->seqlen_q + (uint64_t)(rows->i0 + r)) *
             (uint64_t)p->seqlen_k;
-        float *row = tile + r * ld;
         int64_t c = 0;
         while (c < cols) {
             const uint64_t e = row_base + (uint64_t)(j0 + c);
             const fa_philox4x32 w = fa_dropout_words(p->dropout_seed, p->dropout_offset, e >> 2);
-            for (uint64_t word = e & 3u; word < 4 && c < cols; ++word, ++c)
-                row[c] = fa_dropout_uniform(w.v[word]) < p->dropout_p ? 0.0f : row[c] * keep_scale;
+            for (uint64_t word = e & 3u; word < 4 && c < cols; ++word, ++c) {
+                float *x = st + c * ld + r;
+                *x = fa_dropout_uniform(w.v[word]) < p->dropout_p ? 0.0f : *x * keep_scale;
+            }
         }
     }
 }

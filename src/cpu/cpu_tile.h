@@ -20,6 +20,13 @@ static inline void *fa_row_ptr(const fa_tensor *t, int64_t b, int64_t s, int64_t
 
 /* dst[r * ld + c] = tensor[b, s0 + r, h, c] for r < rows, c < head_dim, converted to f32. */
 void fa_cpu_load_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, float *dst, int64_t ld);
+/* dst[c * ld + r] = tensor[b, s0 + r, h, c] (the transposed tile, packed once per query tile). */
+void fa_cpu_load_transposed(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, float *dst,
+                            int64_t ld);
+/* Rows s0 .. s0 + rows of (b, h) as an f32 matrix: in place (no copy) for f32 tensors, else
+ * converted into scratch (ld = head_dim). Returns the matrix and sets *ld. */
+const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
+                              int64_t rows, float *scratch, int64_t *ld);
 /* tensor[b, s0 + r, h, c] = src[r * ld + c], converted from f32. */
 void fa_cpu_store_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, const float *src,
                        int64_t ld);
@@ -39,13 +46,16 @@ typedef enum fa_tile_visibility { FA_TILE_EMPTY, FA_TILE_PARTIAL, FA_TILE_FULL }
 /* Whether any (FULL: every) element of rows x keys [j0, j0 + cols) is visible, block mask included. */
 fa_tile_visibility fa_cpu_tile_visibility(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols);
 
-/* s[r][c] = scale * s[r][c] where visible, -inf elsewhere (masks applied when the tile is PARTIAL). */
-void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols,
-                       fa_tile_visibility vis, float *s, int64_t lds);
+/* Score tiles are stored transposed: element (query r, key c) at st[c * ld + r]. */
 
-/* Dropout on a tile of probabilities of (b, h): p[r][c] *= keep ? 1/(1-p) : 0. */
+/* Masked elements (PARTIAL tiles) set to -inf; visible ones multiplied by the scale unless
+ * fold_scale (then the exponential applies it: exp(scale * s - m) with m in scaled units). */
+void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols,
+                       fa_tile_visibility vis, int fold_scale, float *st, int64_t ld);
+
+/* Dropout on a tile of probabilities of (b, h): element *= keep ? 1/(1-p) : 0. */
 void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
-                          int64_t cols, float *tile, int64_t ld);
+                          int64_t cols, float *st, int64_t ld);
 
 /* OpenMP-agnostic helpers. */
 int fa_cpu_thread_count(int requested);

@@ -1,36 +1,59 @@
 /* The CPU microkernel contract (BLIS style). Every ISA provides the same table; the portable
- * reference in ref/ is always built and is the ground truth the ISA kernels are checked against.
+ * reference in ref/ is always built and is the ground truth the ISA kernels are checked against
+ * (tests/checkasm).
  *
- * All matrices are row-major f32 with explicit leading dimensions (in elements) and do not alias.
- * Sizes may be any positive value (no padding is assumed); kernels must not read or write outside
- * the m x n (x k) extents given.
- *   gemm_nt:   C[m x n]  = A[m x k] * B[n x k]^T       (S = Q K^T, dP = dO V^T)
- *   gemm_nn:   C[m x n] += A[m x k] * B[k x n]         (O += P V, dQ += dS K)
- *   gemm_tn:   C[m x n] += A[k x m]^T * B[k x n]       (dV += P^T dO, dK += dS^T Q)
- *   exp_sub:   x[i] = exp(x[i] - shift) for i < n, returns the sum of the results; exp(-inf) = 0.
- *              Accuracy: within 2 ulp of expf for arguments in [-104, 0].
- */
+ * Layout. The drivers keep every score tile transposed, S^T[key][query], so that the softmax
+ * statistics of a query (max, sum, rescale factor) are one lane of a vector and every product is
+ * one general "broadcast A, stream B" multiply:
+ *   S^T  = K_j Q_i^T          A = K rows (read in place for f32), B = packed Q_i^T
+ *   O_i  = alpha o O_i + P V_j A = (S^T)^T (rsa = 1, csa = ld), B = V rows in place,
+ *                             alpha the online-softmax rescale folded into the update
+ *   dV_j += P^T dO_i, dK_j += dS^T Q_i, dQ_i += dS K_j   (backward, same kernel)
+ * All matrices are f32 and do not alias; sizes may be any positive value (no padding), kernels
+ * never touch elements outside the extents given.
+ *
+ *   gemm:     A(i,p) = a[i*rsa + p*csa], B(p,j) = b[p*ldb + j], C(i,j) = c[i*ldc + j].
+ *             accumulate == 0: C = A B;  otherwise C = diag(row_scale) C + A B
+ *             (row_scale NULL = identity). Each C element's sum runs over p in increasing order.
+ *   col_max:  out[j] = max over i < rows of x[i*ld + j]  (-inf when all are -inf).
+ *   exp_cols: x[i*ld + j] = exp(scale * x[i*ld + j] - shift[j]); sum[j] = sum over i of the results.
+ *             exp(-inf) = 0, and shift[j] = +inf gives zeros. Accuracy: within 2 ulp of expf for
+ *             arguments in [-87.3, 88]; below -87.3 (results under FLT_MIN) ISA kernels may flush
+ *             to zero.
+ *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
+ * Results are deterministic: the same inputs give the same bits on every call and thread. */
 #ifndef FA_CPU_KERNELS_H
 #define FA_CPU_KERNELS_H
 #include <stdint.h>
 
+#include "flashattn.h"
+
 typedef struct fa_cpu_kernels {
-    const char *isa; /* "ref", "avx2", ... */
-    void (*gemm_nt)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                    float *c, int64_t ldc);
-    void (*gemm_nn)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                    float *c, int64_t ldc);
-    void (*gemm_tn)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                    float *c, int64_t ldc);
-    float (*exp_sub)(float *x, int64_t n, float shift);
-    /* Register tile of the gemm kernels: tiles are snapped to multiples of these. */
-    int64_t row_step, col_step;
+    const char *isa; /* "ref", "avx2", "avx512", "neon" */
+    void (*gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                 int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate);
+    void (*col_max)(const float *x, int64_t ld, int64_t rows, int64_t cols, float *out);
+    void (*exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift, float *sum);
+    void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
+    /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
+    int64_t mr, nr, tile_step;
 } fa_cpu_kernels;
 
 extern const fa_cpu_kernels fa_cpu_kernels_ref;
+#ifdef FA_HAVE_AVX2
+extern const fa_cpu_kernels fa_cpu_kernels_avx2;
+#endif
+#ifdef FA_HAVE_AVX512
+extern const fa_cpu_kernels fa_cpu_kernels_avx512;
+#endif
+#ifdef FA_HAVE_NEON
+extern const fa_cpu_kernels fa_cpu_kernels_neon;
+#endif
 
-/* The kernels for this CPU: FLASHATTN_CPU_ISA (ref|avx2|avx512|neon) if set and supported,
- * otherwise the newest ISA the CPU supports. Returns NULL if the forced ISA is unknown or
- * unsupported here (reason recorded). */
-const fa_cpu_kernels *fa_cpu_select_kernels(void);
+/* The kernels for this CPU: FLASHATTN_CPU_ISA (ref|avx2|avx512|neon) if set, otherwise the
+ * newest ISA the CPU supports (ref last). A forced ISA that is unknown (FA_ERROR_INVALID_VALUE)
+ * or not built / not supported by this CPU (FA_ERROR_NOT_SUPPORTED) fails with the reason. */
+fa_status fa_cpu_select_kernels(const fa_cpu_kernels **kernels);
+/* The kernels of one named ISA if built and supported by this CPU, else NULL (no error set). */
+const fa_cpu_kernels *fa_cpu_kernels_by_name(const char *isa);
 #endif

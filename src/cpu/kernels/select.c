@@ -13,26 +13,71 @@ typedef struct isa_entry {
 
 static int always(void) { return 1; }
 
-/* Newest first, the reference last. ISA kernels register here as they are added. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+static int cpu_has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+static int cpu_has_avx512(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && cpu_has_avx2();
+}
+#else
+static int cpu_has_avx2(void) { return 0; }
+static int cpu_has_avx512(void) { return 0; }
+#endif
+
+/* Newest first, the reference last. Every ISA name is listed on every target so that forcing one
+ * that is not built here gives "not supported" rather than "unknown". */
 static const isa_entry isas[] = {
+#ifdef FA_HAVE_AVX512
+    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512},
+#else
+    {"avx512", NULL, cpu_has_avx512},
+#endif
+#ifdef FA_HAVE_AVX2
+    {"avx2", &fa_cpu_kernels_avx2, cpu_has_avx2},
+#else
+    {"avx2", NULL, cpu_has_avx2},
+#endif
+#ifdef FA_HAVE_NEON
+    {"neon", &fa_cpu_kernels_neon, always}, /* NEON is mandatory on aarch64 */
+#else
+    {"neon", NULL, always},
+#endif
     {"ref", &fa_cpu_kernels_ref, always},
 };
+enum { isa_count = sizeof isas / sizeof isas[0] };
 
-const fa_cpu_kernels *fa_cpu_select_kernels(void)
+const fa_cpu_kernels *fa_cpu_kernels_by_name(const char *isa)
 {
-    const size_t count = sizeof isas / sizeof isas[0];
+    for (size_t i = 0; i < isa_count; ++i)
+        if (strcmp(isa, isas[i].name) == 0) return isas[i].kernels && isas[i].supported() ? isas[i].kernels : NULL;
+    return NULL;
+}
+
+fa_status fa_cpu_select_kernels(const fa_cpu_kernels **kernels)
+{
     const char *forced = getenv("FLASHATTN_CPU_ISA");
+    *kernels = NULL;
     if (forced && forced[0]) {
-        for (size_t i = 0; i < count; ++i) {
+        for (size_t i = 0; i < isa_count; ++i) {
             if (strcmp(forced, isas[i].name) != 0) continue;
-            if (isas[i].kernels && isas[i].supported()) return isas[i].kernels;
-            fa_set_error(FA_ERROR_NOT_SUPPORTED, "FLASHATTN_CPU_ISA: '%s' is not supported by this CPU or build", forced);
-            return NULL;
+            if (!isas[i].kernels)
+                return fa_set_error(FA_ERROR_NOT_SUPPORTED, "FLASHATTN_CPU_ISA: '%s' is not built into this library",
+                                    forced);
+            if (!isas[i].supported())
+                return fa_set_error(FA_ERROR_NOT_SUPPORTED, "FLASHATTN_CPU_ISA: '%s' is not supported by this CPU",
+                                    forced);
+            *kernels = isas[i].kernels;
+            return FA_SUCCESS;
         }
-        fa_set_error(FA_ERROR_INVALID_VALUE, "FLASHATTN_CPU_ISA: unknown ISA '%s'", forced);
-        return NULL;
+        return fa_set_error(FA_ERROR_INVALID_VALUE,
+                            "FLASHATTN_CPU_ISA: unknown ISA '%s' (use ref, avx2, avx512 or neon)", forced);
     }
-    for (size_t i = 0; i < count; ++i)
-        if (isas[i].kernels && isas[i].supported()) return isas[i].kernels;
-    return &fa_cpu_kernels_ref;
+    for (size_t i = 0; i < isa_count && !*kernels; ++i)
+        if (isas[i].kernels && isas[i].supported()) *kernels = isas[i].kernels;
+    return FA_SUCCESS;
 }

@@ -1,49 +1,44 @@
 /* Portable reference microkernels: plain loops, the ground truth for the ISA kernels. */
 #include <math.h>
 
+#include "../../../common/half.h"
 #include "../kernels.h"
 
-static void ref_gemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
-                        int64_t ldb, float *c, int64_t ldc)
+static void ref_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                     int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate)
 {
     for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) {
             float acc = 0.0f;
-            for (int64_t p = 0; p < k; ++p) acc += a[i * lda + p] * b[j * ldb + p];
-            c[i * ldc + j] = acc;
+            for (int64_t p = 0; p < k; ++p) acc += a[i * rsa + p * csa] * b[p * ldb + j];
+            float *cij = c + i * ldc + j;
+            if (!accumulate) *cij = acc;
+            else *cij = (row_scale ? row_scale[i] * *cij : *cij) + acc;
         }
 }
 
-static void ref_gemm_nn(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
-                        int64_t ldb, float *c, int64_t ldc)
+static void ref_col_max(const float *x, int64_t ld, int64_t rows, int64_t cols, float *out)
 {
-    for (int64_t i = 0; i < m; ++i)
-        for (int64_t p = 0; p < k; ++p) {
-            const float aip = a[i * lda + p];
-            if (aip == 0.0f) continue; /* masked or dropped probabilities */
-            for (int64_t j = 0; j < n; ++j) c[i * ldc + j] += aip * b[p * ldb + j];
+    for (int64_t j = 0; j < cols; ++j) out[j] = -INFINITY;
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) out[j] = x[i * ld + j] > out[j] ? x[i * ld + j] : out[j];
+}
+
+static void ref_exp_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift,
+                         float *sum)
+{
+    for (int64_t j = 0; j < cols; ++j) sum[j] = 0.0f;
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+            float *e = x + i * ld + j;
+            *e = expf(scale * *e - shift[j]);
+            sum[j] += *e;
         }
 }
 
-static void ref_gemm_tn(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
-                        int64_t ldb, float *c, int64_t ldc)
+static void ref_f16_to_f32(const uint16_t *src, float *dst, int64_t n)
 {
-    for (int64_t p = 0; p < k; ++p)
-        for (int64_t i = 0; i < m; ++i) {
-            const float api = a[p * lda + i];
-            if (api == 0.0f) continue;
-            for (int64_t j = 0; j < n; ++j) c[i * ldc + j] += api * b[p * ldb + j];
-        }
+    for (int64_t i = 0; i < n; ++i) dst[i] = fa_f16_to_f32(src[i]);
 }
 
-static float ref_exp_sub(float *x, int64_t n, float shift)
-{
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-        x[i] = expf(x[i] - shift);
-        sum += x[i];
-    }
-    return sum;
-}
-
-const fa_cpu_kernels fa_cpu_kernels_ref = {"ref", ref_gemm_nt, ref_gemm_nn, ref_gemm_tn, ref_exp_sub, 1, 1};
+const fa_cpu_kernels fa_cpu_kernels_ref = {"ref", ref_gemm, ref_col_max, ref_exp_cols, ref_f16_to_f32, 1, 1, 16};

@@ -1,0 +1,283 @@
+/* fa-bench: the CPU backend against standard attention, forward, backward and both, in one run.
+ * Prints a table (ms, GFLOP/s, fraction of the sgemm rate measured in the same run, speedup over
+ * standard attention, peak extra memory) with a progress line on stderr, and optionally CSV.
+ * Run `fa-bench --help` for the options. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_clock.h"
+#include "flashattn.h"
+#ifdef FA_BENCH_HAVE_OPENBLAS
+#include "std_attention.h"
+#endif
+
+enum { MAX_LIST = 16 };
+typedef enum pass { PASS_FWD, PASS_BWD, PASS_FWDBWD } pass;
+static const char *pass_names[] = {"fwd", "bwd", "fwd+bwd"};
+
+typedef struct options {
+    int64_t n[MAX_LIST], d[MAX_LIST];
+    int n_count, d_count, heads, threads, max_reps, std_max_n, info, masks; /* masks: bit 0 dense, bit 1 causal */
+    int passes;                                                           /* bit per pass */
+    double min_seconds;
+    const char *csv;
+} options;
+
+typedef struct tensors {
+    float *q, *k, *v, *out, *dout, *dq, *dk, *dv, *lse;
+} tensors;
+
+static int parse_list(const char *s, int64_t *out)
+{
+    int count = 0;
+    while (*s && count < MAX_LIST) {
+        char *end;
+        out[count++] = strtoll(s, &end, 10);
+        if (end == s || out[count - 1] <= 0) return -1;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return count;
+}
+
+static void usage(void)
+{
+    puts("usage: fa-bench [--info] [--quick] [--n 512,1024,...] [--d 64,128] [--heads 8] [--threads 2]\n"
+         "                [--mask dense|causal|both] [--pass fwd|bwd|fwdbwd|all] [--reps 3] [--min-time 1.0]\n"
+         "                [--std-max-n 8192] [--csv FILE]\n"
+         "  Default: N = 512..16384, d = 64 and 128, dense and causal, all passes, 8 heads, 2 threads.\n"
+         "  --quick: N = 512, 1024, 2048, d = 64, one timed repetition.\n"
+         "  Standard attention runs up to --std-max-n (it needs 2 N x N floats per thread).\n"
+         "  FLASHATTN_CPU_ISA=ref|avx2|avx512|neon forces the kernels.");
+}
+
+static int parse_options(int argc, char **argv, options *o)
+{
+    *o = (options){.n = {512, 1024, 2048, 4096, 8192, 16384}, .d = {64, 128}, .n_count = 6, .d_count = 2,
+                   .heads = 8, .threads = 2, .max_reps = 3, .std_max_n = 8192, .masks = 3, .passes = 7,
+                   .min_seconds = 1.0};
+    for (int i = 1; i < argc; ++i) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--info")) o->info = 1;
+        else if (!strcmp(a, "--quick")) {
+            o->n_count = parse_list("512,1024,2048", o->n);
+            o->d_count = parse_list("64", o->d);
+            o->max_reps = 1;
+            o->min_seconds = 0.0;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); exit(0); }
+        else if (!val) { fprintf(stderr, "fa-bench: %s needs a value or is unknown (see --help)\n", a); return -1; }
+        else {
+            ++i;
+            if (!strcmp(a, "--n")) o->n_count = parse_list(val, o->n);
+            else if (!strcmp(a, "--d")) o->d_count = parse_list(val, o->d);
+            else if (!strcmp(a, "--heads")) o->heads = atoi(val);
+            else if (!strcmp(a, "--threads")) o->threads = atoi(val);
+            else if (!strcmp(a, "--reps")) o->max_reps = atoi(val);
+            else if (!strcmp(a, "--min-time")) o->min_seconds = atof(val);
+            else if (!strcmp(a, "--std-max-n")) o->std_max_n = atoi(val);
+            else if (!strcmp(a, "--csv")) o->csv = val;
+            else if (!strcmp(a, "--mask")) o->masks = !strcmp(val, "dense") ? 1 : !strcmp(val, "causal") ? 2 : !strcmp(val, "both") ? 3 : 0;
+            else if (!strcmp(a, "--pass"))
+                o->passes = !strcmp(val, "fwd") ? 1 : !strcmp(val, "bwd") ? 2 : !strcmp(val, "fwdbwd") ? 4 : !strcmp(val, "all") ? 7 : 0;
+            else { fprintf(stderr, "fa-bench: unknown option %s (see --help)\n", a); return -1; }
+        }
+    }
+    if (o->n_count <= 0 || o->d_count <= 0 || o->heads <= 0 || o->threads <= 0 || o->max_reps <= 0 || !o->masks ||
+        !o->passes) {
+        fprintf(stderr, "fa-bench: invalid option value (see --help)\n");
+        return -1;
+    }
+    return 0;
+}
+
+static float *alloc_filled(size_t count, unsigned seed)
+{
+    float *x = malloc(count * sizeof(float));
+    if (!x) return NULL;
+    for (size_t i = 0; i < count; ++i) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = (float)(seed >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+    }
+    return x;
+}
+
+static void tensors_free(tensors *t)
+{
+    float **all[] = {&t->q, &t->k, &t->v, &t->out, &t->dout, &t->dq, &t->dk, &t->dv, &t->lse};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) { free(*all[i]); *all[i] = NULL; }
+}
+
+static int tensors_alloc(tensors *t, int64_t n, int64_t heads, int64_t d)
+{
+    const size_t count = (size_t)(n * heads * d);
+    t->q = alloc_filled(count, 1);
+    t->k = alloc_filled(count, 2);
+    t->v = alloc_filled(count, 3);
+    t->dout = alloc_filled(count, 4);
+    t->out = alloc_filled(count, 5); /* filled: the pages are resident before the peak is reset */
+    t->dq = alloc_filled(count, 6);
+    t->dk = alloc_filled(count, 7);
+    t->dv = alloc_filled(count, 8);
+    t->lse = alloc_filled((size_t)(n * heads), 9);
+    if (t->q && t->k && t->v && t->dout && t->out && t->dq && t->dk && t->dv && t->lse) return 0;
+    tensors_free(t);
+    return -1;
+}
+
+typedef struct run_ctx {
+    fa_context *ctx;
+    fa_attention_desc desc;
+    fa_tensor q, k, v, out, dout, dq, dk, dv;
+    float *lse;
+} run_ctx;
+
+static int run_flash(run_ctx *r, pass which)
+{
+    if (which != PASS_BWD && fa_forward(r->ctx, &r->desc, &r->q, &r->k, &r->v, &r->out, r->lse) != FA_SUCCESS)
+        return -1;
+    if (which != PASS_FWD &&
+        fa_backward(r->ctx, &r->desc, &r->q, &r->k, &r->v, &r->out, &r->dout, r->lse, &r->dq, &r->dk, &r->dv) !=
+            FA_SUCCESS)
+        return -1;
+    return 0;
+}
+
+#ifdef FA_BENCH_HAVE_OPENBLAS
+static int run_std(const std_problem *p, pass which)
+{
+    return which == PASS_FWD ? std_forward(p) : which == PASS_BWD ? std_backward(p) : std_forward_backward(p);
+}
+#endif
+
+typedef struct measurement { double seconds; long long peak_bytes; int ok; } measurement;
+
+/* Best time of up to max_reps runs (stopping once min_seconds have been spent), after one
+ * untimed warm-up run when more than one repetition is asked for; peak memory above the resident
+ * size before the first run. */
+#define MEASURE(result, opts, call)                                                                             \
+    do {                                                                                                        \
+        const long long base_ = bench_peak_reset();                                                             \
+        (result).ok = (opts)->max_reps > 1 ? (call) == 0 : 1;                                                   \
+        (result).seconds = 1e30;                                                                                \
+        double spent_ = 0.0;                                                                                    \
+        for (int rep_ = 0; (result).ok && rep_ < (opts)->max_reps && (rep_ == 0 || spent_ < (opts)->min_seconds); \
+             ++rep_) {                                                                                          \
+            const double t0_ = bench_seconds();                                                                 \
+            (result).ok = (call) == 0;                                                                          \
+            const double t_ = bench_seconds() - t0_;                                                            \
+            spent_ += t_;                                                                                       \
+            (result).seconds = t_ < (result).seconds ? t_ : (result).seconds;                                   \
+        }                                                                                                       \
+        const long long peak_ = bench_peak();                                                                   \
+        (result).peak_bytes = base_ >= 0 && peak_ >= 0 ? peak_ - base_ : -1;                                    \
+    } while (0)
+
+static double attention_flops(int64_t n, int64_t heads, int64_t d, int causal, pass which)
+{
+    const double pairs = causal ? (double)n * (double)(n + 1) / 2.0 : (double)n * (double)n;
+    const double fwd = 4.0 * pairs * (double)d * (double)heads;
+    return which == PASS_FWD ? fwd : which == PASS_BWD ? 2.5 * fwd : 3.5 * fwd;
+}
+
+static void print_info(fa_context *ctx, const options *o)
+{
+    printf("%s\n", fa_context_info(ctx));
+    for (int i = 0; i < o->d_count; ++i) {
+        fa_tiling t;
+        int64_t sram = 0;
+        if (fa_context_tiling(ctx, o->d[i], FA_DTYPE_F32, &t, &sram) == FA_SUCCESS)
+            printf("tiles for d = %lld: Br = %lld, Bc = %lld (M = %lld f32 elements)\n", (long long)o->d[i],
+                   (long long)t.block_rows, (long long)t.block_cols, (long long)sram);
+    }
+#ifdef FA_BENCH_HAVE_OPENBLAS
+    printf("standard attention: OpenBLAS sgemm + vectorised softmax\n");
+#else
+    printf("standard attention: not built (OpenBLAS not found at configure time)\n");
+#endif
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    if (parse_options(argc, argv, &o)) return 2;
+    fa_context *ctx = NULL;
+    if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) != FA_SUCCESS ||
+        fa_context_set_num_threads(ctx, o.threads) != FA_SUCCESS) {
+        fprintf(stderr, "fa-bench: %s\n", fa_last_error());
+        return 1;
+    }
+    print_info(ctx, &o);
+    if (o.info) { fa_context_destroy(ctx); return 0; }
+
+    double sgemm_rate = 0.0;
+#ifdef FA_BENCH_HAVE_OPENBLAS
+    fprintf(stderr, "measuring the OpenBLAS sgemm rate (2048^3, %d threads)...\n", o.threads);
+    sgemm_rate = std_sgemm_rate(2048, o.threads, 3);
+    printf("sgemm 2048^3, %d threads: %.1f GFLOP/s (the 'peak' column divides by this)\n", o.threads, sgemm_rate);
+#endif
+    FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
+    if (o.csv && !csv) { fprintf(stderr, "fa-bench: cannot write %s\n", o.csv); return 1; }
+    if (csv)
+        fprintf(csv, "pass,n,d,heads,threads,mask,flash_ms,flash_gflops,flash_peak_fraction,flash_extra_mib,"
+                     "std_ms,std_gflops,std_extra_mib,speedup,sgemm_gflops,isa\n");
+    const char *isa = strstr(fa_context_info(ctx), "isa ");
+    char isa_name[16] = "?";
+    if (isa) sscanf(isa + 4, "%15[^,]", isa_name);
+    printf("\n%-8s %6s %4s %-6s | %10s %8s %5s %9s | %10s %8s %9s | %7s\n", "pass", "N", "d", "mask", "flash ms",
+           "GFLOP/s", "peak", "extra MiB", "std ms", "GFLOP/s", "extra MiB", "speedup");
+
+    const int total = o.n_count * o.d_count * __builtin_popcount((unsigned)o.masks) * __builtin_popcount((unsigned)o.passes);
+    int done = 0, failures = 0;
+    for (int di = 0; di < o.d_count; ++di)
+        for (int ni = 0; ni < o.n_count; ++ni) {
+            const int64_t n = o.n[ni], d = o.d[di];
+            tensors t = {0};
+            if (tensors_alloc(&t, n, o.heads, d)) { fprintf(stderr, "fa-bench: out of memory at N = %lld\n", (long long)n); return 1; }
+            for (int causal = 0; causal < 2; ++causal) {
+                if (!(o.masks & (1 << causal))) continue;
+                run_ctx r = {.ctx = ctx, .lse = t.lse};
+                fa_attention_desc_init(&r.desc);
+                r.desc.causal = causal;
+                const fa_tensor shape = {NULL, FA_DTYPE_F32, 1, n, o.heads, d, 0, 0, 0};
+                r.q = r.k = r.v = r.out = r.dout = r.dq = r.dk = r.dv = shape;
+                r.q.data = t.q; r.k.data = t.k; r.v.data = t.v; r.out.data = t.out;
+                r.dout.data = t.dout; r.dq.data = t.dq; r.dk.data = t.dk; r.dv.data = t.dv;
+                if (run_flash(&r, PASS_FWD)) { fprintf(stderr, "fa-bench: %s\n", fa_last_error()); return 1; } /* lse for bwd */
+                for (int ps = 0; ps < 3; ++ps) {
+                    if (!(o.passes & (1 << ps))) continue;
+                    fprintf(stderr, "\r[%d/%d] %s N=%lld d=%lld %s ...            ", ++done, total, pass_names[ps],
+                            (long long)n, (long long)d, causal ? "causal" : "dense");
+                    measurement flash, std = {0, -1, 0};
+                    MEASURE(flash, &o, run_flash(&r, (pass)ps));
+#ifdef FA_BENCH_HAVE_OPENBLAS
+                    const std_problem sp = {n, o.heads, d, causal, o.threads, t.q, t.k, t.v, t.dout,
+                                            t.out, t.dq, t.dk, t.dv};
+                    if (n <= o.std_max_n) MEASURE(std, &o, run_std(&sp, (pass)ps));
+#endif
+                    if (!flash.ok) { ++failures; fprintf(stderr, "\nfa-bench: %s\n", fa_last_error()); continue; }
+                    const double flops = attention_flops(n, o.heads, d, causal, (pass)ps);
+                    const double fg = flops / flash.seconds * 1e-9, sg = std.ok ? flops / std.seconds * 1e-9 : 0.0;
+                    const double fmib = flash.peak_bytes / 1048576.0, smib = std.peak_bytes / 1048576.0;
+                    fprintf(stderr, "\r%70s\r", "");
+                    printf("%-8s %6lld %4lld %-6s | %10.2f %8.1f %5.2f %9.1f | ", pass_names[ps], (long long)n,
+                           (long long)d, causal ? "causal" : "dense", flash.seconds * 1e3, fg,
+                           sgemm_rate > 0 ? fg / sgemm_rate : NAN, fmib);
+                    if (std.ok) printf("%10.2f %8.1f %9.1f | %6.2fx\n", std.seconds * 1e3, sg, smib, std.seconds / flash.seconds);
+                    else printf("%10s %8s %9s | %7s\n", "-", "-", "-", "-");
+                    fflush(stdout);
+                    if (csv)
+                        fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s\n",
+                                pass_names[ps], (long long)n, (long long)d, o.heads, o.threads,
+                                causal ? "causal" : "dense", flash.seconds * 1e3, fg,
+                                sgemm_rate > 0 ? fg / sgemm_rate : 0.0, fmib, std.ok ? std.seconds * 1e3 : 0.0, sg,
+                                std.ok ? smib : 0.0, std.ok ? std.seconds / flash.seconds : 0.0, sgemm_rate, isa_name);
+                }
+            }
+            tensors_free(&t);
+        }
+    fprintf(stderr, "\n");
+    if (csv) fclose(csv);
+    fa_context_destroy(ctx);
+    return failures ? 1 : 0;
+}

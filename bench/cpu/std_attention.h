@@ -1,0 +1,22 @@
+/* Standard attention (the paper's Algorithm 0 forward, Algorithm 3 backward) as a careful user
+ * writes it on a CPU: OpenMP over heads, single-threaded OpenBLAS sgemm per head, a vectorised
+ * softmax (the library's own exponential kernel), and the N x N matrices S/P (and dP) materialised
+ * per thread. Packed f32 [1, N, heads, d] tensors, heads_q == heads_kv. Only built with OpenBLAS. */
+#ifndef FA_BENCH_STD_ATTENTION_H
+#define FA_BENCH_STD_ATTENTION_H
+#include <stdint.h>
+
+typedef struct std_problem {
+    int64_t n, heads, d;
+    int causal, threads;
+    const float *q, *k, *v, *dout;
+    float *out, *dq, *dk, *dv;
+} std_problem;
+
+/* Each returns 0, or -1 when the N x N buffers cannot be allocated. */
+int std_forward(const std_problem *p);
+int std_backward(const std_problem *p);          /* recomputes P from Q, K, then Algorithm 3 */
+int std_forward_backward(const std_problem *p);  /* Algorithm 0 keeping P, then Algorithm 3 */
+/* Single-threaded or threaded OpenBLAS sgemm rate (GFLOP/s) of n x n x n, best of reps. */
+double std_sgemm_rate(int64_t n, int threads, int reps);
+#endif

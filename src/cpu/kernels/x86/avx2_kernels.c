@@ -1,0 +1,39 @@
+/* AVX2 + FMA (+ F16C) microkernels: 8 lanes, a 6 x 16 register tile (12 of the 16 ymm registers
+ * accumulate). Built with -mavx2 -mfma -mf16c; selected only when cpuid reports all three. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../kernels.h"
+
+#define VEC __m256
+#define W 8
+#define MR 6
+#define KNAME(x) avx2_##x
+#define MASK_T __m256i
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VMLOAD(p, m) _mm256_maskload_ps(p, m)
+#define VMSTORE(p, m, v) _mm256_maskstore_ps(p, m, v)
+#define VSET1(x) _mm256_set1_ps(x)
+#define VZERO() _mm256_setzero_ps()
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VMAX(a, b) _mm256_max_ps(a, b)
+#define VMIN(a, b) _mm256_min_ps(a, b)
+#define VFNMA(a, b, c) _mm256_fnmadd_ps(a, b, c)
+#define VROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+/* y * 2^n for integral n in [-126, 127]: n + 127 in the exponent field */
+#define VSCALE2(y, n) \
+    _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))
+#define VZERO_BELOW(y, x, lo) _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y)
+#define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+
+static const int32_t avx2_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+#define VMASK(n) _mm256_loadu_si256((const __m256i *)(avx2_mask_table + 8 - (n)))
+
+#include "vector_kernels.h"
+
+const fa_cpu_kernels fa_cpu_kernels_avx2 = {"avx2", avx2_gemm, avx2_col_max, avx2_exp_cols, avx2_f16_to_f32,
+                                            MR, 2 * W, 16};

@@ -1,0 +1,35 @@
+/* AVX-512F microkernels: 16 lanes, a 12 x 32 register tile (24 of the 32 zmm registers
+ * accumulate). Built with -mavx512f; selected only when cpuid reports AVX-512F. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../kernels.h"
+
+#define VEC __m512
+#define W 16
+#define MR 12
+#define KNAME(x) avx512_##x
+#define MASK_T __mmask16
+#define VMASK(n) ((__mmask16)((1u << (n)) - 1u))
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VMLOAD(p, m) _mm512_maskz_loadu_ps(m, p)
+#define VMSTORE(p, m, v) _mm512_mask_storeu_ps(p, m, v)
+#define VSET1(x) _mm512_set1_ps(x)
+#define VZERO() _mm512_setzero_ps()
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VMAX(a, b) _mm512_max_ps(a, b)
+#define VMIN(a, b) _mm512_min_ps(a, b)
+#define VFNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define VROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VSCALE2(y, n) _mm512_scalef_ps(y, n)
+#define VZERO_BELOW(y, x, lo) _mm512_maskz_mov_ps((__mmask16)~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), y)
+#define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+
+#include "vector_kernels.h"
+
+const fa_cpu_kernels fa_cpu_kernels_avx512 = {"avx512", avx512_gemm, avx512_col_max, avx512_exp_cols,
+                                              avx512_f16_to_f32, MR, 2 * W, 16};

@@ -1,0 +1,17 @@
+/* exp(x) = 2^n * e^r with n = round(x / ln 2), r = x - n ln 2 (ln 2 split in two for an exact
+ * reduction), e^r by a degree-6 polynomial on [-ln2/2, ln2/2] (Cephes expf coefficients): within
+ * 1 ulp of expf on [-87.3, 88]. Shared by the vector kernels of every ISA. */
+#ifndef FA_EXP_POLY_H
+#define FA_EXP_POLY_H
+#define FA_EXP_LO (-87.33654f) /* below: result under FLT_MIN, flushed to 0 */
+#define FA_EXP_HI 88.0f        /* keeps 2^n finite */
+#define FA_EXP_LOG2E 1.44269504088896341f
+#define FA_EXP_LN2_HI 0.693359375f
+#define FA_EXP_LN2_LO (-2.12194440e-4f)
+#define FA_EXP_P0 1.9875691500e-4f
+#define FA_EXP_P1 1.3981999507e-3f
+#define FA_EXP_P2 8.3334519073e-3f
+#define FA_EXP_P3 4.1665795894e-2f
+#define FA_EXP_P4 1.6666665459e-1f
+#define FA_EXP_P5 5.0000001201e-1f
+#endif

@@ -1,0 +1,161 @@
+/* The vector microkernels, written once over a small set of vector macros and instantiated per
+ * ISA (avx2_kernels.c, avx512_kernels.c). The including file defines:
+ *   VEC, W (lanes), MR (register rows), KNAME(x) (name prefix), MASK_T, VMASK(n) (first n lanes),
+ *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
+ *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VMAX, VMIN,
+ *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
+ *   VLOAD_F16(p) (W binary16 values widened).
+ * The register tile is MR x 2W: 2*MR accumulators, two B vectors and one broadcast of A. */
+#ifndef FA_VECTOR_KERNELS_H
+#define FA_VECTOR_KERNELS_H
+#include "../../../common/half.h"
+#include "exp_poly.h"
+#endif
+
+#define FA_INLINE static inline __attribute__((always_inline))
+
+/* One register tile: C[mr x 2W] (+)= A[mr x k] B[k x 2W]; masked: B and C columns limited by m0, m1. */
+FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t ldb,
+                           float *c, int64_t ldc, const float *row_scale, int accumulate, const int mr,
+                           const int masked, MASK_T m0, MASK_T m1)
+{
+    VEC acc0[MR], acc1[MR];
+    for (int r = 0; r < mr; ++r) {
+        acc0[r] = VZERO();
+        acc1[r] = VZERO();
+    }
+    const float *ap = a;
+    const float *bp = b;
+    for (int64_t p = 0; p < k; ++p) {
+        const VEC b0 = masked ? VMLOAD(bp, m0) : VLOAD(bp);
+        const VEC b1 = masked ? VMLOAD(bp + W, m1) : VLOAD(bp + W);
+        for (int r = 0; r < mr; ++r) {
+            const VEC av = VSET1(ap[r * rsa]);
+            acc0[r] = VFMA(av, b0, acc0[r]);
+            acc1[r] = VFMA(av, b1, acc1[r]);
+        }
+        ap += csa;
+        bp += ldb;
+    }
+    for (int r = 0; r < mr; ++r) {
+        float *cr = c + r * ldc;
+        if (accumulate) {
+            const VEC s = VSET1(row_scale ? row_scale[r] : 1.0f);
+            acc0[r] = VFMA(masked ? VMLOAD(cr, m0) : VLOAD(cr), s, acc0[r]);
+            acc1[r] = VFMA(masked ? VMLOAD(cr + W, m1) : VLOAD(cr + W), s, acc1[r]);
+        }
+        if (masked) {
+            VMSTORE(cr, m0, acc0[r]);
+            VMSTORE(cr + W, m1, acc1[r]);
+        } else {
+            VSTORE(cr, acc0[r]);
+            VSTORE(cr + W, acc1[r]);
+        }
+    }
+}
+
+/* A column panel of 2W (or fewer, masked) columns over all m rows: full MR tiles, then the
+ * leftover rows in tiles of 8, 4, 2, 1. */
+FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                            int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate,
+                            const int masked, MASK_T m0, MASK_T m1)
+{
+    int64_t i = 0;
+#define FA_TILE_AT(rows)                                                                                        \
+    KNAME(tile)(k, a + i * rsa, rsa, csa, b, ldb, c + i * ldc, ldc, row_scale ? row_scale + i : NULL, accumulate, \
+                rows, masked, m0, m1)
+    for (; i + MR <= m; i += MR) FA_TILE_AT(MR);
+#if MR > 8
+    if (i + 8 <= m) { FA_TILE_AT(8); i += 8; }
+#endif
+    if (i + 4 <= m) { FA_TILE_AT(4); i += 4; }
+    if (i + 2 <= m) { FA_TILE_AT(2); i += 2; }
+    if (i < m) FA_TILE_AT(1);
+#undef FA_TILE_AT
+}
+
+static void KNAME(gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                        int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate)
+{
+    /* Column panels outermost: the k x 2W panel of B stays in L1 while A streams past it. */
+    int64_t j = 0;
+    for (; j + 2 * W <= n; j += 2 * W)
+        KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W));
+    if (j < n) {
+        const int64_t left = n - j;
+        KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 1,
+                     VMASK(left < W ? left : W), VMASK(left > W ? left - W : 0));
+    }
+}
+
+static void KNAME(col_max)(const float *x, int64_t ld, int64_t rows, int64_t cols, float *out)
+{
+    for (int64_t j = 0; j < cols; j += W) {
+        const int64_t left = cols - j;
+        const MASK_T m = VMASK(left < W ? left : W);
+        VEC best = VSET1(-INFINITY);
+        for (int64_t i = 0; i < rows; ++i) best = VMAX(best, VMLOAD(x + i * ld + j, m));
+        VMSTORE(out + j, m, best);
+    }
+}
+
+/* exp(x) = 2^n e^r, see exp_poly.h. */
+FA_INLINE VEC KNAME(exp)(VEC x)
+{
+    const VEC lo = VSET1(FA_EXP_LO);
+    const VEC xc = VMIN(VMAX(x, lo), VSET1(FA_EXP_HI));
+    const VEC n = VROUND(VMUL(xc, VSET1(FA_EXP_LOG2E)));
+    const VEC r = VFNMA(n, VSET1(FA_EXP_LN2_LO), VFNMA(n, VSET1(FA_EXP_LN2_HI), xc));
+    VEC poly = VSET1(FA_EXP_P0);
+    poly = VFMA(poly, r, VSET1(FA_EXP_P1));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P2));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P3));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P4));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P5));
+    const VEC y = VFMA(poly, VMUL(r, r), VADD(r, VSET1(1.0f)));
+    return VZERO_BELOW(VSCALE2(y, n), x, lo);
+}
+#define VEXP(x) KNAME(exp)(x)
+
+static void KNAME(exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift,
+                            float *sum)
+{
+    const VEC vscale = VSET1(scale);
+    int64_t j = 0;
+    /* Two column vectors per sweep: independent exponentials keep both FMA pipes busy. */
+    for (; j + 2 * W <= cols; j += 2 * W) {
+        const VEC nshift0 = VMUL(VLOAD(shift + j), VSET1(-1.0f)), nshift1 = VMUL(VLOAD(shift + j + W), VSET1(-1.0f));
+        VEC s0 = VZERO(), s1 = VZERO();
+        for (int64_t i = 0; i < rows; ++i) {
+            float *row = x + i * ld + j;
+            const VEC e0 = VEXP(VFMA(VLOAD(row), vscale, nshift0));
+            const VEC e1 = VEXP(VFMA(VLOAD(row + W), vscale, nshift1));
+            VSTORE(row, e0);
+            VSTORE(row + W, e1);
+            s0 = VADD(s0, e0);
+            s1 = VADD(s1, e1);
+        }
+        VSTORE(sum + j, s0);
+        VSTORE(sum + j + W, s1);
+    }
+    for (; j < cols; j += W) {
+        const int64_t left = cols - j;
+        const MASK_T m = VMASK(left < W ? left : W);
+        const VEC nshift = VMUL(VMLOAD(shift + j, m), VSET1(-1.0f));
+        VEC s = VZERO();
+        for (int64_t i = 0; i < rows; ++i) {
+            float *row = x + i * ld + j;
+            const VEC e = VEXP(VFMA(VMLOAD(row, m), vscale, nshift));
+            VMSTORE(row, m, e);
+            s = VADD(s, e);
+        }
+        VMSTORE(sum + j, m, s);
+    }
+}
+
+static void KNAME(f16_to_f32)(const uint16_t *src, float *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + W <= n; i += W) VSTORE(dst + i, VLOAD_F16(src + i));
+    for (; i < n; ++i) dst[i] = fa_f16_to_f32(src[i]);
+}

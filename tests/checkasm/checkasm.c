@@ -1,0 +1,302 @@
+#define _POSIX_C_SOURCE 200809L /* setenv */
+/* checkasm (in the style of dav1d's): every ISA kernel built into the library and supported by
+ * this CPU against the portable reference kernel, on odd shapes, strides and edge values; then
+ * the whole forward and backward with the ISA forced through FLASHATTN_CPU_ISA against the same
+ * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/half.h"
+#include "cpu/kernels/kernels.h"
+#include "flashattn.h"
+
+static const char *const isa_names[] = {"avx2", "avx512", "neon"};
+enum { ISA_COUNT = sizeof isa_names / sizeof isa_names[0] };
+
+static uint32_t rng_state = 12345u;
+static float uniform(float lo, float hi)
+{
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return lo + (hi - lo) * (float)(rng_state >> 8) * (1.0f / 16777216.0f);
+}
+
+static const fa_cpu_kernels *isa_or_skip(void **state)
+{
+    const char *name = *state;
+    const fa_cpu_kernels *k = fa_cpu_kernels_by_name(name);
+    if (!k) {
+        print_message("checkasm: %s not built or not supported by this CPU, skipped\n", name);
+        skip();
+    }
+    return k;
+}
+
+/* gemm on odd sizes, both A orientations, padded leading dimensions, all epilogues; elements of
+ * C outside the m x n extent must keep their sentinel. */
+static void test_gemm(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    static const int64_t sizes[] = {1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33, 47, 64, 65};
+    enum { S = sizeof sizes / sizeof sizes[0] };
+    for (int trial = 0; trial < 300; ++trial) {
+        const int64_t m = sizes[trial % S], n = sizes[(trial * 7 + 3) % S], k = sizes[(trial * 5 + 1) % S];
+        const int transposed_a = trial & 1, accumulate = (trial >> 1) % 3; /* 0, 1, 2 = with row_scale */
+        const int64_t lda = (transposed_a ? m : k) + 3, ldb = n + 5, ldc = n + 2;
+        const int64_t rsa = transposed_a ? 1 : lda, csa = transposed_a ? lda : 1;
+        const int64_t a_len = (transposed_a ? k : m) * lda;
+        float *a = malloc((size_t)a_len * 4), *b = malloc((size_t)(k * ldb) * 4), *scale = malloc((size_t)m * 4);
+        float *c_ref = malloc((size_t)(m * ldc) * 4), *c_isa = malloc((size_t)(m * ldc) * 4);
+        assert_non_null(a); assert_non_null(b); assert_non_null(scale); assert_non_null(c_ref); assert_non_null(c_isa);
+        for (int64_t x = 0; x < a_len; ++x) a[x] = uniform(-1, 1);
+        for (int64_t x = 0; x < k * ldb; ++x) b[x] = uniform(-1, 1);
+        for (int64_t x = 0; x < m; ++x) scale[x] = uniform(0, 1);
+        for (int64_t x = 0; x < m * ldc; ++x) c_ref[x] = c_isa[x] = (x % ldc) < n ? uniform(-1, 1) : 1234.5f;
+        const float *rs = accumulate == 2 ? scale : NULL;
+        ref->gemm(m, n, k, a, rsa, csa, b, ldb, c_ref, ldc, rs, accumulate != 0);
+        isa->gemm(m, n, k, a, rsa, csa, b, ldb, c_isa, ldc, rs, accumulate != 0);
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < ldc; ++j) {
+                const float want = c_ref[i * ldc + j], got = c_isa[i * ldc + j];
+                if (j >= n) {
+                    if (got != 1234.5f) fail_msg("gemm %s: wrote outside C at (%lld, %lld)", isa->isa, (long long)i, (long long)j);
+                    continue;
+                }
+                /* |sum| <= k (|a|, |b| < 1): k roundings of relative 2^-24 each, plus the epilogue */
+                const float tol = 4e-7f * (float)(k + 2);
+                if (!(fabsf(got - want) <= tol))
+                    fail_msg("gemm %s m=%lld n=%lld k=%lld transA=%d acc=%d: C(%lld,%lld) = %.9g, ref %.9g", isa->isa,
+                             (long long)m, (long long)n, (long long)k, transposed_a, accumulate, (long long)i,
+                             (long long)j, got, want);
+            }
+        free(a); free(b); free(scale); free(c_ref); free(c_isa);
+    }
+}
+
+static void test_col_max(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    for (int64_t rows = 1; rows <= 37; rows += 6)
+        for (int64_t cols = 1; cols <= 70; cols += 3) {
+            const int64_t ld = cols + 1;
+            float x[37 * 71], want[71], got[72];
+            for (int64_t e = 0; e < rows * ld; ++e) x[e] = (e % 5 == 0) ? -INFINITY : uniform(-50, 50);
+            for (int64_t r = 0; r < rows; ++r) x[r * ld] = -INFINITY; /* column 0 fully masked */
+            got[cols] = 99.0f;
+            ref->col_max(x, ld, rows, cols, want);
+            isa->col_max(x, ld, rows, cols, got);
+            for (int64_t c = 0; c < cols; ++c)
+                if (got[c] != want[c]) fail_msg("col_max %s rows=%lld cols=%lld: [%lld] %g vs %g", isa->isa, (long long)rows, (long long)cols, (long long)c, got[c], want[c]);
+            assert_true(got[cols] == 99.0f);
+        }
+}
+
+/* exp within 2 ulp of expf on [-87, 8], plus the effect of rounding the argument scale * x - shift
+ * (fused in the ISA kernels, two roundings in the reference: (|scale x| + |shift|) 2^-23 relative),
+ * exact zeros for -inf scores and +inf shifts. */
+static void test_exp_cols(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    for (int64_t rows = 1; rows <= 41; rows += 8)
+        for (int64_t cols = 1; cols <= 67; cols += 5) {
+            const int64_t ld = cols + 2;
+            float x_ref[41 * 69], x_isa[41 * 69], x_in[41 * 69], shift[67], sum_ref[67], sum_isa[68];
+            for (int64_t c = 0; c < cols; ++c) shift[c] = c == 1 ? INFINITY : uniform(0, 8);
+            for (int64_t e = 0; e < rows * ld; ++e) x_in[e] = x_ref[e] = x_isa[e] = (e % 7 == 3) ? -INFINITY : uniform(-85, 8);
+            sum_isa[cols] = 99.0f;
+            float sum_tol[69] = {0};
+            ref->exp_cols(x_ref, ld, rows, cols, 0.9f, shift, sum_ref);
+            isa->exp_cols(x_isa, ld, rows, cols, 0.9f, shift, sum_isa);
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t c = 0; c < ld; ++c) {
+                    const float want = x_ref[r * ld + c], got = x_isa[r * ld + c];
+                    const int exact = c >= cols || c == 1 || want == 0.0f || want < 1.2e-38f;
+                    const float arg = fabsf(0.9f * x_in[r * ld + c]) + (c < cols ? fabsf(shift[c]) : 0.0f);
+                    const float tol = exact ? (want < 1.2e-38f && c < cols ? 1.2e-38f : 0.0f)
+                                            : want * (2.4e-7f + arg * 1.2e-7f);
+                    if (c < cols) sum_tol[c] += tol + want * 1.2e-7f * (float)rows; /* element error + summation order */
+                    if (!(got == want || fabsf(got - want) <= tol))
+                        fail_msg("exp_cols %s (%lld, %lld): %.9g vs %.9g", isa->isa, (long long)r, (long long)c, got, want);
+                }
+            for (int64_t c = 0; c < cols; ++c)
+                if (!(fabsf(sum_isa[c] - sum_ref[c]) <= sum_tol[c]))
+                    fail_msg("exp_cols %s sum[%lld]: %.9g vs %.9g", isa->isa, (long long)c, sum_isa[c], sum_ref[c]);
+            assert_true(sum_isa[cols] == 99.0f);
+        }
+}
+
+static void test_f16_to_f32(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state);
+    enum { ALL = 65536 };
+    uint16_t *h = malloc(ALL * sizeof *h);
+    float *f = malloc((ALL + 1) * sizeof *f);
+    assert_non_null(h); assert_non_null(f);
+    for (int x = 0; x < ALL; ++x) h[x] = (uint16_t)x;
+    f[ALL - 3] = 7.0f;
+    isa->f16_to_f32(h, f, ALL - 3); /* odd length: the scalar tail runs too */
+    assert_true(f[ALL - 3] == 7.0f);
+    for (int x = 0; x < ALL - 3; ++x) {
+        const float want = fa_f16_to_f32(h[x]);
+        if (isnan(want) ? !isnan(f[x]) : fa_f32_bits(f[x]) != fa_f32_bits(want))
+            fail_msg("f16_to_f32 %s: 0x%04x -> %g, want %g", isa->isa, x, f[x], want);
+    }
+    free(h); free(f);
+}
+
+/* ---- whole problems: forced ISA against forced ref ---------------------------------------------- */
+typedef struct e2e_case {
+    const char *name;
+    int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+    fa_dtype dtype;
+    int causal, window_left, padded, block_mask;
+    float dropout_p;
+} e2e_case;
+
+static const e2e_case e2e_cases[] = {
+    {"dense f32", 1, 2, 2, 37, 53, 40, FA_DTYPE_F32, 0, -1, 0, 0, 0.0f},
+    {"causal gqa f32", 2, 4, 2, 70, 45, 64, FA_DTYPE_F32, 1, -1, 0, 0, 0.0f},
+    {"window padding f16", 2, 2, 1, 33, 81, 24, FA_DTYPE_F16, 1, 9, 1, 0, 0.0f},
+    {"dropout block mask bf16", 1, 3, 3, 65, 65, 72, FA_DTYPE_BF16, 0, -1, 0, 1, 0.2f},
+    {"long causal f32", 1, 1, 1, 300, 1100, 128, FA_DTYPE_F32, 1, -1, 1, 0, 0.0f},
+};
+
+typedef struct e2e_outputs { float *out, *lse, *dq, *dk, *dv; } e2e_outputs;
+
+static void *tensor_fill(int64_t count, fa_dtype dtype, float amplitude)
+{
+    if (dtype == FA_DTYPE_F32) {
+        float *x = malloc((size_t)count * 4);
+        for (int64_t i = 0; x && i < count; ++i) x[i] = uniform(-amplitude, amplitude);
+        return x;
+    }
+    uint16_t *x = malloc((size_t)count * 2);
+    for (int64_t i = 0; x && i < count; ++i) {
+        const float v = uniform(-amplitude, amplitude);
+        x[i] = dtype == FA_DTYPE_F16 ? fa_f32_to_f16(v) : fa_f32_to_bf16(v);
+    }
+    return x;
+}
+
+static float element(const void *data, fa_dtype dtype, int64_t i)
+{
+    if (dtype == FA_DTYPE_F32) return ((const float *)data)[i];
+    const uint16_t h = ((const uint16_t *)data)[i];
+    return dtype == FA_DTYPE_F16 ? fa_f16_to_f32(h) : fa_bf16_to_f32(h);
+}
+
+/* Runs forward and backward of case c with FLASHATTN_CPU_ISA=isa on the given inputs. */
+static void run_case(const e2e_case *c, const char *isa, void *const inputs[4], e2e_outputs *res)
+{
+    setenv("FLASHATTN_CPU_ISA", isa, 1);
+    fa_context *ctx = NULL;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
+    unsetenv("FLASHATTN_CPU_ISA");
+    const int64_t nq = c->batch * c->seqlen_q * c->heads_q * c->head_dim, nk = c->batch * c->seqlen_k * c->heads_kv * c->head_dim;
+    const size_t es = c->dtype == FA_DTYPE_F32 ? 4 : 2;
+    void *out = calloc((size_t)nq, es), *dq = calloc((size_t)nq, es), *dk = calloc((size_t)nk, es), *dv = calloc((size_t)nk, es);
+    res->lse = calloc((size_t)(c->batch * c->heads_q * c->seqlen_q), 4);
+    int32_t seqlens[2] = {(int32_t)c->seqlen_k, (int32_t)(c->seqlen_k * 2 / 3)};
+    uint8_t mask[64 * 64];
+    fa_block_mask bm = {16, 16, (c->seqlen_q + 15) / 16, (c->seqlen_k + 15) / 16, mask};
+    if (c->block_mask) assert_int_equal(fa_block_mask_butterfly(bm.rows, bm.cols, mask), FA_SUCCESS);
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    desc.causal = c->causal;
+    desc.window_left = c->window_left;
+    desc.seqlens_k = c->padded ? seqlens : NULL;
+    desc.dropout_p = c->dropout_p;
+    desc.dropout_seed = 42;
+    desc.dropout_offset = 7;
+    desc.block_mask = c->block_mask ? &bm : NULL;
+    const fa_tensor tq = {inputs[0], c->dtype, c->batch, c->seqlen_q, c->heads_q, c->head_dim, 0, 0, 0};
+    const fa_tensor tk = {inputs[1], c->dtype, c->batch, c->seqlen_k, c->heads_kv, c->head_dim, 0, 0, 0};
+    fa_tensor tv = tk, to = tq, tdo = tq, tdq = tq, tdk = tk, tdv = tk;
+    tv.data = inputs[2]; to.data = out; tdo.data = inputs[3]; tdq.data = dq; tdk.data = dk; tdv.data = dv;
+    assert_int_equal(fa_forward(ctx, &desc, &tq, &tk, &tv, &to, res->lse), FA_SUCCESS);
+    assert_int_equal(fa_backward(ctx, &desc, &tq, &tk, &tv, &to, &tdo, res->lse, &tdq, &tdk, &tdv), FA_SUCCESS);
+    fa_context_destroy(ctx);
+    void *raw[4] = {out, dq, dk, dv};
+    float **dst[4] = {&res->out, &res->dq, &res->dk, &res->dv};
+    for (int t = 0; t < 4; ++t) {
+        const int64_t count = t >= 2 ? nk : nq;
+        *dst[t] = malloc((size_t)count * 4);
+        for (int64_t i = 0; i < count; ++i) (*dst[t])[i] = element(raw[t], c->dtype, i);
+        free(raw[t]);
+    }
+}
+
+static void compare(const char *what, const e2e_case *c, const float *got, const float *want, int64_t count, float tol)
+{
+    for (int64_t i = 0; i < count; ++i) {
+        if (isinf(want[i]) && got[i] == want[i]) continue;
+        if (!(fabsf(got[i] - want[i]) <= tol * (1.0f + fabsf(want[i]))))
+            fail_msg("%s: %s[%lld] = %.9g, ref kernels %.9g", c->name, what, (long long)i, got[i], want[i]);
+    }
+}
+
+static void test_whole_problems(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state);
+    for (size_t ci = 0; ci < sizeof e2e_cases / sizeof e2e_cases[0]; ++ci) {
+        const e2e_case *c = &e2e_cases[ci];
+        const int64_t nq = c->batch * c->seqlen_q * c->heads_q * c->head_dim, nk = c->batch * c->seqlen_k * c->heads_kv * c->head_dim;
+        void *inputs[4] = {tensor_fill(nq, c->dtype, 2.0f), tensor_fill(nk, c->dtype, 2.0f), tensor_fill(nk, c->dtype, 1.0f),
+                           tensor_fill(nq, c->dtype, 1.0f)};
+        e2e_outputs a, b;
+        run_case(c, "ref", inputs, &a);
+        run_case(c, isa->isa, inputs, &b);
+        /* f16/bf16 outputs are rounded: a one-ulp flip of the output format is allowed */
+        const float tol = c->dtype == FA_DTYPE_F32 ? 2e-5f : c->dtype == FA_DTYPE_F16 ? 2e-3f : 1.6e-2f;
+        compare("out", c, b.out, a.out, nq, tol);
+        compare("lse", c, b.lse, a.lse, c->batch * c->heads_q * c->seqlen_q, 2e-5f);
+        compare("dq", c, b.dq, a.dq, nq, tol);
+        compare("dk", c, b.dk, a.dk, nk, tol);
+        compare("dv", c, b.dv, a.dv, nk, tol);
+        for (int t = 0; t < 4; ++t) free(inputs[t]);
+        e2e_outputs *both[2] = {&a, &b};
+        for (int r = 0; r < 2; ++r) {
+            free(both[r]->out); free(both[r]->lse); free(both[r]->dq); free(both[r]->dk); free(both[r]->dv);
+        }
+    }
+}
+
+/* The override itself: ref always works, an unknown name fails at context creation. */
+static void test_override(void **state)
+{
+    (void)state;
+    fa_context *ctx = NULL;
+    setenv("FLASHATTN_CPU_ISA", "ref", 1);
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
+    assert_non_null(strstr(fa_context_info(ctx), "isa ref"));
+    fa_context_destroy(ctx);
+    ctx = NULL;
+    setenv("FLASHATTN_CPU_ISA", "sse9", 1);
+    assert_int_not_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
+    assert_null(ctx);
+    assert_non_null(strstr(fa_last_error(), "FLASHATTN_CPU_ISA"));
+    unsetenv("FLASHATTN_CPU_ISA");
+}
+
+int main(void)
+{
+    struct CMUnitTest tests[ISA_COUNT * 5 + 1];
+    size_t count = 0;
+    for (int i = 0; i < ISA_COUNT; ++i) {
+        void *name = (void *)isa_names[i];
+        tests[count++] = (struct CMUnitTest){"gemm", test_gemm, NULL, NULL, name};
+        tests[count++] = (struct CMUnitTest){"col_max", test_col_max, NULL, NULL, name};
+        tests[count++] = (struct CMUnitTest){"exp_cols", test_exp_cols, NULL, NULL, name};
+        tests[count++] = (struct CMUnitTest){"f16_to_f32", test_f16_to_f32, NULL, NULL, name};
+        tests[count++] = (struct CMUnitTest){"whole_problems", test_whole_problems, NULL, NULL, name};
+    }
+    tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_override);
+    return _cmocka_run_group_tests("checkasm", tests, count, NULL, NULL);
+}
