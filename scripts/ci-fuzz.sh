@@ -16,7 +16,7 @@ sanitize="-fsanitize=address,undefined ${FA_FUZZ_EXTRA_FLAGS:-}"
 args=(-Dbuildtype=debugoptimized -Db_lundef=false -Dcuda=disabled -Dhip=disabled -Dbench=false -Dtests=false
       -Dopenmp=disabled "-Dc_args=$sanitize -fsanitize=fuzzer-no-link -fno-sanitize-recover=all"
       "-Dc_link_args=$sanitize")
-if [ -f "$build/build.ninja" ]; then CC=clang meson setup --reconfigure "$build" "${args[@]}" >/dev/null
+if [ -f "$build/build.ninja" ]; then meson configure "$build" "${args[@]}" >/dev/null
 else CC=clang meson setup "$build" "${args[@]}" >/dev/null; fi
 meson compile -C "$build" -j "${FA_CI_JOBS:-2}" >/dev/null
 
@@ -32,7 +32,7 @@ jobs=()
 start=$(date +%s)
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 status=0
-"$build/fuzz_attention" -max_total_time="$seconds" -max_len=1024 -timeout=20 -rss_limit_mb=2048 "${jobs[@]}" \
+"$build/fuzz_attention" -max_total_time="$seconds" -max_len=1024 -timeout=60 -rss_limit_mb=2048 "${jobs[@]}" \
   -print_final_stats=1 -artifact_prefix="$build/" "$build/corpus" fuzz/corpus >"$build/fuzz.log" 2>&1 || status=$?
 # The log's summary lines: seed, start and end coverage, any report, final stats.
 grep -E "INFO: Seed|INITED|DONE|runtime error|ERROR|SUMMARY|fuzz_attention:|stat::|Test unit written" "$build/fuzz.log" || true

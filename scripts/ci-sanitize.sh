@@ -16,7 +16,7 @@ jobs="${FA_CI_JOBS:-2}"
 
 setup() { # dir, meson args...
   local dir="$1"; shift
-  if [ -f "$dir/build.ninja" ]; then meson setup --reconfigure "$dir" "$@" >/dev/null
+  if [ -f "$dir/build.ninja" ]; then meson configure "$dir" "$@" >/dev/null
   else meson setup "$dir" "$@" >/dev/null; fi
 }
 common=(-Dbuildtype=debugoptimized -Db_lundef=false -Dcuda=disabled -Dhip=disabled -Dbench=false -Dtests=true)

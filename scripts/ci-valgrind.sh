@@ -10,7 +10,7 @@ export FA_TEST_QUICK=1
 jobs="${FA_CI_JOBS:-2}"
 
 args=(-Dbuildtype=debugoptimized -Dcuda=disabled -Dhip=disabled -Dbench=false -Dtests=true)
-if [ -f build-valgrind/build.ninja ]; then meson setup --reconfigure build-valgrind "${args[@]}" >/dev/null
+if [ -f build-valgrind/build.ninja ]; then meson configure build-valgrind "${args[@]}" >/dev/null
 else meson setup build-valgrind "${args[@]}" >/dev/null; fi
 meson compile -C build-valgrind -j "$jobs" >/dev/null
 
