@@ -159,3 +159,19 @@ fa_status fixture_backward(fa_context *ctx, fixture *f)
 {
     return fa_backward(ctx, &f->desc, &f->q, &f->k, &f->v, &f->out, &f->dout, f->lse, &f->dq, &f->dk, &f->dv);
 }
+
+fa_context *fixture_ctx;
+
+int fixture_context_setup(void **state)
+{
+    (void)state;
+    return fa_context_create(FA_BACKEND_CPU, 0, &fixture_ctx) == FA_SUCCESS ? 0 : -1;
+}
+
+int fixture_context_teardown(void **state)
+{
+    (void)state;
+    fa_context_destroy(fixture_ctx);
+    fixture_ctx = NULL;
+    return 0;
+}

@@ -41,6 +41,11 @@ int fixture_gradients_written(const fixture *f);
 int fixture_forward_identical(const fixture *a, const fixture *b);
 int fixture_gradients_identical(const fixture *a, const fixture *b);
 
+/* A CPU context for a whole cmocka group: pass these as the group's setup and teardown. */
+extern fa_context *fixture_ctx;
+int fixture_context_setup(void **state);
+int fixture_context_teardown(void **state);
+
 fa_status fixture_forward(fa_context *ctx, fixture *f);
 fa_status fixture_backward(fa_context *ctx, fixture *f);
 

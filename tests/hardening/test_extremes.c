@@ -16,21 +16,6 @@
 
 #include "fixture.h"
 
-static fa_context *ctx;
-
-static int setup(void **state)
-{
-    (void)state;
-    return fa_context_create(FA_BACKEND_CPU, 0, &ctx) == FA_SUCCESS ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    fa_context_destroy(ctx);
-    return 0;
-}
-
 static double *doubles(const fa_tensor *t)
 {
     const size_t n = fixture_elements(t);
@@ -57,8 +42,8 @@ static double relative_error(const fa_tensor *got, const double *want)
 static void check_with_oracle(fixture *f, double out_tol, double grad_tol)
 {
     const oracle_shape *s = &f->shape;
-    assert_int_equal(fixture_forward(ctx, f), FA_SUCCESS);
-    assert_int_equal(fixture_backward(ctx, f), FA_SUCCESS);
+    assert_int_equal(fixture_forward(fixture_ctx, f), FA_SUCCESS);
+    assert_int_equal(fixture_backward(fixture_ctx, f), FA_SUCCESS);
     double *q = doubles(&f->q), *k = doubles(&f->k), *v = doubles(&f->v), *dout = doubles(&f->dout);
     const size_t nq = fixture_elements(&f->q), nk = fixture_elements(&f->k);
     const size_t rows = (size_t)(s->batch * s->heads_q * s->seqlen_q);
@@ -186,8 +171,8 @@ static void inf_input(void **state)
     assert_true(fixture_init(&f, &shape, FA_DTYPE_F32, 17));
     assert_true(fixture_init(&clean, &shape, FA_DTYPE_F32, 17));
     fixture_set(&f.q, 2 * 4, INFINITY);
-    assert_int_equal(fixture_forward(ctx, &f), FA_SUCCESS);
-    assert_int_equal(fixture_forward(ctx, &clean), FA_SUCCESS);
+    assert_int_equal(fixture_forward(fixture_ctx, &f), FA_SUCCESS);
+    assert_int_equal(fixture_forward(fixture_ctx, &clean), FA_SUCCESS);
     for (int64_t i = 0; i < 6; ++i) {
         if (i == 2) {
             assert_false(isfinite(f.lse[i]));
@@ -227,9 +212,9 @@ static void offsets_beyond_32_bits(void **state)
         for (int64_t b = 0; b < 2; ++b)
             memcpy((uint16_t *)maps[t] + b * stride_batch, (uint16_t *)packed_t[t]->data + b * n * d, (size_t)(n * d) * 2);
     }
-    assert_int_equal(fixture_forward(ctx, &packed), FA_SUCCESS);
+    assert_int_equal(fixture_forward(fixture_ctx, &packed), FA_SUCCESS);
     float lse[2 * 16];
-    assert_int_equal(fa_forward(ctx, &packed.desc, &strided[0], &strided[1], &strided[2], &strided[3], lse), FA_SUCCESS);
+    assert_int_equal(fa_forward(fixture_ctx, &packed.desc, &strided[0], &strided[1], &strided[2], &strided[3], lse), FA_SUCCESS);
     for (int64_t b = 0; b < 2; ++b)
         assert_memory_equal((uint16_t *)maps[3] + b * stride_batch, (uint16_t *)packed.out.data + b * n * d, (size_t)(n * d) * 2);
     assert_memory_equal(lse, packed.lse, sizeof lse);
@@ -268,7 +253,7 @@ static void dropout_index_beyond_32_bits(void **state)
         desc.window_left = desc.window_right = 0;
         desc.dropout_p = 0.5f;
         desc.dropout_seed = seed * 0x9e3779b97f4a7c15ull;
-        assert_int_equal(fa_forward(ctx, &desc, &tq, &tk, &tv, &to, lse), FA_SUCCESS);
+        assert_int_equal(fa_forward(fixture_ctx, &desc, &tq, &tk, &tv, &to, lse), FA_SUCCESS);
         for (int64_t i = 0; i < nq; ++i) {
             const int64_t j = i + nk - nq;
             const int keep = oracle_dropout_keep(&shape, &desc, 0, 0, i, j);
@@ -295,5 +280,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(offsets_beyond_32_bits),
         cmocka_unit_test(dropout_index_beyond_32_bits),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, fixture_context_setup, fixture_context_teardown);
 }

@@ -13,21 +13,6 @@
 
 #include "fixture.h"
 
-static fa_context *ctx;
-
-static int setup(void **state)
-{
-    (void)state;
-    return fa_context_create(FA_BACKEND_CPU, 0, &ctx) == FA_SUCCESS ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    fa_context_destroy(ctx);
-    return 0;
-}
-
 /* NaN propagation (docs/ROBUSTNESS.md): a NaN in q row i makes out row i and lse i NaN; a NaN in
  * k row j makes every row that sees key j NaN; a NaN in v[j][c] makes column c of those rows NaN.
  * Rows that cannot see the poisoned key stay bit-identical to a clean run. */
@@ -38,7 +23,7 @@ static void nan_propagation(void **state)
     fixture clean, f;
     assert_true(fixture_init(&clean, &shape, FA_DTYPE_F32, 16));
     clean.desc.causal = 1; /* query i sees keys 0..i */
-    assert_int_equal(fixture_forward(ctx, &clean), FA_SUCCESS);
+    assert_int_equal(fixture_forward(fixture_ctx, &clean), FA_SUCCESS);
     for (int which = 0; which < 3; ++which) {
         assert_true(fixture_init(&f, &shape, FA_DTYPE_F32, 16));
         f.desc.causal = 1;
@@ -46,7 +31,7 @@ static void nan_propagation(void **state)
         if (which == 0) fixture_set(&f.q, row * 4 + 1, NAN);
         if (which == 1) fixture_set(&f.k, row * 4 + 1, NAN);
         if (which == 2) fixture_set(&f.v, row * 4 + 1, NAN);
-        assert_int_equal(fixture_forward(ctx, &f), FA_SUCCESS);
+        assert_int_equal(fixture_forward(fixture_ctx, &f), FA_SUCCESS);
         for (int64_t i = 0; i < 12; ++i) {
             const int affected = which == 0 ? i == row : i >= row;
             for (int64_t c = 0; c < 4; ++c) {
@@ -77,8 +62,8 @@ static void nan_in_padded_keys(void **state)
         fixture_set(&f.k, x, NAN);
         fixture_set(&f.v, x, NAN);
     }
-    assert_int_equal(fixture_forward(ctx, &f), FA_SUCCESS);
-    assert_int_equal(fixture_backward(ctx, &f), FA_SUCCESS);
+    assert_int_equal(fixture_forward(fixture_ctx, &f), FA_SUCCESS);
+    assert_int_equal(fixture_backward(fixture_ctx, &f), FA_SUCCESS);
     for (size_t x = 0; x < 16; ++x) {
         assert_true(isfinite(fixture_get(&f.out, x)));
         assert_true(isfinite(fixture_get(&f.dq, x)));
@@ -100,7 +85,7 @@ static void bf16_sum_over_keys_overflows(void **state)
     fixture f;
     assert_true(fixture_init(&f, &shape, FA_DTYPE_BF16, 2));
     for (size_t x = 0; x < 16; ++x) fixture_set(&f.v, x, 1e38f);
-    assert_int_equal(fixture_forward(ctx, &f), FA_SUCCESS);
+    assert_int_equal(fixture_forward(fixture_ctx, &f), FA_SUCCESS);
     assert_true(isfinite(fixture_get(&f.out, 0)));
     assert_true(fabs(fixture_get(&f.out, 0) - fixture_get(&f.v, 0)) <= 0x1p-7 * fixture_get(&f.v, 0));
     fixture_free(&f);
@@ -114,5 +99,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(nan_in_padded_keys),
         cmocka_unit_test(bf16_sum_over_keys_overflows),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, fixture_context_setup, fixture_context_teardown);
 }
