@@ -26,6 +26,15 @@ clang -g -O1 -fsanitize=fuzzer $sanitize -fno-sanitize-recover=all -std=c11 \
   -Iinclude -Isrc -Itests fuzz/fuzz_attention.c tests/oracle.c \
   -Wl,--start-group "${archives[@]}" -Wl,--end-group -lm -ldl -lpthread -o "$build/fuzz_attention"
 
+# Every input that once failed runs first, as a plain regression test.
+mapfile -t regressions < <(find fuzz/regressions -type f | sort)
+if [ ${#regressions[@]} -gt 0 ]; then
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$build/fuzz_attention" "${regressions[@]}" >"$build/regressions.log" 2>&1 ||
+    { cat "$build/regressions.log"; echo "ci-fuzz: a regression input fails"; exit 1; }
+  echo "ci-fuzz: ${#regressions[@]} regression inputs pass"
+fi
+
 mkdir -p "$build/corpus"
 jobs=()
 [ "${FA_FUZZ_JOBS:-1}" -gt 1 ] && jobs=(-jobs="$FA_FUZZ_JOBS" -workers="$FA_FUZZ_JOBS")
