@@ -1,0 +1,54 @@
+/* The vendor header: the few runtime calls and types the plugin uses, spelled once for CUDA and
+ * once for HIP. Everything else in src/cuda (and src/hip, which compiles the same sources with
+ * hipcc) uses the fa_gpu* names below, so the host code and the kernels are written once. */
+#ifndef FA_GPU_RUNTIME_H
+#define FA_GPU_RUNTIME_H
+
+#if defined(__HIPCC__)
+#  include <hip/hip_runtime.h>
+#  include <hip/hip_fp16.h>
+#  define FA_GPU_VENDOR "hip"
+#  define FA_GPU(name) hip##name
+typedef hipError_t fa_gpu_error;
+typedef hipStream_t fa_gpu_stream;
+typedef hipDeviceProp_t fa_gpu_props;
+/* LDS is 64 KiB on gfx908, gfx90a and gfx1030; HIP reports it directly (no opt-in step). */
+#  define FA_GPU_ATTR_SMEM_PER_BLOCK hipDeviceAttributeMaxSharedMemoryPerBlock
+#  define FA_GPU_ATTR_SMEM_OPTIN hipDeviceAttributeMaxSharedMemoryPerBlock
+#  define FA_GPU_FUNC_ATTR_MAX_DYNAMIC_SMEM hipFuncAttributeMaxDynamicSharedMemorySize
+#  define FA_GPU_ERROR_NO_DEVICE hipErrorNoDevice
+#  define FA_GPU_ERROR_NO_DRIVER hipErrorInsufficientDriver
+#else
+#  include <cuda_runtime.h>
+#  include <cuda_fp16.h>
+#  define FA_GPU_VENDOR "cuda"
+#  define FA_GPU(name) cuda##name
+typedef cudaError_t fa_gpu_error;
+typedef cudaStream_t fa_gpu_stream;
+typedef cudaDeviceProp fa_gpu_props;
+#  define FA_GPU_ATTR_SMEM_PER_BLOCK cudaDevAttrMaxSharedMemoryPerBlock
+#  define FA_GPU_ATTR_SMEM_OPTIN cudaDevAttrMaxSharedMemoryPerBlockOptin
+#  define FA_GPU_FUNC_ATTR_MAX_DYNAMIC_SMEM cudaFuncAttributeMaxDynamicSharedMemorySize
+#  define FA_GPU_ERROR_NO_DEVICE cudaErrorNoDevice
+#  define FA_GPU_ERROR_NO_DRIVER cudaErrorInsufficientDriver
+#endif
+
+#define fa_gpu_success FA_GPU(Success)
+#define fa_gpu_get_device_count FA_GPU(GetDeviceCount)
+#define fa_gpu_set_device FA_GPU(SetDevice)
+#define fa_gpu_get_device_properties FA_GPU(GetDeviceProperties)
+#define fa_gpu_device_get_attribute FA_GPU(DeviceGetAttribute)
+#define fa_gpu_func_set_attribute FA_GPU(FuncSetAttribute)
+#define fa_gpu_malloc FA_GPU(Malloc)
+#define fa_gpu_free FA_GPU(Free)
+#define fa_gpu_memcpy_async FA_GPU(MemcpyAsync)
+#define fa_gpu_memset_async FA_GPU(MemsetAsync)
+#define fa_gpu_memcpy_h2d FA_GPU(MemcpyHostToDevice)
+#define fa_gpu_memcpy_d2h FA_GPU(MemcpyDeviceToHost)
+#define fa_gpu_stream_synchronize FA_GPU(StreamSynchronize)
+#define fa_gpu_get_last_error FA_GPU(GetLastError)
+#define fa_gpu_get_error_string FA_GPU(GetErrorString)
+#define fa_gpu_get_error_name FA_GPU(GetErrorName)
+#define fa_gpu_driver_get_version FA_GPU(DriverGetVersion)
+#define fa_gpu_runtime_get_version FA_GPU(RuntimeGetVersion)
+#endif

@@ -1,0 +1,96 @@
+/* Element and tile movement between device tensors (f32, f16 or bf16, any strides) and f32
+ * shared-memory tiles, plus the per-element masks and dropout of the API's semantics. Used by
+ * every kernel, on CUDA and HIP alike. */
+#ifndef FA_GPU_TENSOR_ACCESS_CUH
+#define FA_GPU_TENSOR_ACCESS_CUH
+#include "../../common/philox.h"
+#include "../../common/visibility.h"
+#include "../gpu_runtime.h"
+#include "params.h"
+
+__device__ __forceinline__ int64_t fa_row_offset(const fa_gpu_tensor &t, int64_t b, int64_t s, int64_t h)
+{
+    return b * t.stride_batch + s * t.stride_seq + h * t.stride_head;
+}
+
+__device__ __forceinline__ float fa_load_elem(const void *base, int64_t index, fa_dtype dtype)
+{
+    if (dtype == FA_DTYPE_F32) return static_cast<const float *>(base)[index];
+    if (dtype == FA_DTYPE_F16) return __half2float(static_cast<const __half *>(base)[index]);
+    return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t *>(base)[index]) << 16);
+}
+
+/* f32 -> bf16 by round to nearest even (NaN kept quiet), the same rule as src/common/half.h. */
+__device__ __forceinline__ uint16_t fa_f32_to_bf16_bits(float f)
+{
+    const uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ void fa_store_elem(void *base, int64_t index, fa_dtype dtype, float value)
+{
+    if (dtype == FA_DTYPE_F32) static_cast<float *>(base)[index] = value;
+    else if (dtype == FA_DTYPE_F16) static_cast<__half *>(base)[index] = __float2half_rn(value);
+    else static_cast<uint16_t *>(base)[index] = fa_f32_to_bf16_bits(value);
+}
+
+/* tile[r * ld + c] = t[b, s0 + r, h, c] for r < tile_rows (zero past seqlen), by the whole block. */
+__device__ __forceinline__ void fa_load_tile(const fa_gpu_tensor &t, fa_dtype dtype, int64_t b, int64_t s0,
+                                             int64_t h, int64_t valid_rows, int tile_rows, int64_t d,
+                                             float *tile, int64_t ld)
+{
+    const int64_t total = static_cast<int64_t>(tile_rows) * d;
+    for (int64_t e = threadIdx.x; e < total; e += blockDim.x) {
+        const int64_t r = e / d, c = e - r * d;
+        tile[r * ld + c] = r < valid_rows ? fa_load_elem(t.data, fa_row_offset(t, b, s0 + r, h) + c, dtype) : 0.0f;
+    }
+}
+
+__device__ __forceinline__ int64_t fa_valid_keys(const fa_gpu_params &p, int64_t b)
+{
+    return p.seqlens_k ? p.seqlens_k[b] : p.seqlen_k;
+}
+
+__device__ __forceinline__ fa_key_range fa_row_keys(const fa_gpu_params &p, int64_t b, int64_t i)
+{
+    return fa_visible_keys(i, p.seqlen_q, p.seqlen_k, fa_valid_keys(p, b), p.causal, p.window_left, p.window_right);
+}
+
+/* Keys [lo, hi) any row of the query tile [i0, i0 + rows) may see: lo and hi of fa_visible_keys
+ * never decrease with the row, so the first and last rows bound the union. */
+__device__ __forceinline__ fa_key_range fa_tile_keys(const fa_gpu_params &p, int64_t b, int64_t i0, int64_t rows)
+{
+    fa_key_range r;
+    r.lo = fa_row_keys(p, b, i0).lo;
+    r.hi = fa_row_keys(p, b, i0 + rows - 1).hi;
+    return r;
+}
+
+/* Whether any block-mask block covering the tile is set (Algorithm 5 skips the tile otherwise).
+ * Every thread computes the same answer, so it can guard a __syncthreads(). */
+__device__ __forceinline__ bool fa_block_mask_any(const fa_gpu_params &p, int64_t i0, int64_t rows, int64_t j0,
+                                                  int64_t cols)
+{
+    if (!p.block_mask) return true;
+    const int64_t r0 = i0 / p.mask_block_q, r1 = (i0 + rows - 1) / p.mask_block_q;
+    const int64_t c0 = j0 / p.mask_block_k, c1 = (j0 + cols - 1) / p.mask_block_k;
+    for (int64_t r = r0; r <= r1; ++r)
+        for (int64_t c = c0; c <= c1; ++c)
+            if (p.block_mask[r * p.mask_cols + c]) return true;
+    return false;
+}
+
+__device__ __forceinline__ bool fa_element_visible(const fa_gpu_params &p, fa_key_range range, int64_t i, int64_t j)
+{
+    if (j < range.lo || j >= range.hi) return false;
+    return !p.block_mask || p.block_mask[(i / p.mask_block_q) * p.mask_cols + j / p.mask_block_k] != 0;
+}
+
+/* The shared Philox dropout stream (src/common/philox.h): element (b, h, i, j). */
+__device__ __forceinline__ bool fa_dropout_kept(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    const uint64_t e = ((static_cast<uint64_t>(b) * p.heads_q + h) * p.seqlen_q + i) * p.seqlen_k + j;
+    return fa_dropout_keep(p.dropout_seed, p.dropout_offset, e, p.dropout_p) != 0;
+}
+#endif

@@ -1,0 +1,413 @@
+/* The GPU backend plugin (libflashattn-cuda.so, and libflashattn-hip.so from the same source):
+ * the fa_backend_iface of src/common/backend.h over the CUDA or HIP runtime (gpu_runtime.h).
+ * One translation unit on purpose: one compiler invocation per plugin keeps the build short and
+ * its dependency file simple. Errors go through the host's set_error; the core is never linked. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/backend.h"
+#include "gpu_runtime.h"
+#include "kernels/generic_dispatch.cuh"
+#include "plan.h"
+
+#if defined(__HIPCC__)
+#  define FA_PLUGIN_KIND FA_BACKEND_HIP
+#else
+#  define FA_PLUGIN_KIND FA_BACKEND_CUDA
+#endif
+
+static const fa_host_api *g_host;
+
+#define FA_MAX_DEVICES 64
+
+/* Runtime ordinals of the devices this build's code objects can run on. */
+static int g_devices[FA_MAX_DEVICES];
+
+typedef struct fa_gpu_state {
+    int ordinal; /* runtime device ordinal */
+    fa_gpu_stream stream;
+    fa_gpu_props props;
+    int64_t smem_bytes; /* shared memory per block the kernels may use (opt-in maximum) */
+    char info[512];
+    /* Workspace reused across calls (grows only): delta of the backward, and device copies of
+     * the host-side masks (seqlens_k, block mask). Stream-ordered: set_stream drains it first. */
+    void *workspace;
+    size_t workspace_bytes;
+} fa_gpu_state;
+
+#define FA_ERR(status, ...) g_host->set_error((status), __VA_ARGS__)
+
+static fa_status runtime_failure(fa_gpu_error e, const char *what)
+{
+    return FA_ERR(e == FA_GPU(ErrorMemoryAllocation) ? FA_ERROR_OUT_OF_MEMORY : FA_ERROR_BACKEND_FAILURE,
+                  "%s: %s failed: %s (%s)", FA_GPU_VENDOR, what, fa_gpu_get_error_name(e), fa_gpu_get_error_string(e));
+}
+
+#define FA_TRY(call, what)                                                                   \
+    do {                                                                                     \
+        const fa_gpu_error fa_try_e = (call);                                               \
+        if (fa_try_e != fa_gpu_success) return runtime_failure(fa_try_e, what);            \
+    } while (0)
+
+/* Whether this plugin carries code for the device. CUDA: SASS for sm_80 and sm_90 plus PTX,
+ * which covers compute capability 8.0 and newer. HIP: exactly the gfx targets it was built for. */
+static int device_supported(const fa_gpu_props *props, char *why, size_t why_size)
+{
+#if defined(__HIPCC__)
+    static const char *const targets[] = {FA_HIP_TARGETS};
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; ++i) {
+        const size_t n = strlen(targets[i]);
+        if (strncmp(props->gcnArchName, targets[i], n) == 0 && (props->gcnArchName[n] == '\0' || props->gcnArchName[n] == ':'))
+            return 1;
+    }
+    snprintf(why, why_size, "%s (%s) is not one of the targets this plugin was built for", props->name, props->gcnArchName);
+    return 0;
+#else
+    if (props->major >= 8) return 1;
+    snprintf(why, why_size, "%s has compute capability %d.%d; this plugin needs 8.0 or newer", props->name,
+             props->major, props->minor);
+    return 0;
+#endif
+}
+
+static int gpu_device_count(void)
+{
+    int count = 0;
+    const fa_gpu_error e = fa_gpu_get_device_count(&count);
+    if (e != fa_gpu_success) {
+#if defined(__HIPCC__)
+        FA_ERR(FA_ERROR_BACKEND_UNAVAILABLE, "no usable AMD GPU: hipGetDeviceCount returned %s (%s); the HIP backend needs the amdgpu kernel driver (/dev/kfd) and a gfx908, gfx90a or gfx1030 GPU",
+               fa_gpu_get_error_name(e), fa_gpu_get_error_string(e));
+#else
+        FA_ERR(FA_ERROR_BACKEND_UNAVAILABLE, "no usable NVIDIA GPU: cudaGetDeviceCount returned %s (%s); the CUDA backend needs the NVIDIA driver (libcuda.so.1) and a GPU of compute capability 8.0 or newer",
+               fa_gpu_get_error_name(e), fa_gpu_get_error_string(e));
+#endif
+        return 0;
+    }
+    int usable = 0;
+    char why[256] = "";
+    for (int i = 0; i < count && usable < FA_MAX_DEVICES; ++i) {
+        fa_gpu_props props;
+        if (fa_gpu_get_device_properties(&props, i) != fa_gpu_success) continue;
+        if (device_supported(&props, why, sizeof why)) g_devices[usable++] = i;
+    }
+    if (usable == 0) {
+        if (count == 0) FA_ERR(FA_ERROR_BACKEND_UNAVAILABLE, "the %s runtime reports no device", FA_GPU_VENDOR);
+        else FA_ERR(FA_ERROR_BACKEND_UNAVAILABLE, "%d device(s) found, none usable: %s", count, why);
+    }
+    return usable;
+}
+
+static fa_status gpu_open(int device, void **state)
+{
+    if (device < 0 || device >= FA_MAX_DEVICES) return FA_ERR(FA_ERROR_INVALID_VALUE, "device: %d out of range", device);
+    fa_gpu_state *s = (fa_gpu_state *)calloc(1, sizeof *s);
+    if (!s) return FA_ERR(FA_ERROR_OUT_OF_MEMORY, "ctx: cannot allocate the %s backend state", FA_GPU_VENDOR);
+    s->ordinal = g_devices[device];
+    fa_gpu_error e = fa_gpu_set_device(s->ordinal);
+    if (e == fa_gpu_success) e = fa_gpu_get_device_properties(&s->props, s->ordinal);
+    int smem = 0;
+    if (e == fa_gpu_success) e = fa_gpu_device_get_attribute(&smem, FA_GPU_ATTR_SMEM_OPTIN, s->ordinal);
+    if (e != fa_gpu_success) {
+        free(s);
+        return runtime_failure(e, "device query");
+    }
+    s->smem_bytes = smem;
+    int driver = 0, runtime = 0;
+    (void)fa_gpu_driver_get_version(&driver); /* left 0 when unknown */
+    (void)fa_gpu_runtime_get_version(&runtime);
+#if defined(__HIPCC__)
+    snprintf(s->info, sizeof s->info,
+             "hip: %s (%s), %d CUs, wavefront %d, %.1f GiB, LDS %lld KiB/block, HIP runtime %d, driver %d, kernels: generic (FMA)",
+             s->props.name, s->props.gcnArchName, s->props.multiProcessorCount, s->props.warpSize,
+             (double)s->props.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), (long long)(s->smem_bytes / 1024), runtime, driver);
+#else
+    snprintf(s->info, sizeof s->info,
+             "cuda: %s (sm_%d%d), %d SMs, %.1f GiB, shared memory %lld KiB/block (opt-in), CUDA runtime %d.%d, driver %d.%d, kernels: generic (CUDA cores)",
+             s->props.name, s->props.major, s->props.minor, s->props.multiProcessorCount,
+             (double)s->props.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), (long long)(s->smem_bytes / 1024),
+             runtime / 1000, runtime % 1000 / 10, driver / 1000, driver % 1000 / 10);
+#endif
+    *state = s;
+    return FA_SUCCESS;
+}
+
+static void gpu_close(void *state)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    if (!s) return;
+    /* Teardown cannot report failures; a failed step leaves nothing more to undo. */
+    (void)fa_gpu_set_device(s->ordinal);
+    (void)fa_gpu_stream_synchronize(s->stream);
+    if (s->workspace) (void)fa_gpu_free(s->workspace);
+    free(s);
+}
+
+static fa_status gpu_set_num_threads(void *state, int n)
+{
+    (void)state;
+    (void)n; /* the GPU backends size their launches from the problem; nothing to set */
+    return FA_SUCCESS;
+}
+
+static fa_status gpu_set_stream(void *state, void *stream)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    /* Work queued on the old stream may still read the workspace the next call rewrites. */
+    FA_TRY(fa_gpu_stream_synchronize(s->stream), "synchronize the previous stream");
+    s->stream = (fa_gpu_stream)stream;
+    return FA_SUCCESS;
+}
+
+static fa_status gpu_synchronize(void *state)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    FA_TRY(fa_gpu_stream_synchronize(s->stream), "stream synchronize");
+    return FA_SUCCESS;
+}
+
+static fa_status gpu_mem_alloc(void *state, size_t bytes, void **ptr)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    const fa_gpu_error e = fa_gpu_malloc(ptr, bytes);
+    if (e != fa_gpu_success) {
+        (void)fa_gpu_get_last_error(); /* clear the (non-sticky) error state */
+        *ptr = NULL;
+        return FA_ERR(FA_ERROR_OUT_OF_MEMORY, "bytes: cannot allocate %zu bytes of device memory: %s", bytes,
+                      fa_gpu_get_error_string(e));
+    }
+    return FA_SUCCESS;
+}
+
+static fa_status gpu_mem_free(void *state, void *ptr)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    FA_TRY(fa_gpu_free(ptr), "free");
+    return FA_SUCCESS;
+}
+
+/* Copies are ordered on the context's stream and complete before returning (the caller may reuse
+ * or read its host buffer at once). */
+static fa_status gpu_copy(fa_gpu_state *s, void *dst, const void *src, size_t bytes, FA_GPU(MemcpyKind) kind)
+{
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    FA_TRY(fa_gpu_memcpy_async(dst, src, bytes, kind, s->stream), "memcpy");
+    FA_TRY(fa_gpu_stream_synchronize(s->stream), "memcpy synchronize");
+    return FA_SUCCESS;
+}
+
+static fa_status gpu_copy_h2d(void *state, void *dst, const void *src, size_t bytes)
+{
+    return gpu_copy((fa_gpu_state *)state, dst, src, bytes, fa_gpu_memcpy_h2d);
+}
+
+static fa_status gpu_copy_d2h(void *state, void *dst, const void *src, size_t bytes)
+{
+    return gpu_copy((fa_gpu_state *)state, dst, src, bytes, fa_gpu_memcpy_d2h);
+}
+
+static fa_status gpu_tiling(void *state, int64_t head_dim, fa_dtype dtype, fa_tiling *tiling, int64_t *sram)
+{
+    const fa_gpu_state *s = (const fa_gpu_state *)state;
+    (void)dtype; /* the generic kernels keep f32 tiles whatever the input type */
+    const int tile = fa_gpu_generic_tile(FA_GPU_PASS_FORWARD, s->smem_bytes, head_dim);
+    if (tile == 0)
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "head_dim: %lld is not supported by the %s backend (1..%d)",
+                      (long long)head_dim, FA_GPU_VENDOR, FA_GPU_MAX_HEAD_DIM);
+    tiling->block_rows = tile;
+    tiling->block_cols = tile;
+    *sram = s->smem_bytes / (int64_t)sizeof(float);
+    return FA_SUCCESS;
+}
+
+static const char *gpu_info(void *state) { return ((const fa_gpu_state *)state)->info; }
+
+static size_t align_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Makes the workspace at least `bytes` large. */
+static fa_status workspace_reserve(fa_gpu_state *s, size_t bytes)
+{
+    if (bytes <= s->workspace_bytes) return FA_SUCCESS;
+    FA_TRY(fa_gpu_stream_synchronize(s->stream), "synchronize before growing the workspace");
+    if (s->workspace) (void)fa_gpu_free(s->workspace);
+    s->workspace = NULL;
+    s->workspace_bytes = 0;
+    const fa_gpu_error e = fa_gpu_malloc(&s->workspace, bytes);
+    if (e != fa_gpu_success) {
+        (void)fa_gpu_get_last_error();
+        s->workspace = NULL;
+        return FA_ERR(FA_ERROR_OUT_OF_MEMORY, "workspace: cannot allocate %zu bytes of device memory", bytes);
+    }
+    s->workspace_bytes = bytes;
+    return FA_SUCCESS;
+}
+
+static fa_gpu_tensor device_tensor(const fa_tensor *t)
+{
+    fa_gpu_tensor g;
+    g.data = t->data;
+    g.stride_batch = t->stride_batch;
+    g.stride_seq = t->stride_seq;
+    g.stride_head = t->stride_head;
+    return g;
+}
+
+/* Kernel parameters for p, with the host-side masks uploaded into the workspace (after `reserved`
+ * bytes the caller keeps for itself). */
+static fa_status build_params(fa_gpu_state *s, const fa_problem *p, size_t reserved, fa_gpu_params *k)
+{
+    if (p->head_dim > FA_GPU_MAX_HEAD_DIM)
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "head_dim: %lld exceeds the %s backend's maximum %d",
+                      (long long)p->head_dim, FA_GPU_VENDOR, FA_GPU_MAX_HEAD_DIM);
+    if (p->heads_q > 65535 || p->heads_kv > 65535 || p->batch > 65535)
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "batch/heads: the %s backend launches one grid row per head and batch (at most 65535 each)",
+                      FA_GPU_VENDOR);
+    memset(k, 0, sizeof *k);
+    k->q = device_tensor(&p->q);
+    k->k = device_tensor(&p->k);
+    k->v = device_tensor(&p->v);
+    k->out = device_tensor(&p->out);
+    k->dout = device_tensor(&p->dout);
+    k->dq = device_tensor(&p->dq);
+    k->dk = device_tensor(&p->dk);
+    k->dv = device_tensor(&p->dv);
+    k->dtype = p->dtype;
+    k->batch = p->batch;
+    k->heads_q = p->heads_q;
+    k->heads_kv = p->heads_kv;
+    k->seqlen_q = p->seqlen_q;
+    k->seqlen_k = p->seqlen_k;
+    k->head_dim = p->head_dim;
+    k->scale = p->scale;
+    k->scale_log2 = p->scale * 1.44269504088896340736f;
+    k->causal = p->causal;
+    k->window_left = p->window_left;
+    k->window_right = p->window_right;
+    k->dropout_p = p->dropout_p;
+    k->keep_scale = 1.0f / (1.0f - p->dropout_p);
+    k->dropout_seed = p->dropout_seed;
+    k->dropout_offset = p->dropout_offset;
+    k->lse = p->lse;
+
+    const size_t seqlens_bytes = p->seqlens_k ? align_up((size_t)p->batch * sizeof(int32_t)) : 0;
+    const size_t mask_bytes = p->block_mask ? align_up((size_t)(p->block_mask->rows * p->block_mask->cols)) : 0;
+    fa_status st = workspace_reserve(s, align_up(reserved) + seqlens_bytes + mask_bytes + 256);
+    if (st != FA_SUCCESS) return st;
+    char *cursor = (char *)s->workspace + align_up(reserved);
+    if (p->seqlens_k) {
+        FA_TRY(fa_gpu_memcpy_async(cursor, p->seqlens_k, (size_t)p->batch * sizeof(int32_t), fa_gpu_memcpy_h2d, s->stream),
+               "upload seqlens_k");
+        k->seqlens_k = (const int32_t *)cursor;
+        cursor += seqlens_bytes;
+    }
+    if (p->block_mask) {
+        const fa_block_mask *bm = p->block_mask;
+        FA_TRY(fa_gpu_memcpy_async(cursor, bm->mask, (size_t)(bm->rows * bm->cols), fa_gpu_memcpy_h2d, s->stream),
+               "upload block mask");
+        k->block_mask = (const uint8_t *)cursor;
+        k->mask_block_q = bm->block_q;
+        k->mask_block_k = bm->block_k;
+        k->mask_cols = bm->cols;
+    }
+    return FA_SUCCESS;
+}
+
+/* Launches kernel on the context's stream with `smem` bytes of dynamic shared memory. */
+static fa_status launch(fa_gpu_state *s, fa_gpu_kernel kernel, dim3 grid, size_t smem, const fa_gpu_params *k,
+                        const char *what)
+{
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0) return FA_SUCCESS;
+    if (smem > 48 * 1024)
+        FA_TRY(fa_gpu_func_set_attribute((const void *)kernel, FA_GPU_FUNC_ATTR_MAX_DYNAMIC_SMEM, (int)smem),
+               "raise the shared-memory limit");
+    const unsigned threads = (unsigned)(FA_GENERIC_WARPS * s->props.warpSize);
+    kernel<<<grid, threads, smem, s->stream>>>(*k);
+    FA_TRY(fa_gpu_get_last_error(), what);
+    return FA_SUCCESS;
+}
+
+/* The tile and kernels of a pass, or NOT_SUPPORTED. */
+static fa_status pick_kernels(const fa_gpu_state *s, fa_gpu_pass pass, int64_t head_dim, int *tile,
+                              fa_generic_set *set)
+{
+    *tile = fa_gpu_generic_tile(pass, s->smem_bytes, head_dim);
+    *set = fa_generic_kernels(fa_gpu_head_bucket(head_dim), *tile);
+    if (!set->forward)
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "head_dim: %lld does not fit the %lld bytes of shared memory of this device",
+                      (long long)head_dim, (long long)s->smem_bytes);
+    return FA_SUCCESS;
+}
+
+static fa_status gpu_forward(void *state, const fa_problem *p)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    int tile;
+    fa_generic_set set;
+    fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->head_dim, &tile, &set);
+    fa_gpu_params k;
+    if (st == FA_SUCCESS) st = build_params(s, p, 0, &k);
+    if (st != FA_SUCCESS) return st;
+    const dim3 grid((unsigned)fa_gpu_tiles(p->seqlen_q, tile), (unsigned)p->heads_q, (unsigned)p->batch);
+    return launch(s, set.forward, grid, (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, tile, p->head_dim), &k,
+                  "forward launch");
+}
+
+static fa_status gpu_backward(void *state, const fa_problem *p)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    int tile;
+    fa_generic_set set;
+    fa_status st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->head_dim, &tile, &set);
+    const size_t delta_bytes = (size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float);
+    fa_gpu_params k;
+    if (st == FA_SUCCESS) st = build_params(s, p, delta_bytes, &k);
+    if (st != FA_SUCCESS) return st;
+    k.delta = (float *)s->workspace;
+    const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
+    const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
+    const int64_t row_blocks = fa_gpu_tiles(rows, FA_GENERIC_WARPS);
+    st = launch(s, fa_generic::row_delta, dim3((unsigned)(row_blocks < 65535 ? row_blocks : 65535)), 0, &k,
+                "backward pre-pass launch");
+    if (st == FA_SUCCESS)
+        st = launch(s, set.backward_dkdv, dim3((unsigned)fa_gpu_tiles(p->seqlen_k, tile), (unsigned)p->heads_kv, (unsigned)p->batch),
+                    smem, &k, "backward dK/dV launch");
+    if (st == FA_SUCCESS)
+        st = launch(s, set.backward_dq, dim3((unsigned)fa_gpu_tiles(p->seqlen_q, tile), (unsigned)p->heads_q, (unsigned)p->batch),
+                    smem, &k, "backward dQ launch");
+    return st;
+}
+
+static const fa_backend_iface g_iface = {
+    FA_BACKEND_ABI_VERSION,
+    FA_PLUGIN_KIND,
+    FA_GPU_VENDOR,
+    gpu_device_count,
+    gpu_open,
+    gpu_close,
+    gpu_set_num_threads,
+    gpu_set_stream,
+    gpu_synchronize,
+    gpu_mem_alloc,
+    gpu_mem_free,
+    gpu_copy_h2d,
+    gpu_copy_d2h,
+    gpu_tiling,
+    gpu_info,
+    gpu_forward,
+    gpu_backward,
+};
+
+extern "C" __attribute__((visibility("default"))) const fa_backend_iface *fa_backend_plugin_entry(const fa_host_api *host)
+{
+    if (!host || host->abi_version != FA_BACKEND_ABI_VERSION || !host->set_error) return NULL;
+    g_host = host;
+    return &g_iface;
+}

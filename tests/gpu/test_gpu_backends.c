@@ -1,0 +1,220 @@
+/* The GPU backends through the public API. With a GPU: the shared oracle case table on CUDA and
+ * HIP in f32, f16 and bf16 (tolerances from the harness), the dropout mask identical to the CPU
+ * backend's, streams, tiling and info. Without one: those tests skip() visibly, and what runs is
+ * the unavailable path: a clear FA_ERROR_BACKEND_UNAVAILABLE naming what is missing. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "flashattn.h"
+#include "harness.h"
+
+typedef struct gpu_fixture { fa_backend backend; fa_context *ctx; } gpu_fixture;
+
+static int setup_backend(void **state, fa_backend backend)
+{
+    static gpu_fixture fixtures[4];
+    gpu_fixture *f = &fixtures[backend];
+    f->backend = backend;
+    f->ctx = NULL;
+    if (fa_backend_available(backend) && fa_context_create(backend, 0, &f->ctx) != FA_SUCCESS) {
+        fprintf(stderr, "%s: available but fa_context_create failed: %s\n", fa_backend_name(backend), fa_last_error());
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+static int setup_cuda(void **state) { return setup_backend(state, FA_BACKEND_CUDA); }
+static int setup_hip(void **state) { return setup_backend(state, FA_BACKEND_HIP); }
+static int teardown(void **state)
+{
+    gpu_fixture *f = *state;
+    fa_context_destroy(f->ctx);
+    f->ctx = NULL;
+    return 0;
+}
+
+static fa_context *context_or_skip(void **state)
+{
+    gpu_fixture *f = *state;
+    if (!f->ctx) {
+        (void)fa_backend_available(f->backend); /* records the reason */
+        fa_context *probe = NULL;
+        fa_context_create(f->backend, 0, &probe);
+        print_message("SKIP: %s\n", fa_last_error());
+        skip();
+    }
+    return f->ctx;
+}
+
+static void run_table(void **state, fa_dtype dtype)
+{
+    fa_context *ctx = context_or_skip(state);
+    const double tol = fa_case_tolerance(dtype);
+    for (size_t i = 0; i < fa_test_case_count; ++i) {
+        const fa_test_case *c = &fa_test_cases[i];
+        fa_case_errors e;
+        const fa_status st = fa_run_case(ctx, c, dtype, 1, &e);
+        if (st != FA_SUCCESS) fail_msg("case %s: %s (%s)", c->name, fa_status_string(st), fa_last_error());
+        if (e.out > tol || e.lse > tol || e.dq > tol || e.dk > tol || e.dv > tol)
+            fail_msg("case %s: max errors out %.3g lse %.3g dq %.3g dk %.3g dv %.3g above %.3g", c->name, e.out, e.lse,
+                     e.dq, e.dk, e.dv, tol);
+    }
+}
+static void test_case_table_f32(void **state) { run_table(state, FA_DTYPE_F32); }
+static void test_case_table_f16(void **state) { run_table(state, FA_DTYPE_F16); }
+static void test_case_table_bf16(void **state) { run_table(state, FA_DTYPE_BF16); }
+
+/* Q = K = 0 makes P uniform (1/Nk) and V = identity puts element (i, j) of dropout(P) into
+ * O[i][j]: O[i][j] = keep(i, j) / ((1 - p) Nk). The recovered mask must equal the shared
+ * stream's (fa_dropout_mask) and the CPU backend's output, for two heads of a batch of two. */
+static void test_dropout_mask_matches_cpu(void **state)
+{
+    fa_context *ctx = context_or_skip(state);
+    enum { B = 2, H = 2, NQ = 37, NK = 48, D = 48 };
+    const float p = 0.3f;
+    const size_t qn = (size_t)B * NQ * H * D, kn = (size_t)B * NK * H * D;
+    float *q = calloc(qn, sizeof *q), *k = calloc(kn, sizeof *k), *v = calloc(kn, sizeof *v);
+    float *out = calloc(qn, sizeof *out), *cpu_out = calloc(qn, sizeof *cpu_out);
+    uint8_t *keep = malloc((size_t)NQ * NK);
+    assert_non_null(q); assert_non_null(k); assert_non_null(v); assert_non_null(out); assert_non_null(cpu_out);
+    assert_non_null(keep);
+    for (int b = 0; b < B; ++b)
+        for (int j = 0; j < NK; ++j)
+            for (int h = 0; h < H; ++h) v[(((size_t)b * NK + j) * H + h) * D + j] = 1.0f;
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    desc.dropout_p = p;
+    desc.dropout_seed = 0x1234abcd5678ULL;
+    desc.dropout_offset = 77;
+
+    fa_context *cpu = NULL;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &cpu), FA_SUCCESS);
+    fa_tensor tq = {q, FA_DTYPE_F32, B, NQ, H, D, 0, 0, 0}, tk = {k, FA_DTYPE_F32, B, NK, H, D, 0, 0, 0};
+    fa_tensor tv = {v, FA_DTYPE_F32, B, NK, H, D, 0, 0, 0}, to = {cpu_out, FA_DTYPE_F32, B, NQ, H, D, 0, 0, 0};
+    assert_int_equal(fa_forward(cpu, &desc, &tq, &tk, &tv, &to, NULL), FA_SUCCESS);
+    fa_context_destroy(cpu);
+
+    void *dq, *dk, *dv, *dout;
+    assert_int_equal(fa_malloc(ctx, qn * 4, &dq), FA_SUCCESS);
+    assert_int_equal(fa_malloc(ctx, kn * 4, &dk), FA_SUCCESS);
+    assert_int_equal(fa_malloc(ctx, kn * 4, &dv), FA_SUCCESS);
+    assert_int_equal(fa_malloc(ctx, qn * 4, &dout), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, dq, q, qn * 4), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, dk, k, kn * 4), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, dv, v, kn * 4), FA_SUCCESS);
+    tq.data = dq; tk.data = dk; tv.data = dv; to.data = dout;
+    assert_int_equal(fa_forward(ctx, &desc, &tq, &tk, &tv, &to, NULL), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_d2h(ctx, out, dout, qn * 4), FA_SUCCESS);
+
+    const float kept_value = 1.0f / ((1.0f - p) * NK);
+    size_t dropped = 0;
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h) {
+            assert_int_equal(fa_dropout_mask(desc.dropout_seed, desc.dropout_offset, p, H, NQ, NK, b, h, keep), FA_SUCCESS);
+            for (int i = 0; i < NQ; ++i)
+                for (int j = 0; j < NK; ++j) {
+                    const size_t at = (((size_t)b * NQ + i) * H + h) * D + j;
+                    const int gpu_keep = out[at] > 0.5f * kept_value;
+                    const int cpu_keep = cpu_out[at] > 0.5f * kept_value;
+                    if (gpu_keep != keep[(size_t)i * NK + j] || gpu_keep != cpu_keep)
+                        fail_msg("dropout mask differs at b=%d h=%d i=%d j=%d", b, h, i, j);
+                    if (gpu_keep) assert_true(fabsf(out[at] - kept_value) <= 1e-6f);
+                    dropped += !gpu_keep;
+                }
+        }
+    assert_true(dropped > 0 && dropped < (size_t)B * H * NQ * NK); /* the mask is not trivial */
+    fa_free(ctx, dq); fa_free(ctx, dk); fa_free(ctx, dv); fa_free(ctx, dout);
+    free(q); free(k); free(v); free(out); free(cpu_out); free(keep);
+}
+
+/* Tiling comes from the device's shared memory; info names the device; NULL stream accepted. */
+static void test_context_services(void **state)
+{
+    fa_context *ctx = context_or_skip(state);
+    fa_tiling t;
+    int64_t sram = 0;
+    static const int64_t dims[] = {32, 64, 128, 256};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; ++i) {
+        assert_int_equal(fa_context_tiling(ctx, dims[i], FA_DTYPE_F16, &t, &sram), FA_SUCCESS);
+        assert_true(t.block_rows >= 8 && t.block_cols >= 8 && sram >= 16384);
+        print_message("%s d=%lld: Br=%lld Bc=%lld from M=%lld elements\n", fa_backend_name(fa_context_backend(ctx)),
+                      (long long)dims[i], (long long)t.block_rows, (long long)t.block_cols, (long long)sram);
+    }
+    assert_int_equal(fa_context_tiling(ctx, 512, FA_DTYPE_F16, &t, &sram), FA_ERROR_NOT_SUPPORTED);
+    const char *info = fa_context_info(ctx);
+    assert_non_null(info);
+    assert_true(strstr(info, fa_backend_name(fa_context_backend(ctx))) == info);
+    print_message("%s\n", info);
+    assert_int_equal(fa_context_set_stream(ctx, NULL), FA_SUCCESS);
+    assert_int_equal(fa_synchronize(ctx), FA_SUCCESS);
+}
+
+/* Runs everywhere: an unavailable GPU backend refuses with BACKEND_UNAVAILABLE and a message
+ * that names the backend and what is missing; an available one creates a context. */
+static void test_unavailable_is_explained(void **state)
+{
+    gpu_fixture *f = *state;
+    fa_context *ctx = NULL;
+    const fa_status st = fa_context_create(f->backend, 0, &ctx);
+    if (fa_backend_available(f->backend)) {
+        assert_int_equal(st, FA_SUCCESS);
+        fa_context_destroy(ctx);
+        return;
+    }
+    assert_int_equal(st, FA_ERROR_BACKEND_UNAVAILABLE);
+    assert_null(ctx);
+    const char *why = fa_last_error();
+    print_message("%s unavailable: %s\n", fa_backend_name(f->backend), why);
+    assert_non_null(strstr(why, fa_backend_name(f->backend)));
+    assert_true(strlen(why) > strlen(fa_backend_name(f->backend)) + 20);
+}
+
+#define GPU_KERNEL_TESTS(setup)                                                                   \
+    cmocka_unit_test_setup_teardown(test_context_services, setup, teardown),                     \
+    cmocka_unit_test_setup_teardown(test_case_table_f32, setup, teardown),                       \
+    cmocka_unit_test_setup_teardown(test_case_table_f16, setup, teardown),                       \
+    cmocka_unit_test_setup_teardown(test_case_table_bf16, setup, teardown),                      \
+    cmocka_unit_test_setup_teardown(test_dropout_mask_matches_cpu, setup, teardown)
+
+/* Exit status 77 tells meson the test was skipped. */
+enum { EXIT_SKIPPED = 77 };
+
+/* usage: test_gpu_backends unavailable | cuda | hip
+ *   unavailable  the availability checks of both backends (they pass with or without a GPU)
+ *   cuda, hip    that backend's kernels; every test skip()s without a device, and the program
+ *                then exits 77 so meson reports SKIP rather than OK */
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "unavailable") == 0) {
+        const struct CMUnitTest tests[] = {
+            cmocka_unit_test_setup_teardown(test_unavailable_is_explained, setup_cuda, teardown),
+            cmocka_unit_test_setup_teardown(test_unavailable_is_explained, setup_hip, teardown),
+        };
+        return cmocka_run_group_tests_name("availability", tests, NULL, NULL);
+    }
+    fa_backend backend;
+    int failed;
+    if (strcmp(mode, "cuda") == 0) {
+        const struct CMUnitTest tests[] = {GPU_KERNEL_TESTS(setup_cuda)};
+        backend = FA_BACKEND_CUDA;
+        failed = cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
+    } else if (strcmp(mode, "hip") == 0) {
+        const struct CMUnitTest tests[] = {GPU_KERNEL_TESTS(setup_hip)};
+        backend = FA_BACKEND_HIP;
+        failed = cmocka_run_group_tests_name("hip", tests, NULL, NULL);
+    } else {
+        fprintf(stderr, "usage: %s unavailable|cuda|hip\n", argv[0]);
+        return 2;
+    }
+    if (failed) return failed;
+    return fa_backend_available(backend) ? 0 : EXIT_SKIPPED;
+}
