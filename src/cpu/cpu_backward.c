@@ -184,7 +184,7 @@ static void query_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, con
     if (rows.key_hi > rows.key_lo) load_query_side(p, kern, delta, b, h, &rows, br, w);
     /* Key tiles start at the first visible key and stop at the last one, so a causal or window
      * mask costs only the keys these rows can see (to within one tile's rows). */
-    for (int64_t j0 = rows.key_lo; j0 < rows.key_hi; j0 += bc) {
+    for (int64_t j0 = fa_cpu_first_key(p, rows.key_lo, bc); j0 < rows.key_hi; j0 += bc) {
         const int64_t cols = rows.key_hi - j0 < bc ? rows.key_hi - j0 : bc;
         const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, j0, cols);
         if (vis == FA_TILE_EMPTY) continue;
@@ -228,7 +228,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 {
     const fa_cpu_state *s = state;
     int64_t br, bc;
-    fa_cpu_tiles(s, p->head_dim, &br, &bc, NULL);
+    fa_cpu_problem_tiles(s, p, &br, &bc);
     const int threads = fa_cpu_thread_count(s->num_threads);
     float *delta = fa_host_alloc((size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float));
     if (!delta) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "backward: cannot allocate D (%lld floats)",
