@@ -12,7 +12,7 @@ packages=(
   libcmocka-dev librandom123-dev                 # tests: cmocka, Random123 (independent Philox)
   libopenblas-dev                                # bench: standard attention baseline
   hipcc libamdhip64-dev                          # HIP plugin (AMD), compiled only
-  clang llvm libclang-rt-14-dev valgrind         # sanitizer, fuzzing and valgrind CI steps
+  clang llvm libclang-rt-14-dev libomp-14-dev valgrind   # sanitizer, fuzzing, valgrind CI steps
   gnuplot-nox                                    # IO figures
 )
 

@@ -13,7 +13,7 @@
 #include "std_attention.h"
 #endif
 
-enum { MAX_LIST = 16 };
+enum { MAX_LIST = 16, MAX_REPS = 64 };
 typedef enum pass { PASS_FWD, PASS_BWD, PASS_FWDBWD } pass;
 static const char *pass_names[] = {"fwd", "bwd", "fwd+bwd"};
 
@@ -21,6 +21,7 @@ typedef struct options {
     int64_t n[MAX_LIST], d[MAX_LIST];
     int n_count, d_count, heads, threads, max_reps, std_max_n, info, masks; /* masks: bit 0 dense, bit 1 causal */
     int passes;                                                           /* bit per pass */
+    int median;                                                           /* 1: median of the reps, 0: best */
     double min_seconds;
     const char *csv;
 } options;
@@ -45,10 +46,12 @@ static void usage(void)
 {
     puts("usage: fa-bench [--info] [--quick] [--n 512,1024,...] [--d 64,128] [--heads 8] [--threads 2]\n"
          "                [--mask dense|causal|both] [--pass fwd|bwd|fwdbwd|all] [--reps 3] [--min-time 1.0]\n"
-         "                [--std-max-n 8192] [--csv FILE]\n"
+         "                [--std-max-n 8192] [--stat best|median] [--clock wall|cpu] [--csv FILE]\n"
          "  Default: N = 512..16384, d = 64 and 128, dense and causal, all passes, 8 heads, 2 threads.\n"
          "  --quick: N = 512, 1024, 2048, d = 64, one timed repetition.\n"
          "  Standard attention runs up to --std-max-n (it needs 2 N x N floats per thread).\n"
+         "  --stat: report the best (default) or the median of the timed repetitions.\n"
+         "  --clock cpu: process CPU time / threads instead of wall time (a loaded machine, --threads 1).\n"
          "  FLASHATTN_CPU_ISA=ref|avx2|avx512|neon forces the kernels.");
 }
 
@@ -77,13 +80,15 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--min-time")) o->min_seconds = atof(val);
             else if (!strcmp(a, "--std-max-n")) o->std_max_n = atoi(val);
             else if (!strcmp(a, "--csv")) o->csv = val;
+            else if (!strcmp(a, "--stat") && (!strcmp(val, "best") || !strcmp(val, "median"))) o->median = !strcmp(val, "median");
+            else if (!strcmp(a, "--clock") && (!strcmp(val, "wall") || !strcmp(val, "cpu"))) bench_use_cpu_clock = !strcmp(val, "cpu");
             else if (!strcmp(a, "--mask")) o->masks = !strcmp(val, "dense") ? 1 : !strcmp(val, "causal") ? 2 : !strcmp(val, "both") ? 3 : 0;
             else if (!strcmp(a, "--pass"))
                 o->passes = !strcmp(val, "fwd") ? 1 : !strcmp(val, "bwd") ? 2 : !strcmp(val, "fwdbwd") ? 4 : !strcmp(val, "all") ? 7 : 0;
             else { fprintf(stderr, "fa-bench: unknown option %s (see --help)\n", a); return -1; }
         }
     }
-    if (o->n_count <= 0 || o->d_count <= 0 || o->heads <= 0 || o->threads <= 0 || o->max_reps <= 0 || !o->masks ||
+    if (o->n_count <= 0 || o->d_count <= 0 || o->heads <= 0 || o->threads <= 0 || o->max_reps <= 0 || o->max_reps > MAX_REPS || !o->masks ||
         !o->passes) {
         fprintf(stderr, "fa-bench: invalid option value (see --help)\n");
         return -1;
@@ -152,23 +157,35 @@ static int run_std(const std_problem *p, pass which)
 
 typedef struct measurement { double seconds; long long peak_bytes; int ok; } measurement;
 
-/* Best time of up to max_reps runs (stopping once min_seconds have been spent), after one
- * untimed warm-up run when more than one repetition is asked for; peak memory above the resident
- * size before the first run. */
+/* Median of count times (sorts them). */
+static double median_of(double *t, int count)
+{
+    for (int i = 1; i < count; ++i)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; --j) {
+            const double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return count % 2 ? t[count / 2] : 0.5 * (t[count / 2 - 1] + t[count / 2]);
+}
+
+/* Best (or median) time of up to max_reps runs (stopping once min_seconds have been spent), after
+ * one untimed warm-up run when more than one repetition is asked for; peak memory above the
+ * resident size before the first run. */
 #define MEASURE(result, opts, call)                                                                             \
     do {                                                                                                        \
         const long long base_ = bench_peak_reset();                                                             \
         (result).ok = (opts)->max_reps > 1 ? (call) == 0 : 1;                                                   \
-        (result).seconds = 1e30;                                                                                \
-        double spent_ = 0.0;                                                                                    \
-        for (int rep_ = 0; (result).ok && rep_ < (opts)->max_reps && (rep_ == 0 || spent_ < (opts)->min_seconds); \
-             ++rep_) {                                                                                          \
+        double times_[MAX_REPS], spent_ = 0.0;                                                                  \
+        int reps_ = 0;                                                                                          \
+        for (; (result).ok && reps_ < (opts)->max_reps && (reps_ == 0 || spent_ < (opts)->min_seconds); ++reps_) { \
             const double t0_ = bench_seconds();                                                                 \
             (result).ok = (call) == 0;                                                                          \
-            const double t_ = bench_seconds() - t0_;                                                            \
-            spent_ += t_;                                                                                       \
-            (result).seconds = t_ < (result).seconds ? t_ : (result).seconds;                                   \
+            times_[reps_] = bench_seconds() - t0_;                                                              \
+            spent_ += times_[reps_];                                                                            \
         }                                                                                                       \
+        (result).seconds = reps_ ? median_of(times_, reps_) : 1e30;                                             \
+        if (!(opts)->median && reps_) (result).seconds = times_[0]; /* sorted: the best */                     \
         const long long peak_ = bench_peak();                                                                   \
         (result).peak_bytes = base_ >= 0 && peak_ >= 0 ? peak_ - base_ : -1;                                    \
     } while (0)
@@ -201,6 +218,7 @@ int main(int argc, char **argv)
 {
     options o;
     if (parse_options(argc, argv, &o)) return 2;
+    bench_cpu_threads = o.threads;
     fa_context *ctx = NULL;
     if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) != FA_SUCCESS ||
         fa_context_set_num_threads(ctx, o.threads) != FA_SUCCESS) {
@@ -216,6 +234,8 @@ int main(int argc, char **argv)
     sgemm_rate = std_sgemm_rate(2048, o.threads, 3);
     printf("sgemm 2048^3, %d threads: %.1f GFLOP/s (the 'peak' column divides by this)\n", o.threads, sgemm_rate);
 #endif
+    printf("times: %s of up to %d repetitions, %s\n", o.median ? "median" : "best", o.max_reps,
+           bench_use_cpu_clock ? "process CPU time / threads" : "wall clock");
     FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
     if (o.csv && !csv) { fprintf(stderr, "fa-bench: cannot write %s\n", o.csv); return 1; }
     if (csv)

@@ -1,6 +1,7 @@
 #include "alloc.h"
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@ void *fa_host_alloc(size_t bytes)
     const size_t n = atomic_fetch_add(&alloc_count, 1) + 1;
     const size_t k = atomic_load(&fail_at);
     if (k != 0 && n == k) return NULL;
+    if (bytes > PTRDIFF_MAX) return NULL; /* no object can be this large; spare the allocator the request */
     if (bytes == 0) bytes = 1;
     const size_t rounded = (bytes + 63) & ~(size_t)63;
     if (rounded < bytes) return NULL;
@@ -31,7 +33,7 @@ void *fa_host_calloc(size_t count, size_t size)
 
 void fa_host_free(void *ptr) { free(ptr); }
 
-FA_API size_t fa_debug_fail_allocation(size_t k)
+size_t fa_debug_fail_allocation(size_t k)
 {
     const size_t made = atomic_exchange(&alloc_count, 0);
     atomic_store(&fail_at, k);

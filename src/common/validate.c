@@ -1,6 +1,7 @@
 #include "validate.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "error.h"
@@ -32,6 +33,9 @@ static fa_status check_tensor(const char *name, const fa_tensor *t, fa_tensor *o
     if (!t) return INVALID("%s: is NULL", name);
     if (!t->data) return INVALID("%s: data is NULL", name);
     if (!valid_dtype(t->dtype)) return INVALID("%s: unknown dtype %d", name, (int)t->dtype);
+    /* Element access through a misaligned pointer is undefined behaviour (and faults on GPUs). */
+    if ((uintptr_t)t->data % fa_dtype_size(t->dtype) != 0)
+        return INVALID("%s: data is not aligned to its %zu-byte elements", name, fa_dtype_size(t->dtype));
     const int64_t dims[4] = {t->batch, t->seqlen, t->heads, t->head_dim};
     static const char *const dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
     for (int i = 0; i < 4; ++i)

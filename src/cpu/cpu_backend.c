@@ -77,6 +77,19 @@ void fa_cpu_tiles(const fa_cpu_state *s, int64_t head_dim, int64_t *block_rows, 
     if (sram_elements) *sram_elements = m;
 }
 
+void fa_cpu_problem_tiles(const fa_cpu_state *s, const fa_problem *p, int64_t *block_rows, int64_t *block_cols)
+{
+    fa_cpu_tiles(s, p->head_dim, block_rows, block_cols, NULL);
+    /* Block-sparse: tiles of exactly one mask block (when the mask's blocks are a multiple of the
+     * kernels' step), so a zero block is a skipped tile (Algorithm 5), not a masked part of a
+     * wider tile; key tiles then start on mask-block boundaries (fa_cpu_first_key). */
+    const fa_block_mask *bm = p->block_mask;
+    const int64_t step = s->kernels->tile_step;
+    if (!bm) return;
+    if (bm->block_q < *block_rows && bm->block_q % step == 0) *block_rows = bm->block_q;
+    if (bm->block_k < *block_cols && bm->block_k % step == 0) *block_cols = bm->block_k;
+}
+
 static fa_status cpu_tiling(void *state, int64_t head_dim, fa_dtype dtype, fa_tiling *tiling, int64_t *sram)
 {
     (void)dtype; /* tiles are f32 whatever the input dtype */

@@ -17,6 +17,16 @@ typedef struct fa_cpu_state {
 void fa_cpu_tiles(const fa_cpu_state *s, int64_t head_dim, int64_t *block_rows, int64_t *block_cols,
                   int64_t *sram_elements);
 
+/* The tiles of one problem: fa_cpu_tiles, snapped to the block mask's blocks when it has one. */
+void fa_cpu_problem_tiles(const fa_cpu_state *s, const fa_problem *p, int64_t *block_rows, int64_t *block_cols);
+
+/* Where a query tile's walk over key tiles starts: its first visible key, or with a block mask
+ * the start of that key's tile, so that key tiles line up with mask blocks. */
+static inline int64_t fa_cpu_first_key(const fa_problem *p, int64_t key_lo, int64_t block_cols)
+{
+    return p->block_mask ? key_lo / block_cols * block_cols : key_lo;
+}
+
 fa_status fa_cpu_forward(void *state, const fa_problem *p);
 fa_status fa_cpu_backward(void *state, const fa_problem *p);
 #endif

@@ -5,9 +5,15 @@
  *   dK_j += tau dS^T Q_i,  dQ_i += tau dS K_j.
  * Tiles are transposed (S^T, dS^T: key rows, query columns; see kernels/kernels.h), so P^T and
  * dS^T multiply dO and Q directly and dS K reads dS^T with swapped strides.
- * Race-free and deterministic: pass 1 owns one key tile per task (dK, dV summed over the query
- * heads of its group in a fixed order); pass 2 owns one query tile per task and recomputes the
- * tile products to accumulate dQ. Results do not depend on the thread count. */
+ * Race-free and deterministic, with no atomics and no reduction, in one of two ways chosen from
+ * the problem's shape alone (never the thread count, so results do not depend on it):
+ *   fused (enough batch x kv-head pairs): one task owns a whole (batch, kv head) and does the
+ *     five tile products of Algorithm 4 per tile pair, accumulating dK_j, dV_j over its query
+ *     heads and query tiles, and dQ_i of those heads over key tiles in increasing order (in
+ *     place in an f32 dQ, else in a per-thread f32 buffer of group x Nq x d floats);
+ *   two-pass (too few pairs to keep the threads busy, or a dQ buffer too large): pass 1 owns one
+ *     key tile per task (dK, dV), pass 2 one query tile per task and recomputes S, P and dP to
+ *     accumulate dQ (seven tile products per pair instead of five). */
 #include <math.h>
 #include <string.h>
 
@@ -86,9 +92,27 @@ static void tile_gradients(const fa_problem *p, const fa_cpu_kernels *kern, int6
     if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->st, br);
 }
 
-/* Pass 1: dK_j, dV_j for one (batch, kv head, key tile). */
+/* Where dQ_i of query head h accumulates in the fused path: the f32 dQ tensor itself, or a
+ * per-thread buffer [group][Nq][d] for f16/bf16 dQ. */
+typedef struct dq_target {
+    float *buffer; /* NULL: accumulate in place in p->dq (f32) */
+} dq_target;
+
+static float *dq_rows(const fa_problem *p, const dq_target *t, int64_t b, int64_t h, int64_t i0, int64_t *ld)
+{
+    if (!t->buffer) {
+        *ld = p->dq.stride_seq;
+        return fa_row_ptr(&p->dq, b, i0, h);
+    }
+    const int64_t group = p->heads_q / p->heads_kv, slot = h % group;
+    *ld = p->head_dim;
+    return t->buffer + (slot * p->seqlen_q + i0) * p->head_dim;
+}
+
+/* dK_j, dV_j for one (batch, kv head, key tile); with dq, also dQ_i += dS K_j into the fused
+ * path's accumulator for every query tile this key tile touches. */
 static void key_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t br,
-                          int64_t bc, int64_t b, int64_t hk, int64_t j0, backward_scratch *w)
+                          int64_t bc, int64_t b, int64_t hk, int64_t j0, const dq_target *dq, backward_scratch *w)
 {
     const int64_t d = p->head_dim, group = p->heads_q / p->heads_kv;
     const int64_t cols = p->seqlen_k - j0 < bc ? p->seqlen_k - j0 : bc;
@@ -108,18 +132,44 @@ static void key_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, const
             if (hi <= lo) continue;
             const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, lo, hi - lo);
             if (vis == FA_TILE_EMPTY) continue;
+            const float *k_lo = k + (lo - j0) * ldk;
             load_query_side(p, kern, delta, b, h, &rows, br, w);
-            tile_gradients(p, kern, br, b, h, &rows, lo, hi - lo, vis, k + (lo - j0) * ldk, ldk, v + (lo - j0) * ldv,
-                           ldv, w);
+            tile_gradients(p, kern, br, b, h, &rows, lo, hi - lo, vis, k_lo, ldk, v + (lo - j0) * ldv, ldv, w);
             kern->gemm(hi - lo, d, rows.count, w->st, br, 1, w->dout_rows, w->lddo, dv + (lo - j0) * d, d, NULL,
                        1); /* dV += Z^T dO */
             kern->gemm(hi - lo, d, rows.count, w->dst, br, 1, w->q_rows, w->ldq, dk + (lo - j0) * d, d, NULL,
                        1); /* dK += dS^T Q */
+            if (dq) {
+                int64_t lddq;
+                float *dq_i = dq_rows(p, dq, b, h, i0, &lddq);
+                kern->gemm(rows.count, d, hi - lo, w->dst, 1, br, k_lo, ldk, dq_i, lddq, NULL, 1); /* dQ += dS K */
+            }
         }
     }
     for (int64_t x = 0; x < cols * d; ++x) dk[x] *= p->scale;
     fa_cpu_store_rows(&p->dk, b, j0, hk, cols, dk, d);
     fa_cpu_store_rows(&p->dv, b, j0, hk, cols, dv, d);
+}
+
+/* Fused path: dK, dV and dQ of one (batch, kv head) and its query heads. dQ_i sums its key tiles
+ * in increasing order, whatever thread runs the task. */
+static void kv_head_task(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t br,
+                         int64_t bc, int64_t b, int64_t hk, const dq_target *dq, backward_scratch *w)
+{
+    const int64_t d = p->head_dim, group = p->heads_q / p->heads_kv;
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+        for (int64_t i = 0; i < p->seqlen_q; ++i) {
+            int64_t ld;
+            memset(dq_rows(p, dq, b, h, i, &ld), 0, (size_t)d * sizeof(float));
+        }
+    for (int64_t j0 = 0; j0 < p->seqlen_k; j0 += bc) key_tile_task(p, kern, delta, br, bc, b, hk, j0, dq, w);
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        int64_t ld;
+        float *rows = dq_rows(p, dq, b, h, 0, &ld);
+        for (int64_t i = 0; i < p->seqlen_q; ++i)
+            for (int64_t c = 0; c < d; ++c) rows[i * ld + c] *= p->scale;
+        if (dq->buffer) fa_cpu_store_rows(&p->dq, b, 0, h, p->seqlen_q, rows, ld);
+    }
 }
 
 /* Pass 2: dQ_i for one (batch, query head, query tile). */
@@ -134,7 +184,7 @@ static void query_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, con
     if (rows.key_hi > rows.key_lo) load_query_side(p, kern, delta, b, h, &rows, br, w);
     /* Key tiles start at the first visible key and stop at the last one, so a causal or window
      * mask costs only the keys these rows can see (to within one tile's rows). */
-    for (int64_t j0 = rows.key_lo; j0 < rows.key_hi; j0 += bc) {
+    for (int64_t j0 = fa_cpu_first_key(p, rows.key_lo, bc); j0 < rows.key_hi; j0 += bc) {
         const int64_t cols = rows.key_hi - j0 < bc ? rows.key_hi - j0 : bc;
         const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, j0, cols);
         if (vis == FA_TILE_EMPTY) continue;
@@ -159,23 +209,48 @@ static float row_delta(const fa_problem *p, int64_t x, backward_scratch *w)
     return (float)sum;
 }
 
+/* The fused path needs enough (batch, kv head) tasks to keep a few threads busy (8 equal tasks
+ * balance 2 or 4 threads exactly; with fewer, the two-pass path's finer tasks win despite its
+ * two extra products) and, for an f16/bf16 dQ, a per-thread f32 buffer of bounded size. Decided
+ * from the shape only, so the arithmetic never depends on the thread count. */
+enum { FUSED_MIN_TASKS = 8 };
+#define FUSED_MAX_DQ_BUFFER_BYTES ((int64_t)32 << 20)
+
+static int backward_is_fused(const fa_problem *p, int64_t *dq_buffer_floats)
+{
+    const int64_t group = p->heads_q / p->heads_kv;
+    *dq_buffer_floats = p->dq.dtype == FA_DTYPE_F32 ? 0 : group * p->seqlen_q * p->head_dim;
+    return p->batch * p->heads_kv >= FUSED_MIN_TASKS &&
+           *dq_buffer_floats * (int64_t)sizeof(float) <= FUSED_MAX_DQ_BUFFER_BYTES;
+}
+
 fa_status fa_cpu_backward(void *state, const fa_problem *p)
 {
     const fa_cpu_state *s = state;
     int64_t br, bc;
-    fa_cpu_tiles(s, p->head_dim, &br, &bc, NULL);
+    fa_cpu_problem_tiles(s, p, &br, &bc);
     const int threads = fa_cpu_thread_count(s->num_threads);
     float *delta = fa_host_alloc((size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float));
     if (!delta) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "backward: cannot allocate D (%lld floats)",
                                     (long long)(p->batch * p->heads_q * p->seqlen_q));
     const int64_t k_tiles = (p->seqlen_k + bc - 1) / bc, q_tiles = (p->seqlen_q + br - 1) / br;
     const int64_t kv_pairs = p->batch * p->heads_kv, q_pairs = p->batch * p->heads_q;
+    int64_t dq_buffer_floats;
+    const int fused = backward_is_fused(p, &dq_buffer_floats);
     int out_of_memory = 0;
 
 #pragma omp parallel num_threads(threads)
     {
         backward_scratch w = {0};
         void *block = backward_scratch_alloc(&w, br, bc, p->head_dim);
+        dq_target dq = {NULL};
+        if (block && fused && dq_buffer_floats) {
+            dq.buffer = fa_host_alloc((size_t)dq_buffer_floats * sizeof(float));
+            if (!dq.buffer) {
+                fa_host_free(block);
+                block = NULL;
+            }
+        }
         if (!block) {
 #pragma omp atomic write
             out_of_memory = 1;
@@ -183,23 +258,31 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 #pragma omp for schedule(static)
         for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x)
             if (block) delta[x] = row_delta(p, x, &w);
-        /* Longest tasks first under a causal mask: early key tiles, late query tiles. */
+        if (fused) {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < kv_pairs * k_tiles; ++t) {
-            if (!block) continue;
-            const int64_t kt = t / kv_pairs, bh = t % kv_pairs;
-            key_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_kv, bh % p->heads_kv, kt * bc, &w);
-        }
+            for (int64_t t = 0; t < kv_pairs; ++t)
+                if (block) kv_head_task(p, s->kernels, delta, br, bc, t / p->heads_kv, t % p->heads_kv, &dq, &w);
+        } else {
+            /* Longest tasks first under a causal mask: early key tiles, late query tiles. */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < q_pairs * q_tiles; ++t) {
-            if (!block) continue;
-            const int64_t qt = q_tiles - 1 - t / q_pairs, bh = t % q_pairs;
-            query_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
+            for (int64_t t = 0; t < kv_pairs * k_tiles; ++t) {
+                if (!block) continue;
+                const int64_t kt = t / kv_pairs, bh = t % kv_pairs;
+                key_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_kv, bh % p->heads_kv, kt * bc, NULL, &w);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < q_pairs * q_tiles; ++t) {
+                if (!block) continue;
+                const int64_t qt = q_tiles - 1 - t / q_pairs, bh = t % q_pairs;
+                query_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
+            }
         }
+        fa_host_free(dq.buffer);
         fa_host_free(block);
     }
     fa_host_free(delta);
     if (out_of_memory)
-        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "backward: cannot allocate per-thread tiles (gradients are incomplete)");
+        return fa_set_error(FA_ERROR_OUT_OF_MEMORY,
+                            "backward: cannot allocate per-thread tiles (gradients are incomplete)");
     return FA_SUCCESS;
 }

@@ -81,7 +81,7 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, int64_
 
     /* Key tiles start at the first visible key and stop at the last one, so a causal or window
      * mask costs only the keys these rows can see (to within one tile's rows). */
-    for (int64_t j0 = rows.key_lo; j0 < rows.key_hi; j0 += bc) {
+    for (int64_t j0 = fa_cpu_first_key(p, rows.key_lo, bc); j0 < rows.key_hi; j0 += bc) {
         const int64_t cols = rows.key_hi - j0 < bc ? rows.key_hi - j0 : bc;
         const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, j0, cols);
         if (vis == FA_TILE_EMPTY) continue; /* never loads K_j, V_j (Algorithm 5) */
@@ -108,7 +108,7 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
 {
     const fa_cpu_state *s = state;
     int64_t br, bc;
-    fa_cpu_tiles(s, p->head_dim, &br, &bc, NULL);
+    fa_cpu_problem_tiles(s, p, &br, &bc);
     const int64_t q_tiles = (p->seqlen_q + br - 1) / br;
     const int64_t tasks = p->batch * p->heads_q * q_tiles;
     int out_of_memory = 0;

@@ -28,17 +28,30 @@ void fa_cpu_load_transposed(const fa_tensor *t, int64_t b, int64_t s0, int64_t h
                             int64_t ld)
 {
     const int64_t d = t->head_dim;
-    for (int64_t r = 0; r < rows; ++r) {
-        const void *src = fa_row_ptr(t, b, s0 + r, h);
-        for (int64_t c = 0; c < d; ++c) {
-            float x = 0.0f;
-            switch (t->dtype) {
-            case FA_DTYPE_F32: x = ((const float *)src)[c]; break;
-            case FA_DTYPE_F16: x = fa_f16_to_f32(((const uint16_t *)src)[c]); break;
-            case FA_DTYPE_BF16: x = fa_bf16_to_f32(((const uint16_t *)src)[c]); break;
-            }
-            dst[c * ld + r] = x;
+    /* The dtype switch sits outside the loops: this runs once per tile pair in the backward. */
+    switch (t->dtype) {
+    case FA_DTYPE_F32:
+        /* Blocks of 16 rows: each column's 16 values are written to one contiguous line. */
+        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+            const int64_t n = rows - r0 < 16 ? rows - r0 : 16;
+            const float *src[16];
+            for (int64_t r = 0; r < n; ++r) src[r] = fa_row_ptr(t, b, s0 + r0 + r, h);
+            for (int64_t c = 0; c < d; ++c)
+                for (int64_t r = 0; r < n; ++r) dst[c * ld + r0 + r] = src[r][c];
         }
+        break;
+    case FA_DTYPE_F16:
+        for (int64_t r = 0; r < rows; ++r) {
+            const uint16_t *src = fa_row_ptr(t, b, s0 + r, h);
+            for (int64_t c = 0; c < d; ++c) dst[c * ld + r] = fa_f16_to_f32(src[c]);
+        }
+        break;
+    case FA_DTYPE_BF16:
+        for (int64_t r = 0; r < rows; ++r) {
+            const uint16_t *src = fa_row_ptr(t, b, s0 + r, h);
+            for (int64_t c = 0; c < d; ++c) dst[c * ld + r] = fa_bf16_to_f32(src[c]);
+        }
+        break;
     }
 }
 
@@ -130,15 +143,29 @@ void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0,
                        fa_tile_visibility vis, int fold_scale, float *st, int64_t ld)
 {
     const float scale = fold_scale ? 1.0f : p->scale;
+    /* Keys in [all_lo, all_hi) are visible to every row (without a block mask): their columns
+     * are only scaled. A causal or window tile has just a band of Br keys where rows differ, so
+     * this keeps the element-wise test off most of a wide partial tile. */
+    int64_t all_lo = 0, all_hi = 0; /* empty: every element tested (a block mask) */
     if (vis == FA_TILE_FULL) {
-        if (!fold_scale)
-            for (int64_t c = 0; c < cols; ++c)
-                for (int64_t r = 0; r < rows->count; ++r) st[c * ld + r] *= scale;
-        return;
+        all_lo = j0;
+        all_hi = j0 + cols;
+    } else if (!p->block_mask) {
+        all_lo = INT64_MIN;
+        all_hi = INT64_MAX;
+        for (int64_t r = 0; r < rows->count; ++r) {
+            if (rows->range[r].lo > all_lo) all_lo = rows->range[r].lo;
+            if (rows->range[r].hi < all_hi) all_hi = rows->range[r].hi;
+        }
     }
     for (int64_t c = 0; c < cols; ++c) {
         const int64_t j = j0 + c;
         float *keys = st + c * ld;
+        if (j >= all_lo && j < all_hi) {
+            if (!fold_scale)
+                for (int64_t r = 0; r < rows->count; ++r) keys[r] *= scale;
+            continue;
+        }
         for (int64_t r = 0; r < rows->count; ++r) {
             int visible = j >= rows->range[r].lo && j < rows->range[r].hi;
             if (visible && p->block_mask) visible = block_visible(p->block_mask, rows->i0 + r, j);

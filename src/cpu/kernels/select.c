@@ -14,15 +14,34 @@ typedef struct isa_entry {
 static int always(void) { return 1; }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <stdint.h>
+
+/* XCR0: which register states the OS saves on a context switch (needs OSXSAVE). */
+static uint64_t os_saved_states(void)
+{
+    uint32_t eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((uint64_t)edx << 32) | eax;
+}
+
+enum { XCR0_AVX = 0x6 /* SSE + AVX */, XCR0_AVX512 = 0xe6 /* + opmask, ZMM0-15 upper, ZMM16-31 */ };
+
+/* cpuid directly rather than __builtin_cpu_supports: clang 14 lacks the "f16c" feature name. */
 static int cpu_has_avx2(void)
 {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned need = bit_AVX | bit_FMA | bit_F16C | bit_OSXSAVE;
+    if ((c & need) != need || (os_saved_states() & XCR0_AVX) != XCR0_AVX) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (b & bit_AVX2) != 0;
 }
 static int cpu_has_avx512(void)
 {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && cpu_has_avx2();
+    unsigned a, b, c, d;
+    if (!cpu_has_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (b & bit_AVX512F) != 0 && (os_saved_states() & XCR0_AVX512) == XCR0_AVX512;
 }
 #else
 static int cpu_has_avx2(void) { return 0; }

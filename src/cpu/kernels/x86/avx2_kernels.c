@@ -33,7 +33,7 @@
 static const int32_t avx2_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 #define VMASK(n) _mm256_loadu_si256((const __m256i *)(avx2_mask_table + 8 - (n)))
 
-#include "vector_kernels.h"
+#include "../vector_kernels.h"
 
 const fa_cpu_kernels fa_cpu_kernels_avx2 = {"avx2", avx2_gemm, avx2_col_max, avx2_exp_cols, avx2_f16_to_f32,
                                             MR, 2 * W, 16};

@@ -1,5 +1,5 @@
 /* The vector microkernels, written once over a small set of vector macros and instantiated per
- * ISA (avx2_kernels.c, avx512_kernels.c). The including file defines:
+ * ISA (x86/avx2_kernels.c, x86/avx512_kernels.c, arm/neon_kernels.c). The including file defines:
  *   VEC, W (lanes), MR (register rows), KNAME(x) (name prefix), MASK_T, VMASK(n) (first n lanes),
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
  *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VMAX, VMIN,
@@ -8,7 +8,7 @@
  * The register tile is MR x 2W: 2*MR accumulators, two B vectors and one broadcast of A. */
 #ifndef FA_VECTOR_KERNELS_H
 #define FA_VECTOR_KERNELS_H
-#include "../../../common/half.h"
+#include "../../common/half.h"
 #include "exp_poly.h"
 #endif
 

@@ -1,0 +1,424 @@
+/* libFuzzer target: decodes its input into one attention problem (shape, strides, dtype, masks,
+ * dropout, scale, data), runs fa_forward and fa_backward on the CPU backend and checks
+ *  - the status is FA_SUCCESS, or the documented error for what the input asked for
+ *    (FA_ERROR_INVALID_VALUE for a corrupted argument, FA_ERROR_OUT_OF_MEMORY for an injected
+ *    allocation failure), with a message;
+ *  - a failed call wrote no output;
+ *  - on success, out, lse, dq, dk and dv match the double-precision oracle (tests/oracle.h).
+ * Buffers are allocated to their exact extent, so AddressSanitizer sees any out-of-bounds access.
+ * Input layout: fuzz/README.md. Build and run: scripts/ci-fuzz.sh. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/half.h"
+#include "flashattn.h"
+#include "oracle.h"
+
+typedef struct reader {
+    const uint8_t *data;
+    size_t size, pos;
+} reader;
+
+/* Next byte of the input, 0 once it is exhausted: every input decodes to some problem. */
+static uint8_t next(reader *r) { return r->pos < r->size ? r->data[r->pos++] : 0; }
+static uint64_t next_u64(reader *r)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v = v << 8 | next(r);
+    return v;
+}
+
+enum flags {
+    F_CAUSAL = 1, F_WINDOW = 2, F_PADDING = 4, F_DROPOUT = 8, F_BLOCK_MASK = 16, F_STRIDED = 32, F_SCALE = 64,
+    F_CORRUPT = 128
+};
+
+typedef struct problem {
+    oracle_shape s;
+    fa_dtype dtype;
+    fa_attention_desc desc;
+    int32_t seqlens[4];
+    fa_block_mask block_mask;
+    uint8_t mask_bits[48 * 48];
+    fa_tensor q, k, v, out, dout, dq, dk, dv;
+    float *lse;
+    double amplitude;
+    uint64_t value_seed;
+} problem;
+
+/* Explicit strides with gaps, or a [batch, heads, seqlen, head_dim] layout; exact-size buffer. */
+static void make_tensor(reader *r, int strided, fa_tensor *t, fa_dtype dtype, int64_t batch, int64_t seqlen,
+                        int64_t heads, int64_t d)
+{
+    *t = (fa_tensor){NULL, dtype, batch, seqlen, heads, d, 0, 0, 0};
+    int64_t last = batch * seqlen * heads * d; /* one past the largest element offset */
+    if (strided) {
+        const uint8_t layout = next(r);
+        const int64_t gap_head = layout & 3, gap_row = (layout >> 2) & 3, gap_batch = (layout >> 4) & 3;
+        if (layout & 64) { /* [batch, heads, seqlen, d] */
+            t->stride_seq = d + gap_row;
+            t->stride_head = seqlen * t->stride_seq + gap_head;
+            t->stride_batch = heads * t->stride_head + gap_batch;
+        } else {
+            t->stride_head = d + gap_head;
+            t->stride_seq = heads * t->stride_head + gap_row;
+            t->stride_batch = seqlen * t->stride_seq + gap_batch;
+        }
+        last = (batch - 1) * t->stride_batch + (seqlen - 1) * t->stride_seq + (heads - 1) * t->stride_head + d;
+    }
+    t->data = malloc((size_t)last * (dtype == FA_DTYPE_F32 ? 4 : 2));
+}
+
+static size_t offset_of(const fa_tensor *t, int64_t b, int64_t i, int64_t h, int64_t c)
+{
+    const int64_t packed = t->stride_batch == 0;
+    const int64_t sb = packed ? t->seqlen * t->heads * t->head_dim : t->stride_batch;
+    const int64_t ss = packed ? t->heads * t->head_dim : t->stride_seq;
+    const int64_t sh = packed ? t->head_dim : t->stride_head;
+    return (size_t)(b * sb + i * ss + h * sh + c);
+}
+
+static double get(const fa_tensor *t, size_t o)
+{
+    switch (t->dtype) {
+    case FA_DTYPE_F16: return fa_f16_to_f32(((const uint16_t *)t->data)[o]);
+    case FA_DTYPE_BF16: return fa_bf16_to_f32(((const uint16_t *)t->data)[o]);
+    default: return ((const float *)t->data)[o];
+    }
+}
+
+static void set(fa_tensor *t, size_t o, float x)
+{
+    switch (t->dtype) {
+    case FA_DTYPE_F16: ((uint16_t *)t->data)[o] = fa_f32_to_f16(x); break;
+    case FA_DTYPE_BF16: ((uint16_t *)t->data)[o] = fa_f32_to_bf16(x); break;
+    default: ((float *)t->data)[o] = x; break;
+    }
+}
+
+static size_t elements(const fa_tensor *t) { return (size_t)(t->batch * t->seqlen * t->heads * t->head_dim); }
+
+/* Packed double copy of a tensor (the oracle's layout), and the largest magnitude. */
+static double *to_doubles(const fa_tensor *t, double *max_abs)
+{
+    double *x = malloc(elements(t) * sizeof *x);
+    size_t n = 0;
+    for (int64_t b = 0; b < t->batch; ++b)
+        for (int64_t i = 0; i < t->seqlen; ++i)
+            for (int64_t h = 0; h < t->heads; ++h)
+                for (int64_t c = 0; c < t->head_dim; ++c) {
+                    x[n] = get(t, offset_of(t, b, i, h, c));
+                    if (max_abs && fabs(x[n]) > *max_abs) *max_abs = fabs(x[n]);
+                    ++n;
+                }
+    return x;
+}
+
+static uint64_t splitmix(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fill(fa_tensor *t, uint64_t *rng, double amplitude)
+{
+    for (int64_t b = 0; b < t->batch; ++b)
+        for (int64_t i = 0; i < t->seqlen; ++i)
+            for (int64_t h = 0; h < t->heads; ++h)
+                for (int64_t c = 0; c < t->head_dim; ++c) {
+                    const double u = (double)(splitmix(rng) >> 11) * 0x1p-53 * 2.0 - 1.0;
+                    set(t, offset_of(t, b, i, h, c), (float)(u * amplitude));
+                }
+}
+
+static void poison(fa_tensor *t)
+{
+    /* 0xff bytes: a NaN in every dtype, never produced from finite inputs. */
+    const int64_t last = offset_of(t, t->batch - 1, t->seqlen - 1, t->heads - 1, t->head_dim);
+    memset(t->data, 0xff, (size_t)last * (t->dtype == FA_DTYPE_F32 ? 4 : 2));
+}
+
+static int untouched(const fa_tensor *t)
+{
+    const int64_t last = offset_of(t, t->batch - 1, t->seqlen - 1, t->heads - 1, t->head_dim);
+    const uint8_t *bytes = t->data;
+    for (size_t i = 0; i < (size_t)last * (t->dtype == FA_DTYPE_F32 ? 4 : 2); ++i)
+        if (bytes[i] != 0xff) return 0;
+    return 1;
+}
+
+static void decode(reader *r, problem *p, uint8_t flags)
+{
+    p->dtype = (fa_dtype)(next(r) % 3);
+    p->s.batch = 1 + next(r) % 3;
+    p->s.heads_kv = 1 + next(r) % 3;
+    p->s.heads_q = p->s.heads_kv * (1 + next(r) % 3);
+    p->s.seqlen_q = 1 + next(r) % 48;
+    p->s.seqlen_k = 1 + next(r) % 48;
+    const uint8_t d = next(r);
+    p->s.head_dim = d < 224 ? 1 + d % 40 : 33 + (d - 224) * 2; /* a few larger head dims, up to 95 */
+    fa_attention_desc_init(&p->desc);
+    p->desc.causal = (flags & F_CAUSAL) != 0;
+    if (flags & F_WINDOW) {
+        p->desc.window_left = (int32_t)(next(r) % (p->s.seqlen_k + 2)) - 1;
+        p->desc.window_right = (int32_t)(next(r) % (p->s.seqlen_k + 2)) - 1;
+    }
+    if (flags & F_PADDING) {
+        for (int64_t b = 0; b < p->s.batch; ++b) p->seqlens[b] = (int32_t)(next(r) % (p->s.seqlen_k + 1));
+        p->desc.seqlens_k = p->seqlens;
+    }
+    if (flags & F_DROPOUT) {
+        p->desc.dropout_p = (float)(next(r) % 230) / 256.0f;
+        p->desc.dropout_seed = next_u64(r);
+        p->desc.dropout_offset = next_u64(r);
+    }
+    if (flags & F_BLOCK_MASK) {
+        fa_block_mask *bm = &p->block_mask;
+        bm->block_q = 1 + next(r) % 16;
+        bm->block_k = 1 + next(r) % 16;
+        bm->rows = (p->s.seqlen_q + bm->block_q - 1) / bm->block_q;
+        bm->cols = (p->s.seqlen_k + bm->block_k - 1) / bm->block_k;
+        const uint8_t density = next(r);
+        for (int64_t x = 0; x < bm->rows * bm->cols; ++x) p->mask_bits[x] = next(r) < density;
+        bm->mask = p->mask_bits;
+        p->desc.block_mask = bm;
+    }
+    if (flags & F_SCALE) p->desc.softmax_scale = (float)((int)next(r) - 128) / 32.0f;
+    p->amplitude = 0.25 * (double)(1 + next(r) % 12); /* up to 3: scores reach a few hundred */
+    p->value_seed = next_u64(r);
+    const int strided = (flags & F_STRIDED) != 0;
+    const oracle_shape *s = &p->s;
+    make_tensor(r, strided, &p->q, p->dtype, s->batch, s->seqlen_q, s->heads_q, s->head_dim);
+    make_tensor(r, strided, &p->k, p->dtype, s->batch, s->seqlen_k, s->heads_kv, s->head_dim);
+    make_tensor(r, strided, &p->v, p->dtype, s->batch, s->seqlen_k, s->heads_kv, s->head_dim);
+    make_tensor(r, strided, &p->out, p->dtype, s->batch, s->seqlen_q, s->heads_q, s->head_dim);
+    make_tensor(r, strided, &p->dout, p->dtype, s->batch, s->seqlen_q, s->heads_q, s->head_dim);
+    make_tensor(r, strided, &p->dq, p->dtype, s->batch, s->seqlen_q, s->heads_q, s->head_dim);
+    make_tensor(r, strided, &p->dk, p->dtype, s->batch, s->seqlen_k, s->heads_kv, s->head_dim);
+    make_tensor(r, strided, &p->dv, p->dtype, s->batch, s->seqlen_k, s->heads_kv, s->head_dim);
+    p->lse = malloc((size_t)(s->batch * s->heads_q * s->seqlen_q) * sizeof(float));
+    uint64_t rng = p->value_seed;
+    fill(&p->q, &rng, p->amplitude);
+    fill(&p->k, &rng, p->amplitude);
+    fill(&p->v, &rng, p->amplitude);
+    fill(&p->dout, &rng, 1.0);
+}
+
+/* FUZZ_VERBOSE=1: print the decoded problem, to turn a crash input into a readable reproducer. */
+static void describe(const problem *p, uint8_t flags, uint8_t corruption, uint8_t alloc_fault)
+{
+    static const char *const dtypes[] = {"f32", "f16", "bf16"};
+    const oracle_shape *s = &p->s;
+    fprintf(stderr,
+            "problem: %s batch %lld heads_q %lld heads_kv %lld seqlen_q %lld seqlen_k %lld head_dim %lld\n"
+            "  causal %d window (%d, %d) padding %s dropout %g block_mask %s scale %g amplitude %g strided %d\n"
+            "  corrupt %s (mode %u) alloc_fault %u\n",
+            dtypes[p->dtype], (long long)s->batch, (long long)s->heads_q, (long long)s->heads_kv,
+            (long long)s->seqlen_q, (long long)s->seqlen_k, (long long)s->head_dim, p->desc.causal,
+            p->desc.window_left, p->desc.window_right, p->desc.seqlens_k ? "yes" : "no", (double)p->desc.dropout_p,
+            p->desc.block_mask ? "yes" : "no", (double)p->desc.softmax_scale, p->amplitude, (flags & F_STRIDED) != 0,
+            flags & F_CORRUPT ? "yes" : "no", (unsigned)(corruption % 10), (unsigned)alloc_fault);
+}
+
+static void free_problem(problem *p)
+{
+    fa_tensor *ts[] = {&p->q, &p->k, &p->v, &p->out, &p->dout, &p->dq, &p->dk, &p->dv}; /* data never corrupted */
+    for (size_t i = 0; i < 8; ++i) free(ts[i]->data);
+    free(p->lse);
+}
+
+/* Breaks one argument in a way the documentation says is invalid. */
+static void corrupt(problem *p, uint8_t which)
+{
+    switch (which % 10) {
+    case 0: p->q.seqlen = -(int64_t)p->q.seqlen; break;
+    case 1: p->k.stride_batch = 1; p->k.stride_seq = 0; p->k.stride_head = 0; break;
+    case 2: p->desc.dropout_p = 1.0f; break;
+    case 3: p->seqlens[0] = (int32_t)p->s.seqlen_k + 1; p->desc.seqlens_k = p->seqlens; break;
+    case 4: p->k.heads = p->v.heads = p->s.heads_q + 1; break;
+    case 5: p->desc.window_right = -2; break;
+    case 6: p->block_mask = (fa_block_mask){4, 4, 1000, 1, p->mask_bits}; p->desc.block_mask = &p->block_mask; break;
+    case 7: p->v.dtype = (fa_dtype)((p->v.dtype + 1) % 3); break;
+    case 8: p->desc.softmax_scale = NAN; break;
+    default: p->out.head_dim += 1; break;
+    }
+}
+
+static void report(const char *what, double err, double tol)
+{
+    fprintf(stderr, "fuzz_attention: %s error %.3g exceeds tolerance %.3g\n", what, err, tol);
+    abort();
+}
+
+/* Max abs difference between a tensor and the oracle's packed doubles. */
+static double max_error(const fa_tensor *t, const double *want)
+{
+    double *got = to_doubles(t, NULL), err = 0.0;
+    for (size_t i = 0; i < elements(t); ++i) {
+        const double e = fabs(got[i] - want[i]);
+        if (!(e <= err)) err = e; /* NaN counts as an infinite error */
+    }
+    free(got);
+    return err;
+}
+
+static double max_abs(const double *x, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; ++i) m = fabs(x[i]) > m ? fabs(x[i]) : m;
+    return m;
+}
+
+/* Tolerance on a result of magnitude `scale` from scores of magnitude up to score_max: the
+ * storage rounding of the dtype plus f32 rounding of the scores, which exp() turns into a
+ * relative error of about eps * |score| in the weights. */
+static double storage_error(fa_dtype dtype)
+{
+    return dtype == FA_DTYPE_F32 ? 0x1p-22 : dtype == FA_DTYPE_F16 ? 0x1p-10 : 0x1p-7;
+}
+
+static double tolerance(fa_dtype dtype, double magnitude, double score_max)
+{
+    return (storage_error(dtype) + 64.0 * 0x1p-24 * (1.0 + score_max)) * (1.0 + magnitude);
+}
+
+static void check_against_oracle(problem *p, int backward)
+{
+    const oracle_shape *s = &p->s;
+    double vmax = 0.0, qmax = 0.0, kmax = 0.0;
+    double *q = to_doubles(&p->q, &qmax), *k = to_doubles(&p->k, &kmax), *v = to_doubles(&p->v, &vmax);
+    const size_t nq = elements(&p->q), nk = elements(&p->k), rows = (size_t)(s->batch * s->heads_q * s->seqlen_q);
+    double *out = malloc(nq * sizeof *out), *lse = malloc(rows * sizeof *lse);
+    oracle_forward(s, &p->desc, q, k, v, out, lse);
+    const double scale = p->desc.softmax_scale != 0.0f ? p->desc.softmax_scale : 1.0 / sqrt((double)s->head_dim);
+    const double score_max = fabs(scale) * qmax * kmax * (double)s->head_dim;
+    const double keep = p->desc.dropout_p > 0.0f ? 1.0 / (1.0 - p->desc.dropout_p) : 1.0;
+    if (!backward) {
+        const double tol = tolerance(p->dtype, vmax * keep, score_max);
+        const double err = max_error(&p->out, out);
+        if (!(err <= tol)) report("out", err, tol);
+        for (size_t i = 0; i < rows; ++i) {
+            const double got = p->lse[i];
+            if (isinf(lse[i]) ? got != lse[i] : !(fabs(got - lse[i]) <= 1e-5 * (1.0 + score_max)))
+                report("lse", fabs(got - lse[i]), 1e-5 * (1.0 + score_max));
+        }
+    } else {
+        double dout_max = 0.0;
+        double *dout = to_doubles(&p->dout, &dout_max);
+        double *dq = malloc(nq * sizeof *dq), *dk = malloc(nk * sizeof *dk), *dv = malloc(nk * sizeof *dv);
+        oracle_backward(s, &p->desc, q, k, v, dout, dq, dk, dv);
+        /* The backend gets O as stored in the dtype, the oracle recomputes it exactly: the error of
+         * D = rowsum(dO o O) is up to d |dO| |O| u (|O| <= |V| / (1 - p)). Through dS = P o (dP - D)
+         * it reaches dQ_i = tau sum_j dS_ij K_j weighted by sum_j P_ij <= 1, and dK_j, which sums
+         * over every query row of its GQA group (sum_i P_ij <= group * seqlen_q). */
+        const double delta_err = storage_error(p->dtype) * (double)s->head_dim * dout_max * vmax * keep;
+        const double group_rows = (double)(s->heads_q / s->heads_kv) * (double)s->seqlen_q;
+        const double dq_tol = tolerance(p->dtype, max_abs(dq, nq), score_max) + fabs(scale) * kmax * keep * delta_err;
+        const double dk_tol =
+            tolerance(p->dtype, max_abs(dk, nk), score_max) + fabs(scale) * qmax * keep * group_rows * delta_err;
+        const double dv_tol = tolerance(p->dtype, max_abs(dv, nk), score_max);
+        double err;
+        if (!((err = max_error(&p->dq, dq)) <= dq_tol)) report("dq", err, dq_tol);
+        if (!((err = max_error(&p->dk, dk)) <= dk_tol)) report("dk", err, dk_tol);
+        if (!((err = max_error(&p->dv, dv)) <= dv_tol)) report("dv", err, dv_tol);
+        free(dout);
+        free(dq);
+        free(dk);
+        free(dv);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(lse);
+}
+
+static fa_context *context(void)
+{
+    static fa_context *ctx;
+    if (!ctx) {
+        if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) != FA_SUCCESS || fa_context_set_num_threads(ctx, 1) != FA_SUCCESS) {
+            fprintf(stderr, "fuzz_attention: no CPU context: %s\n", fa_last_error());
+            abort();
+        }
+    }
+    return ctx;
+}
+
+static void expect_failure(fa_status st, fa_status expected, const char *call, int outputs_untouched)
+{
+    if (st != expected) {
+        fprintf(stderr, "fuzz_attention: %s returned %d (%s), expected %d\n", call, (int)st, fa_last_error(), (int)expected);
+        abort();
+    }
+    if (!fa_last_error()[0]) {
+        fprintf(stderr, "fuzz_attention: %s failed without a message\n", call);
+        abort();
+    }
+    if (!outputs_untouched) {
+        fprintf(stderr, "fuzz_attention: %s failed validation but wrote outputs\n", call);
+        abort();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    reader r = {data, size, 0};
+    const uint8_t flags = next(&r), corruption = next(&r), alloc_fault = next(&r);
+    problem p;
+    memset(&p, 0, sizeof p);
+    decode(&r, &p, flags);
+    if (getenv("FUZZ_VERBOSE")) describe(&p, flags, corruption, alloc_fault);
+    fa_context *ctx = context();
+    poison(&p.out);
+    memset(p.lse, 0xff, (size_t)(p.s.batch * p.s.heads_q * p.s.seqlen_q) * sizeof(float));
+    const fa_tensor out_as_allocated = p.out; /* corruption may change out's shape */
+    if (flags & F_CORRUPT) corrupt(&p, corruption);
+    /* alloc_fault 1..4: fail that allocation of the forward (and, separately, of the backward). */
+    const size_t fail_at = alloc_fault >= 1 && alloc_fault <= 4 ? alloc_fault : 0;
+
+    fa_debug_fail_allocation(fail_at);
+    fa_status st = fa_forward(ctx, &p.desc, &p.q, &p.k, &p.v, &p.out, p.lse);
+    const size_t forward_allocations = fa_debug_fail_allocation(0);
+    if (flags & F_CORRUPT) {
+        expect_failure(st, FA_ERROR_INVALID_VALUE, "fa_forward", untouched(&out_as_allocated));
+    } else if (fail_at && fail_at <= forward_allocations) {
+        expect_failure(st, FA_ERROR_OUT_OF_MEMORY, "fa_forward", 1);
+        st = fa_forward(ctx, &p.desc, &p.q, &p.k, &p.v, &p.out, p.lse); /* must work again */
+    }
+    if (!(flags & F_CORRUPT)) {
+        if (st != FA_SUCCESS) {
+            fprintf(stderr, "fuzz_attention: fa_forward failed on a valid problem: %s\n", fa_last_error());
+            abort();
+        }
+        check_against_oracle(&p, 0);
+    }
+
+    poison(&p.dq);
+    poison(&p.dk);
+    poison(&p.dv);
+    fa_debug_fail_allocation(fail_at);
+    st = fa_backward(ctx, &p.desc, &p.q, &p.k, &p.v, &p.out, &p.dout, p.lse, &p.dq, &p.dk, &p.dv);
+    const size_t backward_allocations = fa_debug_fail_allocation(0);
+    if (flags & F_CORRUPT) {
+        expect_failure(st, FA_ERROR_INVALID_VALUE, "fa_backward", untouched(&p.dq) && untouched(&p.dk) && untouched(&p.dv));
+    } else {
+        if (fail_at && fail_at <= backward_allocations) {
+            expect_failure(st, FA_ERROR_OUT_OF_MEMORY, "fa_backward", 1);
+            st = fa_backward(ctx, &p.desc, &p.q, &p.k, &p.v, &p.out, &p.dout, p.lse, &p.dq, &p.dk, &p.dv);
+        }
+        if (st != FA_SUCCESS) {
+            fprintf(stderr, "fuzz_attention: fa_backward failed on a valid problem: %s\n", fa_last_error());
+            abort();
+        }
+        check_against_oracle(&p, 1);
+    }
+    free_problem(&p);
+    return 0;
+}

@@ -1,0 +1,53 @@
+/* NEON (AArch64 Advanced SIMD) microkernels: 4 lanes, a 12 x 8 register tile (24 of the 32
+ * q registers accumulate). NEON is mandatory on AArch64, so no extra flags and no run-time check.
+ * NEON has no masked loads or stores: tails (the first n < 4 lanes) go through a small buffer
+ * with scalar copies, never touching memory past the n-th element. */
+#include <arm_neon.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../kernels.h"
+
+#define VEC float32x4_t
+#define W 4
+#define MR 12
+#define KNAME(x) neon_##x
+#define MASK_T int /* a lane count: the first n lanes */
+#define VMASK(n) ((int)(n))
+#define VLOAD(p) vld1q_f32(p)
+#define VSTORE(p, v) vst1q_f32(p, v)
+#define VMLOAD(p, m) neon_load_first(p, m)
+#define VMSTORE(p, m, v) neon_store_first(p, m, v)
+#define VSET1(x) vdupq_n_f32(x)
+#define VZERO() vdupq_n_f32(0.0f)
+#define VFMA(a, b, c) vfmaq_f32(c, a, b)
+#define VFNMA(a, b, c) vfmsq_f32(c, a, b)
+#define VADD(a, b) vaddq_f32(a, b)
+#define VMUL(a, b) vmulq_f32(a, b)
+#define VMAX(a, b) vmaxq_f32(a, b)
+#define VMIN(a, b) vminq_f32(a, b)
+#define VROUND(x) vrndnq_f32(x)
+/* y * 2^n for integral n in [-126, 127]: n + 127 in the exponent field */
+#define VSCALE2(y, n) \
+    vmulq_f32(y, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23)))
+#define VZERO_BELOW(y, x, lo) vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), vcltq_f32(x, lo)))
+#define VLOAD_F16(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
+
+static inline float32x4_t neon_load_first(const float *p, int n)
+{
+    float lanes[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < n; ++i) lanes[i] = p[i];
+    return vld1q_f32(lanes);
+}
+
+static inline void neon_store_first(float *p, int n, float32x4_t v)
+{
+    float lanes[4];
+    vst1q_f32(lanes, v);
+    for (int i = 0; i < n; ++i) p[i] = lanes[i];
+}
+
+#include "../vector_kernels.h"
+
+const fa_cpu_kernels fa_cpu_kernels_neon = {"neon", neon_gemm, neon_col_max, neon_exp_cols, neon_f16_to_f32,
+                                            MR, 2 * W, 16};

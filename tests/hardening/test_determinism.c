@@ -1,0 +1,87 @@
+/* Determinism on the CPU backend: fa_forward and fa_backward give bit-identical out, lse, dq,
+ * dk and dv on repeated runs and at every thread count (docs/ROBUSTNESS.md states the
+ * guarantee). Each case is run at 1 thread first; every other run must match it exactly. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "fixture.h"
+
+typedef struct determinism_case {
+    const char *name;
+    oracle_shape shape;
+    fa_dtype dtype;
+    int causal, padding;
+    int32_t window_left, window_right;
+    float dropout_p;
+} determinism_case;
+
+static const determinism_case cases[] = {
+    {"dense f32", {2, 3, 3, 131, 97, 32}, FA_DTYPE_F32, 0, 0, -1, -1, 0.0f},
+    {"causal gqa dropout f32", {2, 6, 2, 150, 150, 40}, FA_DTYPE_F32, 1, 0, -1, -1, 0.3f},
+    {"padding window bf16", {3, 4, 1, 90, 170, 16}, FA_DTYPE_BF16, 0, 1, 20, 5, 0.0f},
+    {"causal seqlen_q > seqlen_k f16", {1, 4, 4, 200, 60, 64}, FA_DTYPE_F16, 1, 0, -1, -1, 0.1f},
+    {"head_dim 1", {2, 2, 1, 77, 77, 1}, FA_DTYPE_F32, 0, 0, -1, -1, 0.0f},
+};
+
+static int quick(void) { return getenv("FA_TEST_QUICK") && getenv("FA_TEST_QUICK")[0] == '1'; }
+
+static void init_case(const determinism_case *c, fixture *f, int32_t *seqlens)
+{
+    assert_true(fixture_init(f, &c->shape, c->dtype, 42));
+    f->desc.causal = c->causal;
+    f->desc.window_left = c->window_left;
+    f->desc.window_right = c->window_right;
+    f->desc.dropout_p = c->dropout_p;
+    f->desc.dropout_seed = 1234;
+    f->desc.dropout_offset = 99;
+    if (c->padding) {
+        for (int64_t b = 0; b < c->shape.batch; ++b) seqlens[b] = (int32_t)(c->shape.seqlen_k * (b + 1) / (c->shape.batch + 1));
+        f->desc.seqlens_k = seqlens;
+    }
+}
+
+static void check_case(const determinism_case *c)
+{
+    static const int thread_counts[] = {1, 2, 3, 4, 7, 16};
+    const size_t counts = quick() ? 3 : sizeof thread_counts / sizeof thread_counts[0];
+    int32_t seqlens_want[8], seqlens_got[8];
+    fixture want, got;
+    init_case(c, &want, seqlens_want);
+    init_case(c, &got, seqlens_got);
+    fa_context *ctx;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
+    assert_int_equal(fa_context_set_num_threads(ctx, 1), FA_SUCCESS);
+    assert_int_equal(fixture_forward(ctx, &want), FA_SUCCESS);
+    assert_int_equal(fixture_backward(ctx, &want), FA_SUCCESS);
+    for (size_t t = 0; t < counts; ++t) {
+        for (int repeat = 0; repeat < 2; ++repeat) {
+            fixture_poison_forward(&got);
+            fixture_poison_gradients(&got);
+            assert_int_equal(fa_context_set_num_threads(ctx, thread_counts[t]), FA_SUCCESS);
+            assert_int_equal(fixture_forward(ctx, &got), FA_SUCCESS);
+            assert_int_equal(fixture_backward(ctx, &got), FA_SUCCESS);
+            if (!fixture_forward_identical(&got, &want))
+                fail_msg("%s: forward at %d threads differs from 1 thread", c->name, thread_counts[t]);
+            if (!fixture_gradients_identical(&got, &want))
+                fail_msg("%s: backward at %d threads differs from 1 thread", c->name, thread_counts[t]);
+        }
+    }
+    fa_context_destroy(ctx);
+    fixture_free(&want);
+    fixture_free(&got);
+}
+
+static void run_case(void **state) { check_case(*state); }
+
+int main(void)
+{
+    struct CMUnitTest tests[sizeof cases / sizeof cases[0]];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
+        tests[i] = (struct CMUnitTest){cases[i].name, run_case, NULL, NULL, (void *)&cases[i]};
+    return _cmocka_run_group_tests("determinism", tests, sizeof tests / sizeof tests[0], NULL, NULL);
+}
