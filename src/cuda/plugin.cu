@@ -32,7 +32,8 @@ typedef struct fa_gpu_state {
     fa_gpu_stream stream;
     fa_gpu_props props;
     int64_t smem_bytes; /* shared memory per block the kernels may use (opt-in maximum) */
-    fa_gpu_family family; /* forward kernels for f16/bf16, from FLASHATTN_GPU_KERNELS at open */
+    fa_gpu_family family; /* kernels for f16/bf16, from FLASHATTN_GPU_KERNELS at open */
+    bool matrix_cores;    /* HIP: the device has MFMA (gfx908, gfx90a) */
     char info[512];
     /* Workspace reused across calls (grows only): delta of the backward, and device copies of
      * the host-side masks (seqlens_k, block mask). Stream-ordered: set_stream drains it first. */
@@ -103,6 +104,17 @@ static int gpu_device_count(void)
     return usable;
 }
 
+/* The tile layer the context's family runs, for the info string. */
+static const char *tc_layer_name(const fa_gpu_state *s)
+{
+    if (s->family == FA_GPU_FAMILY_FMA) return "plain-FMA tile layer";
+#if defined(__HIPCC__)
+    return s->matrix_cores ? "MFMA for f16, plain-FMA tile layer for bf16" : "plain-FMA tile layer: no MFMA on this GPU";
+#else
+    return "mma.sync";
+#endif
+}
+
 static fa_status gpu_open(int device, void **state)
 {
     if (device < 0 || device >= FA_MAX_DEVICES) return FA_ERR(FA_ERROR_INVALID_VALUE, "device: %d out of range", device);
@@ -115,11 +127,6 @@ static fa_status gpu_open(int device, void **state)
         free(s);
         return FA_ERR(FA_ERROR_INVALID_VALUE, "FLASHATTN_GPU_KERNELS: \"%s\" is not one of generic, tc, fma", requested);
     }
-    if (!fa_tc_family_built(s->family)) {
-        free(s);
-        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "FLASHATTN_GPU_KERNELS: the %s plugin has no \"%s\" kernels (the MFMA layer is not written yet); use generic or fma",
-                      FA_GPU_VENDOR, requested);
-    }
     fa_gpu_error e = fa_gpu_set_device(s->ordinal);
     if (e == fa_gpu_success) e = fa_gpu_get_device_properties(&s->props, s->ordinal);
     int smem = 0;
@@ -129,10 +136,13 @@ static fa_status gpu_open(int device, void **state)
         return runtime_failure(e, "device query");
     }
     s->smem_bytes = smem;
-    char kernels[200];
+#if defined(__HIPCC__)
+    s->matrix_cores = strncmp(s->props.gcnArchName, "gfx908", 6) == 0 || strncmp(s->props.gcnArchName, "gfx90a", 6) == 0;
+#endif
+    char kernels[240];
     if (s->family == FA_GPU_FAMILY_GENERIC) snprintf(kernels, sizeof kernels, "generic");
     else snprintf(kernels, sizeof kernels, "FLASHATTN_GPU_KERNELS=%s for f16/bf16, forward d <= 256, backward d <= 128 (%s, never run on hardware), generic otherwise",
-                  fa_gpu_family_name(s->family), s->family == FA_GPU_FAMILY_TC ? "mma.sync" : "plain-FMA tile layer");
+                  fa_gpu_family_name(s->family), tc_layer_name(s));
     int driver = 0, runtime = 0;
     (void)fa_gpu_driver_get_version(&driver); /* left 0 when unknown */
     (void)fa_gpu_runtime_get_version(&runtime);
@@ -237,7 +247,7 @@ static fa_tc_set tc_kernels(const fa_gpu_state *s, fa_dtype dtype, int64_t head_
     fa_tc_set none = {NULL, NULL, NULL};
     *width = fa_tc_padded_dim(head_dim);
     if (s->family == FA_GPU_FAMILY_GENERIC || *width == 0) return none;
-    fa_tc_set set = fa_tc_kernels(s->family, dtype, *width);
+    fa_tc_set set = fa_tc_kernels(s->family, dtype, *width, s->matrix_cores);
     if (fa_tc_smem_bytes(*width) > s->smem_bytes) set.forward = NULL;
     if (!set.backward_dq || fa_tc_backward_smem_bytes(*width) > s->smem_bytes) set.backward_dkdv = set.backward_dq = NULL;
     return set;

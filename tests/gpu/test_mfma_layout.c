@@ -12,39 +12,7 @@
 #include <cmocka.h>
 
 #include "hip/mfma_layout.h"
-
-#define MAX_LANES 64
-#define MAX_ITEMS 16
-
-typedef struct lane_regs { float a[MAX_LANES][MAX_ITEMS], b[MAX_LANES][MAX_ITEMS], c[MAX_LANES][MAX_ITEMS]; } lane_regs;
-
-/* AMD CDNA ISA, "Matrix fused multiply-add": for v_mfma_f32_{M}x{N}x{K} (one block, wave64) lane
- * l supplies A row (l mod M) and B column (l mod N); its register elements are K/(64/M)
- * consecutive k values starting at (l div M) * K/(64/M). D element (i, j) is in lane
- * j + N * ((i div 4) mod (64/N)), register 4 * (i div (4 * 64/N)) + (i mod 4). */
-static void emulate_mfma(int m, int n, int k, lane_regs *r)
-{
-    const int ka = k / (64 / m);
-    float d[32][32];
-    memset(d, 0, sizeof d);
-    for (int i = 0; i < m; ++i)
-        for (int j = 0; j < n; ++j) {
-            const int lane = j + n * ((i / 4) % (64 / n)), reg = 4 * (i / (4 * (64 / n))) + i % 4;
-            d[i][j] = r->c[lane][reg];
-        }
-    for (int i = 0; i < m; ++i)
-        for (int j = 0; j < n; ++j)
-            for (int kk = 0; kk < k; ++kk) {
-                /* the lane holding A[i][kk] and the lane holding B[kk][j] */
-                const int la = i + m * (kk / ka), lb = j + n * (kk / ka);
-                d[i][j] += r->a[la][kk % ka] * r->b[lb][kk % ka];
-            }
-    for (int i = 0; i < m; ++i)
-        for (int j = 0; j < n; ++j) {
-            const int lane = j + n * ((i / 4) % (64 / n)), reg = 4 * (i / (4 * (64 / n))) + i % 4;
-            r->c[lane][reg] = d[i][j];
-        }
-}
+#include "mma_emulation.h"
 
 /* PTX ISA, "Matrix fragments for mma.m16n8k16" (f16/bf16): groupID = lane >> 2,
  * threadID_in_group = lane % 4. A a0..a7: row groupID (a0,a1,a4,a5) or groupID + 8 (a2,a3,a6,a7),

@@ -5,7 +5,8 @@
  * swizzle must be a bijection and conflict-free for the kernel's ldmatrix and 16-byte copy
  * phases; the plain-FMA layer's ownership and shuffle sources must be consistent; the padded
  * head dims, tiles, shared memory (forward and backward) and chunk alignment of the plan are
- * checked. */
+ * checked. The CDNA layer (src/hip/tile_mfma.cuh) is replayed the same way on an emulated
+ * v_mfma_f32_16x16x16f16 (tests/gpu/mma_emulation.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +18,7 @@
 
 #include "cuda/kernels/tc_layout.h"
 #include "cuda/tc_plan.h"
+#include "mma_emulation.h"
 
 static const int widths[] = {64, 128, 256};
 #define WIDTHS (sizeof widths / sizeof widths[0])
@@ -286,6 +288,89 @@ static void test_mma_emulation_detects_wrong_packing(void **state)
     assert_true(mismatches > 0);
 }
 
+/* ---- CDNA MFMA layer (transposed products) ----------------------------------------------------- */
+
+/* The qk and pv loops of mfma_layer (src/hip/tile_mfma.cuh) for every warp (wavefront) of a block,
+ * with operands gathered by the layer's coordinate functions from swizzled tiles. */
+static void check_mfma_products(int w)
+{
+    const int bc = fa_tc_block_cols(w), br = FA_TC_BLOCK_ROWS;
+    float *sq = make_tile(br, w, 1), *sk = make_tile(bc, w, 2), *sv = make_tile(bc, w, 3);
+    static float s[64][64], o[64][64];
+    static lane_regs r;
+    for (int row0 = 0; row0 < br; row0 += FA_TC_WARP_ROWS) {
+        memset(s, 0, sizeof s);
+        for (int k0 = 0; k0 < w; k0 += 16)
+            for (int t = 0; t < bc / 16; ++t) {
+                memset(&r, 0, sizeof r);
+                for (int lane = 0; lane < 64; ++lane)
+                    for (int item = 0; item < 4; ++item) {
+                        const fa_frag_coord ca = fa_tc_mfma_qk_a(lane, item, t, k0);
+                        const fa_frag_coord cb = fa_tc_mfma_qk_b(lane, item, row0, k0);
+                        r.a[lane][item] = sk[fa_tc_swizzle(ca.row, ca.col, w)];
+                        r.b[lane][item] = sq[fa_tc_swizzle(cb.row, cb.col, w)];
+                        r.c[lane][item] = s[lane][4 * t + item];
+                    }
+                emulate_mfma(16, 16, 16, &r);
+                for (int lane = 0; lane < 64; ++lane)
+                    for (int item = 0; item < 4; ++item) s[lane][4 * t + item] = r.c[lane][item];
+            }
+        int seen[16][64] = {{0}};
+        for (int lane = 0; lane < 64; ++lane)
+            for (int item = 0; item < bc / 4; ++item) {
+                const fa_frag_coord c = fa_tc_mfma_acc_coord(lane, item);
+                assert_true(c.row >= 0 && c.row < 16 && c.col >= 0 && c.col < bc);
+                seen[c.row][c.col]++;
+                float expect = 0.0f;
+                for (int x = 0; x < w; ++x) expect += entry(1, row0 + c.row, x) * entry(2, c.col, x);
+                assert_true(s[lane][item] == expect);
+                s[lane][item] = entry(4, row0 + c.row, c.col); /* then P, in the same layout */
+            }
+        for (int i = 0; i < 16; ++i)
+            for (int c = 0; c < bc; ++c) assert_int_equal(seen[i][c], 1);
+
+        memset(o, 0, sizeof o);
+        for (int kstep = 0; kstep < bc / 16; ++kstep)
+            for (int dt = 0; dt < w / 16; ++dt) {
+                memset(&r, 0, sizeof r);
+                for (int lane = 0; lane < 64; ++lane)
+                    for (int item = 0; item < 4; ++item) {
+                        const fa_frag_coord ca = fa_tc_mfma_pv_a(lane, item, kstep, dt);
+                        r.a[lane][item] = sv[fa_tc_swizzle(ca.row, ca.col, w)];
+                        r.b[lane][item] = s[lane][4 * kstep + item]; /* P^T from registers */
+                        r.c[lane][item] = o[lane][4 * dt + item];
+                    }
+                emulate_mfma(16, 16, 16, &r);
+                for (int lane = 0; lane < 64; ++lane)
+                    for (int item = 0; item < 4; ++item) o[lane][4 * dt + item] = r.c[lane][item];
+            }
+        for (int lane = 0; lane < 64; ++lane)
+            for (int item = 0; item < w / 4; ++item) {
+                const fa_frag_coord c = fa_tc_mfma_acc_coord(lane, item);
+                float expect = 0.0f;
+                for (int key = 0; key < bc; ++key) expect += entry(4, row0 + c.row, key) * entry(3, key, c.col);
+                assert_true(o[lane][item] == expect);
+            }
+    }
+    free(sq);
+    free(sk);
+    free(sv);
+}
+
+static void test_mfma_qk_pv_w64(void **state) { (void)state; check_mfma_products(64); }
+static void test_mfma_qk_pv_w128(void **state) { (void)state; check_mfma_products(128); }
+static void test_mfma_qk_pv_w256(void **state) { (void)state; check_mfma_products(256); }
+
+/* The MFMA layer's rows are the plain-FMA layer's (lane % 16), so its xor 16, 32 reductions are
+ * the ones checked there for wave64. */
+static void test_mfma_rows_match_fma_rows(void **state)
+{
+    (void)state;
+    for (int lane = 0; lane < 64; ++lane)
+        for (int item = 0; item < 64; ++item)
+            assert_int_equal(fa_tc_mfma_acc_coord(lane, item).row, fa_tc_fma_acc_coord(lane, item, 64).row);
+}
+
 /* ---- plain-FMA layer ---------------------------------------------------------------------------- */
 
 static void check_fma_layer(int warp)
@@ -408,6 +493,10 @@ int main(void)
         cmocka_unit_test(test_mma_sync_qk_pv_w128),
         cmocka_unit_test(test_mma_sync_qk_pv_w256),
         cmocka_unit_test(test_mma_emulation_detects_wrong_packing),
+        cmocka_unit_test(test_mfma_qk_pv_w64),
+        cmocka_unit_test(test_mfma_qk_pv_w128),
+        cmocka_unit_test(test_mfma_qk_pv_w256),
+        cmocka_unit_test(test_mfma_rows_match_fma_rows),
         cmocka_unit_test(test_fma_layer_warp32),
         cmocka_unit_test(test_fma_layer_wave64),
         cmocka_unit_test(test_mma_rows_live_in_quads),

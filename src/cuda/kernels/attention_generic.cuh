@@ -61,8 +61,9 @@ __device__ __forceinline__ bool stage_key_tile(const fa_gpu_params &p, const que
 {
     if (!fa_block_mask_any(p, qb.i0, qb.rows, j0, cols)) return false; /* K_j, V_j never loaded */
     __syncthreads(); /* the previous tile is no longer read */
-    fa_load_tile(p.k, p.dtype, qb.b, j0, qb.hk, cols, TILE, p.head_dim, sk, ld);
-    fa_load_tile(p.v, p.dtype, qb.b, j0, qb.hk, cols, TILE, p.head_dim, sv, ld);
+    const int64_t loaded = fa_loaded_keys(p, qb.b, j0, cols);
+    fa_load_tile(p.k, p.dtype, qb.b, j0, qb.hk, loaded, TILE, p.head_dim, sk, ld);
+    fa_load_tile(p.v, p.dtype, qb.b, j0, qb.hk, loaded, TILE, p.head_dim, sv, ld);
     __syncthreads();
     return true;
 }

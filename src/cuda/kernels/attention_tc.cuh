@@ -161,14 +161,14 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) forward(const fa_gpu_p
     int64_t tile = qb.keys.hi > qb.keys.lo ? previous_live_tile<BC>(p, qb, (qb.keys.hi - 1) / BC, first) : first - 1;
     if (tile >= first) {
         load_tile<W>(p, p.q, qb.b, qb.i0, qb.h, qb.rows, BR, sq);
-        load_tile<W>(p, p.k, qb.b, tile * BC, qb.hk, tile_cols<BC>(p, tile), BC, sk);
+        load_tile<W>(p, p.k, qb.b, tile * BC, qb.hk, fa_loaded_keys(p, qb.b, tile * BC, tile_cols<BC>(p, tile)), BC, sk);
         fa_copy_commit();
     }
     while (tile >= first) {
         const int64_t j0 = tile * BC;
         fa_copy_wait_all();
         __syncthreads(); /* Q and K_j visible; every warp is done with V of the previous tile */
-        load_tile<W>(p, p.v, qb.b, j0, qb.hk, tile_cols<BC>(p, tile), BC, sv);
+        load_tile<W>(p, p.v, qb.b, j0, qb.hk, fa_loaded_keys(p, qb.b, j0, tile_cols<BC>(p, tile)), BC, sv);
         fa_copy_commit();
 
         typename L::template acc<BC> s;
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) forward(const fa_gpu_p
         __syncthreads(); /* V_j visible; every warp is done with K_j */
         const int64_t next = previous_live_tile<BC>(p, qb, tile - 1, first);
         if (next >= first) {
-            load_tile<W>(p, p.k, qb.b, next * BC, qb.hk, tile_cols<BC>(p, next), BC, sk);
+            load_tile<W>(p, p.k, qb.b, next * BC, qb.hk, fa_loaded_keys(p, qb.b, next * BC, tile_cols<BC>(p, next)), BC, sk);
             fa_copy_commit();
         }
         L::template pv<BC, W>(o, s, sv);

@@ -9,7 +9,7 @@
  *   backward_dq: one block per (64 queries, query head, batch), the forward's structure: S = Q K^T,
  *     dP = dO V^T, dS = P o (dP - D), dQ += dS K, dQ kept in registers.
  * Both recompute P from the forward's lse in base 2 and apply the masks and the shared Philox
- * dropout stream exactly as the forward did. */
+ * dropout stream exactly as the forward did. Keys hidden by padding are loaded as zeros. */
 #ifndef FA_GPU_ATTENTION_TC_BACKWARD_CUH
 #define FA_GPU_ATTENTION_TC_BACKWARD_CUH
 #include "attention_tc.cuh"
@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
     typename L::template acc<W> dk, dv;
 #pragma unroll
     for (int it = 0; it < L::items(W); ++it) dk.v[it] = dv.v[it] = 0.0f;
-    load_tile<W>(p, p.k, b, j0, hk, keys, BK, sk);
-    load_tile<W>(p, p.v, b, j0, hk, keys, BK, sv);
+    load_tile<W>(p, p.k, b, j0, hk, fa_loaded_keys(p, b, j0, keys), BK, sk);
+    load_tile<W>(p, p.v, b, j0, hk, fa_loaded_keys(p, b, j0, keys), BK, sv);
     fa_copy_commit();
 
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dq(const fa_g
         const int64_t j0 = tile * BC, cols = tile_cols<BC>(p, tile);
         if (!fa_block_mask_any(p, qb.i0, qb.rows, j0, cols)) continue; /* K_j, V_j never loaded */
         __syncthreads(); /* the previous key tile is no longer read */
-        load_tile<W>(p, p.k, qb.b, j0, qb.hk, cols, BC, sk);
-        load_tile<W>(p, p.v, qb.b, j0, qb.hk, cols, BC, sv);
+        load_tile<W>(p, p.k, qb.b, j0, qb.hk, fa_loaded_keys(p, qb.b, j0, cols), BC, sk);
+        load_tile<W>(p, p.v, qb.b, j0, qb.hk, fa_loaded_keys(p, qb.b, j0, cols), BC, sv);
         fa_copy_commit();
         fa_copy_wait_all();
         __syncthreads();

@@ -1,6 +1,6 @@
 /* The instantiated tile-MMA kernels: per layer, f16 and bf16, the forward at widths 64, 128, 256
  * and the backward (dK/dV and dQ) at widths 64 and 128. NVIDIA builds both layers (mma.sync and
- * plain FMA); AMD builds the plain-FMA layer. */
+ * plain FMA); AMD builds the plain-FMA layer and the MFMA layer (f16 only). */
 #ifndef FA_GPU_TC_DISPATCH_CUH
 #define FA_GPU_TC_DISPATCH_CUH
 #include "../tc_plan.h"
@@ -9,6 +9,9 @@
 #include "generic_dispatch.cuh"
 #include "tile_fma.cuh"
 #include "tile_mma_sync.cuh"
+#if defined(__HIPCC__)
+#  include "../../hip/tile_mfma.cuh"
+#endif
 
 /* The kernels of one (layer, width): NULL entries where not instantiated. */
 typedef struct fa_tc_set {
@@ -48,24 +51,22 @@ static fa_tc_set fa_tc_kernels_of_dtype(fa_dtype dtype, int width)
     return none;
 }
 
-/* Whether this build has tile-MMA kernels of the family (tc needs a matrix-instruction layer). */
-static bool fa_tc_family_built(fa_gpu_family family)
-{
-#if defined(__HIPCC__)
-    return family == FA_GPU_FAMILY_FMA;
-#else
-    return family == FA_GPU_FAMILY_FMA || family == FA_GPU_FAMILY_TC;
-#endif
-}
-
 /* The kernels of (family, dtype, padded width); NULL entries make the caller run the generic
- * kernels (f32, head dims above 256, backward above width 128, the generic family). */
-static fa_tc_set fa_tc_kernels(fa_gpu_family family, fa_dtype dtype, int width)
+ * kernels (f32, head dims above 256, backward above width 128, the generic family). tc is the
+ * architecture's matrix instructions: mma.sync on NVIDIA; on AMD MFMA for f16 where the device has
+ * it (matrix_cores: gfx908, gfx90a) and the plain-FMA layer otherwise. */
+static fa_tc_set fa_tc_kernels(fa_gpu_family family, fa_dtype dtype, int width, bool matrix_cores)
 {
     if (family == FA_GPU_FAMILY_FMA) return fa_tc_kernels_of_dtype<fa_tc::fma_layer>(dtype, width);
-#if !defined(__HIPCC__)
-    if (family == FA_GPU_FAMILY_TC) return fa_tc_kernels_of_dtype<fa_tc::mma_sync_layer>(dtype, width);
+    if (family == FA_GPU_FAMILY_TC) {
+#if defined(__HIPCC__)
+        if (matrix_cores && dtype == FA_DTYPE_F16) return fa_tc_kernels_of_width<fa_tc::mfma_layer<FA_DTYPE_F16> >(width);
+        return fa_tc_kernels_of_dtype<fa_tc::fma_layer>(dtype, width);
+#else
+        (void)matrix_cores;
+        return fa_tc_kernels_of_dtype<fa_tc::mma_sync_layer>(dtype, width);
 #endif
+    }
     fa_tc_set none = {NULL, NULL, NULL};
     return none;
 }

@@ -92,4 +92,42 @@ FA_HD fa_lane_item fa_tc_fma_p_source(int lane, int c, int warp)
     s.item = c / (warp / 16);
     return s;
 }
+
+/* AMD CDNA layer (v_mfma_f32_16x16x16f16, wave64), computed transposed: S^T = K Q^T and
+ * O^T = V^T P^T, so that the C layout of S^T (keys in rows) is the B layout P^T needs. Lane l then
+ * holds query row l % 16 of every accumulator; item 4 t + r is column 16 t + 4 (l / 16) + r. */
+FA_HD fa_frag_coord fa_tc_mfma_acc_coord(int lane, int item)
+{
+    fa_frag_coord c;
+    c.row = lane % 16;
+    c.col = 16 * (item / 4) + 4 * (lane / 16) + item % 4;
+    return c;
+}
+
+/* Q K^T step k0, key tile t: element item (0..3) of the A operand is K[key][d] and of the B
+ * operand Q[query][d], at the (row, col) below of the K and Q tiles. */
+FA_HD fa_frag_coord fa_tc_mfma_qk_a(int lane, int item, int t, int k0)
+{
+    fa_frag_coord c;
+    c.row = 16 * t + lane % 16;
+    c.col = k0 + 4 * (lane / 16) + item;
+    return c;
+}
+FA_HD fa_frag_coord fa_tc_mfma_qk_b(int lane, int item, int row0, int k0)
+{
+    fa_frag_coord c;
+    c.row = row0 + lane % 16;
+    c.col = k0 + 4 * (lane / 16) + item;
+    return c;
+}
+
+/* P V step kstep (16 keys), head-dim tile dt: A operand element item is V[key][d] at (row, col)
+ * of the V tile; the B operand element item is accumulator item 4 kstep + item of P. */
+FA_HD fa_frag_coord fa_tc_mfma_pv_a(int lane, int item, int kstep, int dt)
+{
+    fa_frag_coord c;
+    c.row = 16 * kstep + 4 * (lane / 16) + item;
+    c.col = 16 * dt + lane % 16;
+    return c;
+}
 #endif

@@ -52,6 +52,15 @@ __device__ __forceinline__ int64_t fa_valid_keys(const fa_gpu_params &p, int64_t
     return p.seqlens_k ? p.seqlens_k[b] : p.seqlen_k;
 }
 
+/* Rows of the key tile [j0, j0 + cols) to load: keys hidden by padding (j >= seqlens_k[b]) are
+ * loaded as zeros, so that whatever they hold (NaN in uninitialised padding) never reaches a
+ * result through a zero weight (0 * NaN). */
+__device__ __forceinline__ int64_t fa_loaded_keys(const fa_gpu_params &p, int64_t b, int64_t j0, int64_t cols)
+{
+    const int64_t valid = fa_valid_keys(p, b) - j0;
+    return valid < cols ? (valid > 0 ? valid : 0) : cols;
+}
+
 __device__ __forceinline__ fa_key_range fa_row_keys(const fa_gpu_params &p, int64_t b, int64_t i)
 {
     return fa_visible_keys(i, p.seqlen_q, p.seqlen_k, fa_valid_keys(p, b), p.causal, p.window_left, p.window_right);
