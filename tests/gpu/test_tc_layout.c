@@ -174,6 +174,21 @@ static void mma_into(float (*acc)[128], int tile, const warp_x4 a, const warp_x4
     mma_m16n8k16(c_of_lane, a, b_lo, b_hi);
 }
 
+/* (Q K^T)[row][key] and (P V)[row][col] of the test tiles: Q = entry(1), K = entry(2),
+ * V = entry(3), P = entry(4). */
+static float expected_s(int row, int key, int w)
+{
+    float sum = 0.0f;
+    for (int x = 0; x < w; ++x) sum += entry(1, row, x) * entry(2, key, x);
+    return sum;
+}
+static float expected_o(int row, int col, int bc)
+{
+    float sum = 0.0f;
+    for (int key = 0; key < bc; ++key) sum += entry(4, row, key) * entry(3, key, col);
+    return sum;
+}
+
 /* A swizzled tile [rows x w] of entry(seed, r, c). */
 static float *make_tile(int rows, int w, int seed)
 {
@@ -217,9 +232,7 @@ static void check_mma_sync_products(int w)
                 assert_true(c.row >= 0 && c.row < 16 && c.col >= 0 && c.col < bc);
                 assert_int_equal(c.row, fa_tc_mma_slot_row(lane, fa_tc_mma_item_slot(item)));
                 seen[c.row][c.col]++;
-                float expect = 0.0f;
-                for (int x = 0; x < w; ++x) expect += entry(1, row0 + c.row, x) * entry(2, c.col, x);
-                assert_true(s[lane][item] == expect);
+                assert_true(s[lane][item] == expected_s(row0 + c.row, c.col, w));
             }
         for (int r = 0; r < 16; ++r)
             for (int c = 0; c < bc; ++c) assert_int_equal(seen[r][c], 1);
@@ -248,9 +261,7 @@ static void check_mma_sync_products(int w)
         for (int lane = 0; lane < 32; ++lane)
             for (int item = 0; item < w / 2; ++item) {
                 const fa_frag_coord c = fa_tc_mma_acc_coord(lane, item);
-                float expect = 0.0f;
-                for (int key = 0; key < bc; ++key) expect += entry(4, row0 + c.row, key) * entry(3, key, c.col);
-                assert_true(o[lane][item] == expect);
+                assert_true(o[lane][item] == expected_o(row0 + c.row, c.col, bc));
             }
     }
     free(sq);
@@ -281,9 +292,7 @@ static void test_mma_emulation_detects_wrong_packing(void **state)
     for (int lane = 0; lane < 32; ++lane)
         for (int item = 0; item < 4; ++item) {
             const fa_frag_coord c = fa_tc_mma_acc_coord(lane, item);
-            float expect = 0.0f;
-            for (int key = 0; key < 16; ++key) expect += entry(4, c.row, key) * entry(3, key, c.col);
-            mismatches += acc[lane][item] != expect;
+            mismatches += acc[lane][item] != expected_o(c.row, c.col, 16);
         }
     assert_true(mismatches > 0);
 }
@@ -321,9 +330,7 @@ static void check_mfma_products(int w)
                 const fa_frag_coord c = fa_tc_mfma_acc_coord(lane, item);
                 assert_true(c.row >= 0 && c.row < 16 && c.col >= 0 && c.col < bc);
                 seen[c.row][c.col]++;
-                float expect = 0.0f;
-                for (int x = 0; x < w; ++x) expect += entry(1, row0 + c.row, x) * entry(2, c.col, x);
-                assert_true(s[lane][item] == expect);
+                assert_true(s[lane][item] == expected_s(row0 + c.row, c.col, w));
                 s[lane][item] = entry(4, row0 + c.row, c.col); /* then P, in the same layout */
             }
         for (int i = 0; i < 16; ++i)
@@ -347,9 +354,7 @@ static void check_mfma_products(int w)
         for (int lane = 0; lane < 64; ++lane)
             for (int item = 0; item < w / 4; ++item) {
                 const fa_frag_coord c = fa_tc_mfma_acc_coord(lane, item);
-                float expect = 0.0f;
-                for (int key = 0; key < bc; ++key) expect += entry(4, row0 + c.row, key) * entry(3, key, c.col);
-                assert_true(o[lane][item] == expect);
+                assert_true(o[lane][item] == expected_o(row0 + c.row, c.col, bc));
             }
     }
     free(sq);
