@@ -16,13 +16,13 @@
 #include "cpu_tile.h"
 
 typedef struct forward_scratch {
-    float *qt, *k, *v, *st, *o, *m, *l, *tile_max, *shift, *alpha, *tile_sum;
+    float *qt, *k, *v, *st, *o, *m, *l, *tile_max, *shift, *alpha, *tile_sum, *poison;
     fa_key_range *ranges;
 } forward_scratch;
 
 static void *forward_scratch_alloc(forward_scratch *w, int64_t br, int64_t bc, int64_t d)
 {
-    const int64_t floats = (d * br + 2 * bc * d + bc * br + br * d + 6 * br + 1) & ~(int64_t)1; /* ranges 8-aligned */
+    const int64_t floats = (d * br + 2 * bc * d + bc * br + br * d + 7 * br + 1) & ~(int64_t)1; /* ranges 8-aligned */
     char *base = fa_host_alloc((size_t)floats * sizeof(float) + (size_t)br * sizeof(fa_key_range));
     if (!base) return NULL;
     float *f = (float *)base;
@@ -36,7 +36,8 @@ static void *forward_scratch_alloc(forward_scratch *w, int64_t br, int64_t bc, i
     w->tile_max = f; f += br;
     w->shift = f; f += br;
     w->alpha = f; f += br;
-    w->tile_sum = f;
+    w->tile_sum = f; f += br;
+    w->poison = f;
     w->ranges = (fa_key_range *)(base + (size_t)floats * sizeof(float));
     return base;
 }
@@ -63,7 +64,7 @@ static void softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t
     for (int64_t r = 0; r < rows; ++r) w->l[r] = w->l[r] * w->alpha[r] + w->tile_sum[r];
 }
 
-static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const fa_cpu_nan_rows *nan, int64_t br,
+static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const fa_cpu_nan_inputs *nan, int64_t br,
                          int64_t bc, int64_t b, int64_t h, int64_t i0, forward_scratch *w)
 {
     const int64_t d = p->head_dim, hk = h / (p->heads_q / p->heads_kv);
@@ -76,6 +77,7 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
     for (int64_t r = 0; r < rows_n; ++r) {
         w->m[r] = -INFINITY;
         w->l[r] = 0.0f;
+        w->poison[r] = nan->q && rows.range[r].hi > rows.range[r].lo && fa_cpu_row_has_nan(&p->q, b, i0 + r, h);
     }
     memset(w->o, 0, (size_t)(rows_n * d) * sizeof(float));
     if (rows.key_hi > rows.key_lo) fa_cpu_load_transposed(&p->q, b, i0, h, rows_n, w->qt, br);
@@ -93,15 +95,11 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
         if (vis != FA_TILE_FULL || !fold) fa_cpu_scale_mask(p, &rows, j0, cols, vis, fold, w->st, br);
         softmax_step(kern, scale_in_exp, rows_n, cols, w, br);
         if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, b, h, &rows, j0, cols, w->st, br);
-        const int v_nan = fa_cpu_v_tile_has_nan(p, nan, b, hk, j0, cols);
-        const float *v_product = v;
-        int64_t ld_product = ldv;
-        if (v_nan) { /* w->v may already hold this tile (widened): copy into the K buffer instead */
-            fa_cpu_copy_without_nan(v, ldv, cols, d, w->k);
-            v_product = w->k;
-            ld_product = d;
-        }
-        kern->gemm(rows_n, d, cols, w->st, 1, br, v_product, ld_product, w->o, d, w->alpha, 1); /* O = alpha O + P V */
+        if (nan->k) fa_cpu_mark_nan_keys(p, b, hk, rows.range, i0, rows_n, j0, cols, w->poison);
+        /* w->v may already hold this tile (widened): the NaN-free copy goes to the K buffer. */
+        const int v_nan = nan->v && fa_cpu_copy_without_nan(v, ldv, cols, d, w->k);
+        kern->gemm(rows_n, d, cols, w->st, 1, br, v_nan ? w->k : v, v_nan ? d : ldv, w->o, d, w->alpha,
+                   1); /* O = alpha O + P V */
         if (v_nan) fa_cpu_poison_from_v(p, rows.range, i0, rows_n, j0, cols, v, ldv, w->o);
     }
 
@@ -110,7 +108,7 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int64_t c = 0; c < d; ++c) w->o[r * d + c] *= inv;
         float lse = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
-        if ((nan->q || nan->k) && fa_cpu_row_sees_nan(p, nan, b, h, i0 + r, rows.range[r])) {
+        if (w->poison[r] != 0.0f) {
             for (int64_t c = 0; c < d; ++c) w->o[r * d + c] = NAN;
             lse = NAN;
         }
@@ -128,9 +126,7 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     const int64_t tasks = p->batch * p->heads_q * q_tiles;
     const int threads = fa_cpu_thread_count(s->num_threads);
     int out_of_memory = 0;
-    fa_cpu_nan_rows nan;
-    fa_status st = fa_cpu_find_nan_rows(p, threads, &nan);
-    if (st != FA_SUCCESS) return st;
+    const fa_cpu_nan_inputs nan = fa_cpu_find_nan_inputs(p, threads);
 
 #pragma omp parallel num_threads(threads)
     {
@@ -150,7 +146,6 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
         }
         fa_host_free(block);
     }
-    fa_cpu_nan_rows_free(&nan);
     if (out_of_memory)
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are incomplete)");
     return FA_SUCCESS;

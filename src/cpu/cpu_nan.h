@@ -1,7 +1,8 @@
 /* NaN inputs on the CPU path. The kernels' max and exponential clamp NaN away (x86 max returns
  * its second operand when one is NaN; exp clamps its argument), so a NaN score would vanish
- * silently. The forward therefore finds the query and key rows that hold a NaN, once per call
- * (O(N d) reads, memory only when a NaN exists), and poisons every output row that sees one. */
+ * silently. The forward first asks whether q, k or v hold a NaN at all, reading only the rows it
+ * would read anyway (query rows that see a key, keys inside some query's visible span); only
+ * then do its tiles check their rows, so NaN-free calls pay one read of their inputs. */
 #ifndef FA_CPU_NAN_H
 #define FA_CPU_NAN_H
 #include <stdint.h>
@@ -9,28 +10,23 @@
 #include "../common/backend.h"
 #include "../common/visibility.h"
 
-typedef struct fa_cpu_nan_rows {
-    uint8_t *q; /* [batch][heads_q][seqlen_q], 1 = the row holds a NaN; NULL when q has none */
-    uint8_t *k; /* [batch][heads_kv][seqlen_k]; NULL when k has none */
-    uint8_t *v; /* [batch][heads_kv][seqlen_k]; NULL when v has none */
-} fa_cpu_nan_rows;
+typedef struct fa_cpu_nan_inputs {
+    int q, k, v; /* 1 when that tensor holds a NaN among the rows the forward reads */
+} fa_cpu_nan_inputs;
 
-/* FA_SUCCESS or FA_ERROR_OUT_OF_MEMORY (message recorded). */
-fa_status fa_cpu_find_nan_rows(const fa_problem *p, int threads, fa_cpu_nan_rows *rows);
-void fa_cpu_nan_rows_free(fa_cpu_nan_rows *rows);
+fa_cpu_nan_inputs fa_cpu_find_nan_inputs(const fa_problem *p, int threads);
 
-/* 1 when query row i of (b, h), whose causal/window/padding keys are `range`, sees a NaN in its
- * own q row or in a visible key's k row (block mask included). */
-int fa_cpu_row_sees_nan(const fa_problem *p, const fa_cpu_nan_rows *rows, int64_t b, int64_t h, int64_t i,
-                        fa_key_range range);
+/* 1 when row (b, s, h) of t holds a NaN (tested on the stored bits). */
+int fa_cpu_row_has_nan(const fa_tensor *t, int64_t b, int64_t s, int64_t h);
 
-/* V tiles with a NaN. Masked probabilities are exactly 0, and 0 * NaN would poison rows that
- * cannot see the key, so the product uses a NaN-free copy, and NaN is then written into the
- * columns of the rows that do see a NaN value. */
-int fa_cpu_v_tile_has_nan(const fa_problem *p, const fa_cpu_nan_rows *rows, int64_t b, int64_t hk, int64_t j0,
-                          int64_t cols);
-/* dst[j * d + c] = v[j * ldv + c], NaN replaced by 0. */
-void fa_cpu_copy_without_nan(const float *v, int64_t ldv, int64_t cols, int64_t d, float *dst);
+/* For query rows i0.. (ranges[r] their causal/window/padding keys) and the key tile
+ * [j0, j0 + cols) of kv head hk: poison[r] = 1 where row r sees a key whose k row holds a NaN. */
+void fa_cpu_mark_nan_keys(const fa_problem *p, int64_t b, int64_t hk, const fa_key_range *ranges, int64_t i0,
+                          int64_t rows_n, int64_t j0, int64_t cols, float *poison);
+
+/* Masked probabilities are exactly 0, and 0 * NaN would poison rows that cannot see the key:
+ * dst[t * d + c] = v[t * ldv + c] with NaN replaced by 0; returns whether any NaN was replaced. */
+int fa_cpu_copy_without_nan(const float *v, int64_t ldv, int64_t cols, int64_t d, float *dst);
 /* o[r * d + c] = NaN where query row r sees key j0 + t and v[t * ldv + c] is NaN. */
 void fa_cpu_poison_from_v(const fa_problem *p, const fa_key_range *ranges, int64_t i0, int64_t rows_n, int64_t j0,
                           int64_t cols, const float *v, int64_t ldv, float *o);
