@@ -10,7 +10,9 @@
 #include "../common/backend.h"
 #include "gpu_runtime.h"
 #include "kernels/generic_dispatch.cuh"
+#include "kernels/tc_dispatch.cuh"
 #include "plan.h"
+#include "tc_plan.h"
 
 #if defined(__HIPCC__)
 #  define FA_PLUGIN_KIND FA_BACKEND_HIP
@@ -30,6 +32,7 @@ typedef struct fa_gpu_state {
     fa_gpu_stream stream;
     fa_gpu_props props;
     int64_t smem_bytes; /* shared memory per block the kernels may use (opt-in maximum) */
+    fa_gpu_family family; /* forward kernels for f16/bf16, from FLASHATTN_GPU_KERNELS at open */
     char info[512];
     /* Workspace reused across calls (grows only): delta of the backward, and device copies of
      * the host-side masks (seqlens_k, block mask). Stream-ordered: set_stream drains it first. */
@@ -106,6 +109,17 @@ static fa_status gpu_open(int device, void **state)
     fa_gpu_state *s = (fa_gpu_state *)calloc(1, sizeof *s);
     if (!s) return FA_ERR(FA_ERROR_OUT_OF_MEMORY, "ctx: cannot allocate the %s backend state", FA_GPU_VENDOR);
     s->ordinal = g_devices[device];
+    const char *requested = getenv("FLASHATTN_GPU_KERNELS");
+    s->family = fa_gpu_parse_family(requested);
+    if (s->family == FA_GPU_FAMILY_INVALID) {
+        free(s);
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "FLASHATTN_GPU_KERNELS: \"%s\" is not one of generic, tc, fma", requested);
+    }
+    if (!fa_tc_family_built(s->family)) {
+        free(s);
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "FLASHATTN_GPU_KERNELS: the %s plugin has no \"%s\" kernels (the MFMA layer is not written yet); use generic or fma",
+                      FA_GPU_VENDOR, requested);
+    }
     fa_gpu_error e = fa_gpu_set_device(s->ordinal);
     if (e == fa_gpu_success) e = fa_gpu_get_device_properties(&s->props, s->ordinal);
     int smem = 0;
@@ -115,20 +129,24 @@ static fa_status gpu_open(int device, void **state)
         return runtime_failure(e, "device query");
     }
     s->smem_bytes = smem;
+    char kernels[200];
+    if (s->family == FA_GPU_FAMILY_GENERIC) snprintf(kernels, sizeof kernels, "generic");
+    else snprintf(kernels, sizeof kernels, "FLASHATTN_GPU_KERNELS=%s for f16/bf16, forward d <= 256, backward d <= 128 (%s, never run on hardware), generic otherwise",
+                  fa_gpu_family_name(s->family), s->family == FA_GPU_FAMILY_TC ? "mma.sync" : "plain-FMA tile layer");
     int driver = 0, runtime = 0;
     (void)fa_gpu_driver_get_version(&driver); /* left 0 when unknown */
     (void)fa_gpu_runtime_get_version(&runtime);
 #if defined(__HIPCC__)
     snprintf(s->info, sizeof s->info,
-             "hip: %s (%s), %d CUs, wavefront %d, %.1f GiB, LDS %lld KiB/block, HIP runtime %d, driver %d, kernels: generic (FMA)",
+             "hip: %s (%s), %d CUs, wavefront %d, %.1f GiB, LDS %lld KiB/block, HIP runtime %d, driver %d, kernels: %s",
              s->props.name, s->props.gcnArchName, s->props.multiProcessorCount, s->props.warpSize,
-             (double)s->props.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), (long long)(s->smem_bytes / 1024), runtime, driver);
+             (double)s->props.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), (long long)(s->smem_bytes / 1024), runtime, driver, kernels);
 #else
     snprintf(s->info, sizeof s->info,
-             "cuda: %s (sm_%d%d), %d SMs, %.1f GiB, shared memory %lld KiB/block (opt-in), CUDA runtime %d.%d, driver %d.%d, kernels: generic (CUDA cores)",
+             "cuda: %s (sm_%d%d), %d SMs, %.1f GiB, shared memory %lld KiB/block (opt-in), CUDA runtime %d.%d, driver %d.%d, kernels: %s",
              s->props.name, s->props.major, s->props.minor, s->props.multiProcessorCount,
              (double)s->props.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), (long long)(s->smem_bytes / 1024),
-             runtime / 1000, runtime % 1000 / 10, driver / 1000, driver % 1000 / 10);
+             runtime / 1000, runtime % 1000 / 10, driver / 1000, driver % 1000 / 10, kernels);
 #endif
     *state = s;
     return FA_SUCCESS;
@@ -212,10 +230,29 @@ static fa_status gpu_copy_d2h(void *state, void *dst, const void *src, size_t by
     return gpu_copy((fa_gpu_state *)state, dst, src, bytes, fa_gpu_memcpy_d2h);
 }
 
+/* The tile-MMA kernels a problem of (dtype, head_dim) runs on this context (NULL entries: the
+ * generic kernels); *width receives the padded head dim. */
+static fa_tc_set tc_kernels(const fa_gpu_state *s, fa_dtype dtype, int64_t head_dim, int *width)
+{
+    fa_tc_set none = {NULL, NULL, NULL};
+    *width = fa_tc_padded_dim(head_dim);
+    if (s->family == FA_GPU_FAMILY_GENERIC || *width == 0) return none;
+    fa_tc_set set = fa_tc_kernels(s->family, dtype, *width);
+    if (fa_tc_smem_bytes(*width) > s->smem_bytes) set.forward = NULL;
+    if (!set.backward_dq || fa_tc_backward_smem_bytes(*width) > s->smem_bytes) set.backward_dkdv = set.backward_dq = NULL;
+    return set;
+}
+
 static fa_status gpu_tiling(void *state, int64_t head_dim, fa_dtype dtype, fa_tiling *tiling, int64_t *sram)
 {
     const fa_gpu_state *s = (const fa_gpu_state *)state;
-    (void)dtype; /* the generic kernels keep f32 tiles whatever the input type */
+    int width;
+    if (tc_kernels(s, dtype, head_dim, &width).forward) {
+        tiling->block_rows = FA_TC_BLOCK_ROWS;
+        tiling->block_cols = fa_tc_block_cols(width);
+        *sram = s->smem_bytes / (int64_t)sizeof(float);
+        return FA_SUCCESS;
+    }
     const int tile = fa_gpu_generic_tile(FA_GPU_PASS_FORWARD, s->smem_bytes, head_dim);
     if (tile == 0)
         return FA_ERR(FA_ERROR_NOT_SUPPORTED, "head_dim: %lld is not supported by the %s backend (1..%d)",
@@ -318,18 +355,25 @@ static fa_status build_params(fa_gpu_state *s, const fa_problem *p, size_t reser
     return FA_SUCCESS;
 }
 
-/* Launches kernel on the context's stream with `smem` bytes of dynamic shared memory. */
-static fa_status launch(fa_gpu_state *s, fa_gpu_kernel kernel, dim3 grid, size_t smem, const fa_gpu_params *k,
-                        const char *what)
+/* Launches kernel on the context's stream: `warps` warps per block, `smem` bytes of dynamic
+ * shared memory. */
+static fa_status launch_warps(fa_gpu_state *s, fa_gpu_kernel kernel, dim3 grid, int warps, size_t smem,
+                              const fa_gpu_params *k, const char *what)
 {
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) return FA_SUCCESS;
     if (smem > 48 * 1024)
         FA_TRY(fa_gpu_func_set_attribute((const void *)kernel, FA_GPU_FUNC_ATTR_MAX_DYNAMIC_SMEM, (int)smem),
                "raise the shared-memory limit");
-    const unsigned threads = (unsigned)(FA_GENERIC_WARPS * s->props.warpSize);
-    kernel<<<grid, threads, smem, s->stream>>>(*k);
+    kernel<<<grid, (unsigned)(warps * s->props.warpSize), smem, s->stream>>>(*k);
     FA_TRY(fa_gpu_get_last_error(), what);
     return FA_SUCCESS;
+}
+
+/* A launch of the generic kernels. */
+static fa_status launch(fa_gpu_state *s, fa_gpu_kernel kernel, dim3 grid, size_t smem, const fa_gpu_params *k,
+                        const char *what)
+{
+    return launch_warps(s, kernel, grid, FA_GENERIC_WARPS, smem, k, what);
 }
 
 /* The tile and kernels of a pass, or NOT_SUPPORTED. */
@@ -344,10 +388,36 @@ static fa_status pick_kernels(const fa_gpu_state *s, fa_gpu_pass pass, int64_t h
     return FA_SUCCESS;
 }
 
+static int tensor_chunk_aligned(const fa_tensor *t)
+{
+    return fa_tc_chunk_aligned(t->data, t->head_dim, t->stride_batch, t->stride_seq, t->stride_head);
+}
+
+/* Whether the tile kernels may copy Q, K, V (and dO in the backward) in 16-byte chunks. */
+static int problem_chunk_aligned(const fa_problem *p, int backward)
+{
+    return tensor_chunk_aligned(&p->q) && tensor_chunk_aligned(&p->k) && tensor_chunk_aligned(&p->v) &&
+           (!backward || tensor_chunk_aligned(&p->dout));
+}
+
+/* The tile-MMA forward of p (the caller checked that the context has the kernel). */
+static fa_status tc_forward(fa_gpu_state *s, const fa_problem *p, fa_gpu_kernel kernel, int width)
+{
+    fa_gpu_params k;
+    const fa_status st = build_params(s, p, 0, &k);
+    if (st != FA_SUCCESS) return st;
+    k.chunked_loads = problem_chunk_aligned(p, 0);
+    const dim3 grid((unsigned)fa_gpu_tiles(p->seqlen_q, FA_TC_BLOCK_ROWS), (unsigned)p->heads_q, (unsigned)p->batch);
+    return launch_warps(s, kernel, grid, FA_TC_WARPS, (size_t)fa_tc_smem_bytes(width), &k, "tile-MMA forward launch");
+}
+
 static fa_status gpu_forward(void *state, const fa_problem *p)
 {
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    int width;
+    const fa_gpu_kernel tc_kernel = tc_kernels(s, p->dtype, p->head_dim, &width).forward;
+    if (tc_kernel) return tc_forward(s, p, tc_kernel, width);
     int tile;
     fa_generic_set set;
     fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->head_dim, &tile, &set);
@@ -363,25 +433,36 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
 {
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
-    int tile;
+    int width, tile = 0;
+    const fa_tc_set tc = tc_kernels(s, p->dtype, p->head_dim, &width);
     fa_generic_set set;
-    fa_status st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->head_dim, &tile, &set);
+    fa_status st = FA_SUCCESS;
+    if (!tc.backward_dq) st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->head_dim, &tile, &set);
     const size_t delta_bytes = (size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float);
     fa_gpu_params k;
     if (st == FA_SUCCESS) st = build_params(s, p, delta_bytes, &k);
     if (st != FA_SUCCESS) return st;
     k.delta = (float *)s->workspace;
-    const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
+    k.chunked_loads = problem_chunk_aligned(p, 1);
     const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
     const int64_t row_blocks = fa_gpu_tiles(rows, FA_GENERIC_WARPS);
     st = launch(s, fa_generic::row_delta, dim3((unsigned)(row_blocks < 65535 ? row_blocks : 65535)), 0, &k,
                 "backward pre-pass launch");
-    if (st == FA_SUCCESS)
-        st = launch(s, set.backward_dkdv, dim3((unsigned)fa_gpu_tiles(p->seqlen_k, tile), (unsigned)p->heads_kv, (unsigned)p->batch),
-                    smem, &k, "backward dK/dV launch");
-    if (st == FA_SUCCESS)
-        st = launch(s, set.backward_dq, dim3((unsigned)fa_gpu_tiles(p->seqlen_q, tile), (unsigned)p->heads_q, (unsigned)p->batch),
-                    smem, &k, "backward dQ launch");
+    if (st != FA_SUCCESS) return st;
+    const dim3 key_grid((unsigned)fa_gpu_tiles(p->seqlen_k, tc.backward_dq ? FA_TC_BLOCK_ROWS : tile), (unsigned)p->heads_kv,
+                        (unsigned)p->batch);
+    const dim3 query_grid((unsigned)fa_gpu_tiles(p->seqlen_q, tc.backward_dq ? FA_TC_BLOCK_ROWS : tile), (unsigned)p->heads_q,
+                          (unsigned)p->batch);
+    if (tc.backward_dq) {
+        const size_t smem = (size_t)fa_tc_backward_smem_bytes(width);
+        st = launch_warps(s, tc.backward_dkdv, key_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dK/dV launch");
+        if (st == FA_SUCCESS)
+            st = launch_warps(s, tc.backward_dq, query_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dQ launch");
+        return st;
+    }
+    const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
+    st = launch(s, set.backward_dkdv, key_grid, smem, &k, "backward dK/dV launch");
+    if (st == FA_SUCCESS) st = launch(s, set.backward_dq, query_grid, smem, &k, "backward dQ launch");
     return st;
 }
 

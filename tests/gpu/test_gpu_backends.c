@@ -1,6 +1,7 @@
 /* The GPU backends through the public API. With a GPU: the shared oracle case table on CUDA and
  * HIP in f32, f16 and bf16 (tolerances from the harness), the dropout mask identical to the CPU
- * backend's, streams, tiling and info. Without one: those tests skip() visibly, and what runs is
+ * backend's, streams, tiling and info. FLASHATTN_GPU_KERNELS (set by the gpu_*_tc and gpu_*_fma
+ * tests) forces the forward kernel family of f16/bf16; the info string must confirm it. Without one: those tests skip() visibly, and what runs is
  * the unavailable path: a clear FA_ERROR_BACKEND_UNAVAILABLE naming what is missing. */
 #include <math.h>
 #include <setjmp.h>
@@ -13,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "common/half.h"
 #include "flashattn.h"
 #include "harness.h"
 
@@ -72,19 +74,41 @@ static void test_case_table_f32(void **state) { run_table(state, FA_DTYPE_F32); 
 static void test_case_table_f16(void **state) { run_table(state, FA_DTYPE_F16); }
 static void test_case_table_bf16(void **state) { run_table(state, FA_DTYPE_BF16); }
 
+/* Host values to and from a device tensor of dtype (f32, f16 or bf16). */
+static size_t dtype_size(fa_dtype dtype) { return dtype == FA_DTYPE_F32 ? 4 : 2; }
+static void *to_dtype(const float *x, size_t n, fa_dtype dtype)
+{
+    void *out = malloc(n * dtype_size(dtype));
+    assert_non_null(out);
+    for (size_t i = 0; i < n; ++i) {
+        if (dtype == FA_DTYPE_F32) ((float *)out)[i] = x[i];
+        else if (dtype == FA_DTYPE_F16) ((uint16_t *)out)[i] = fa_f32_to_f16(x[i]);
+        else ((uint16_t *)out)[i] = fa_f32_to_bf16(x[i]);
+    }
+    return out;
+}
+static float from_dtype(const void *x, size_t i, fa_dtype dtype)
+{
+    if (dtype == FA_DTYPE_F32) return ((const float *)x)[i];
+    if (dtype == FA_DTYPE_F16) return fa_f16_to_f32(((const uint16_t *)x)[i]);
+    return fa_bf16_to_f32(((const uint16_t *)x)[i]);
+}
+
 /* Q = K = 0 makes P uniform (1/Nk) and V = identity puts element (i, j) of dropout(P) into
  * O[i][j]: O[i][j] = keep(i, j) / ((1 - p) Nk). The recovered mask must equal the shared
- * stream's (fa_dropout_mask) and the CPU backend's output, for two heads of a batch of two. */
-static void test_dropout_mask_matches_cpu(void **state)
+ * stream's (fa_dropout_mask) and the CPU backend's output, for two heads of a batch of two.
+ * In f16/bf16 the forward may run the tile-MMA kernels (FLASHATTN_GPU_KERNELS), in f32 the
+ * generic ones; the value of a kept element is then held to the 16-bit rounding. */
+static void check_dropout_mask(void **state, fa_dtype dtype)
 {
     fa_context *ctx = context_or_skip(state);
     enum { B = 2, H = 2, NQ = 37, NK = 48, D = 48 };
     const float p = 0.3f;
-    const size_t qn = (size_t)B * NQ * H * D, kn = (size_t)B * NK * H * D;
+    const size_t qn = (size_t)B * NQ * H * D, kn = (size_t)B * NK * H * D, es = dtype_size(dtype);
     float *q = calloc(qn, sizeof *q), *k = calloc(kn, sizeof *k), *v = calloc(kn, sizeof *v);
-    float *out = calloc(qn, sizeof *out), *cpu_out = calloc(qn, sizeof *cpu_out);
+    float *cpu_out = calloc(qn, sizeof *cpu_out);
     uint8_t *keep = malloc((size_t)NQ * NK);
-    assert_non_null(q); assert_non_null(k); assert_non_null(v); assert_non_null(out); assert_non_null(cpu_out);
+    assert_non_null(q); assert_non_null(k); assert_non_null(v); assert_non_null(cpu_out);
     assert_non_null(keep);
     for (int b = 0; b < B; ++b)
         for (int j = 0; j < NK; ++j)
@@ -102,19 +126,24 @@ static void test_dropout_mask_matches_cpu(void **state)
     assert_int_equal(fa_forward(cpu, &desc, &tq, &tk, &tv, &to, NULL), FA_SUCCESS);
     fa_context_destroy(cpu);
 
+    void *hq = to_dtype(q, qn, dtype), *hk = to_dtype(k, kn, dtype), *hv = to_dtype(v, kn, dtype);
+    void *out = malloc(qn * es);
+    assert_non_null(out);
     void *dq, *dk, *dv, *dout;
-    assert_int_equal(fa_malloc(ctx, qn * 4, &dq), FA_SUCCESS);
-    assert_int_equal(fa_malloc(ctx, kn * 4, &dk), FA_SUCCESS);
-    assert_int_equal(fa_malloc(ctx, kn * 4, &dv), FA_SUCCESS);
-    assert_int_equal(fa_malloc(ctx, qn * 4, &dout), FA_SUCCESS);
-    assert_int_equal(fa_memcpy_h2d(ctx, dq, q, qn * 4), FA_SUCCESS);
-    assert_int_equal(fa_memcpy_h2d(ctx, dk, k, kn * 4), FA_SUCCESS);
-    assert_int_equal(fa_memcpy_h2d(ctx, dv, v, kn * 4), FA_SUCCESS);
+    assert_int_equal(fa_malloc(ctx, qn * es, &dq), FA_SUCCESS);
+    assert_int_equal(fa_malloc(ctx, kn * es, &dk), FA_SUCCESS);
+    assert_int_equal(fa_malloc(ctx, kn * es, &dv), FA_SUCCESS);
+    assert_int_equal(fa_malloc(ctx, qn * es, &dout), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, dq, hq, qn * es), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, dk, hk, kn * es), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, dv, hv, kn * es), FA_SUCCESS);
     tq.data = dq; tk.data = dk; tv.data = dv; to.data = dout;
+    tq.dtype = tk.dtype = tv.dtype = to.dtype = dtype;
     assert_int_equal(fa_forward(ctx, &desc, &tq, &tk, &tv, &to, NULL), FA_SUCCESS);
-    assert_int_equal(fa_memcpy_d2h(ctx, out, dout, qn * 4), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_d2h(ctx, out, dout, qn * es), FA_SUCCESS);
 
     const float kept_value = 1.0f / ((1.0f - p) * NK);
+    const float tolerance = dtype == FA_DTYPE_F32 ? 1e-6f : 1e-2f * kept_value;
     size_t dropped = 0;
     for (int b = 0; b < B; ++b)
         for (int h = 0; h < H; ++h) {
@@ -122,18 +151,22 @@ static void test_dropout_mask_matches_cpu(void **state)
             for (int i = 0; i < NQ; ++i)
                 for (int j = 0; j < NK; ++j) {
                     const size_t at = (((size_t)b * NQ + i) * H + h) * D + j;
-                    const int gpu_keep = out[at] > 0.5f * kept_value;
+                    const float got = from_dtype(out, at, dtype);
+                    const int gpu_keep = got > 0.5f * kept_value;
                     const int cpu_keep = cpu_out[at] > 0.5f * kept_value;
                     if (gpu_keep != keep[(size_t)i * NK + j] || gpu_keep != cpu_keep)
                         fail_msg("dropout mask differs at b=%d h=%d i=%d j=%d", b, h, i, j);
-                    if (gpu_keep) assert_true(fabsf(out[at] - kept_value) <= 1e-6f);
+                    if (gpu_keep) assert_true(fabsf(got - kept_value) <= tolerance);
                     dropped += !gpu_keep;
                 }
         }
     assert_true(dropped > 0 && dropped < (size_t)B * H * NQ * NK); /* the mask is not trivial */
     fa_free(ctx, dq); fa_free(ctx, dk); fa_free(ctx, dv); fa_free(ctx, dout);
-    free(q); free(k); free(v); free(out); free(cpu_out); free(keep);
+    free(q); free(k); free(v); free(out); free(cpu_out); free(keep); free(hq); free(hk); free(hv);
 }
+static void test_dropout_mask_matches_cpu(void **state) { check_dropout_mask(state, FA_DTYPE_F32); }
+static void test_dropout_mask_matches_cpu_f16(void **state) { check_dropout_mask(state, FA_DTYPE_F16); }
+static void test_dropout_mask_matches_cpu_bf16(void **state) { check_dropout_mask(state, FA_DTYPE_BF16); }
 
 /* Tiling comes from the device's shared memory; info names the device; NULL stream accepted. */
 static void test_context_services(void **state)
@@ -153,6 +186,13 @@ static void test_context_services(void **state)
     assert_non_null(info);
     assert_true(strstr(info, fa_backend_name(fa_context_backend(ctx))) == info);
     print_message("%s\n", info);
+    /* A forced kernel family (tests gpu_*_tc, gpu_*_fma) must be the one the context runs. */
+    const char *family = getenv("FLASHATTN_GPU_KERNELS");
+    if (family && *family && strcmp(family, "generic") != 0) {
+        char expect[64];
+        snprintf(expect, sizeof expect, "FLASHATTN_GPU_KERNELS=%s", family);
+        if (!strstr(info, expect)) fail_msg("info does not name the forced kernels %s: %s", expect, info);
+    }
     assert_int_equal(fa_context_set_stream(ctx, NULL), FA_SUCCESS);
     assert_int_equal(fa_synchronize(ctx), FA_SUCCESS);
 }
@@ -182,7 +222,9 @@ static void test_unavailable_is_explained(void **state)
     cmocka_unit_test_setup_teardown(test_case_table_f32, setup, teardown),                       \
     cmocka_unit_test_setup_teardown(test_case_table_f16, setup, teardown),                       \
     cmocka_unit_test_setup_teardown(test_case_table_bf16, setup, teardown),                      \
-    cmocka_unit_test_setup_teardown(test_dropout_mask_matches_cpu, setup, teardown)
+    cmocka_unit_test_setup_teardown(test_dropout_mask_matches_cpu, setup, teardown),                \
+    cmocka_unit_test_setup_teardown(test_dropout_mask_matches_cpu_f16, setup, teardown),            \
+    cmocka_unit_test_setup_teardown(test_dropout_mask_matches_cpu_bf16, setup, teardown)
 
 /* Exit status 77 tells meson the test was skipped. */
 enum { EXIT_SKIPPED = 77 };

@@ -15,6 +15,7 @@ typedef struct fa_gpu_tensor {
 typedef struct fa_gpu_params {
     fa_gpu_tensor q, k, v, out, dout, dq, dk, dv;
     fa_dtype dtype;
+    int chunked_loads; /* tile-MMA forward: Q, K, V rows are whole, aligned 16-byte chunks */
     int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
     float scale;      /* softmax scale tau */
     float scale_log2; /* tau * log2(e): scores go straight into exp2 */

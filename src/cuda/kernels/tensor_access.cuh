@@ -67,18 +67,31 @@ __device__ __forceinline__ fa_key_range fa_tile_keys(const fa_gpu_params &p, int
     return r;
 }
 
-/* Whether any block-mask block covering the tile is set (Algorithm 5 skips the tile otherwise).
- * Every thread computes the same answer, so it can guard a __syncthreads(). */
-__device__ __forceinline__ bool fa_block_mask_any(const fa_gpu_params &p, int64_t i0, int64_t rows, int64_t j0,
-                                                  int64_t cols)
+/* Whether some block-mask block covering the tile [i0, i0 + rows) x [j0, j0 + cols) is set (set
+ * true) or clear (set false). Every thread computes the same answer, so it can guard a barrier. */
+__device__ __forceinline__ bool fa_block_mask_has(const fa_gpu_params &p, int64_t i0, int64_t rows, int64_t j0,
+                                                  int64_t cols, bool set)
 {
-    if (!p.block_mask) return true;
     const int64_t r0 = i0 / p.mask_block_q, r1 = (i0 + rows - 1) / p.mask_block_q;
     const int64_t c0 = j0 / p.mask_block_k, c1 = (j0 + cols - 1) / p.mask_block_k;
     for (int64_t r = r0; r <= r1; ++r)
         for (int64_t c = c0; c <= c1; ++c)
-            if (p.block_mask[r * p.mask_cols + c]) return true;
+            if ((p.block_mask[r * p.mask_cols + c] != 0) == set) return true;
     return false;
+}
+
+/* Whether the block mask leaves any element of the tile (Algorithm 5 skips the tile otherwise). */
+__device__ __forceinline__ bool fa_block_mask_any(const fa_gpu_params &p, int64_t i0, int64_t rows, int64_t j0,
+                                                  int64_t cols)
+{
+    return !p.block_mask || fa_block_mask_has(p, i0, rows, j0, cols, true);
+}
+
+/* Whether the block mask leaves every element of the tile (no element needs the mask). */
+__device__ __forceinline__ bool fa_block_mask_all(const fa_gpu_params &p, int64_t i0, int64_t rows, int64_t j0,
+                                                  int64_t cols)
+{
+    return !p.block_mask || !fa_block_mask_has(p, i0, rows, j0, cols, false);
 }
 
 __device__ __forceinline__ bool fa_element_visible(const fa_gpu_params &p, fa_key_range range, int64_t i, int64_t j)

@@ -25,6 +25,16 @@ __device__ __forceinline__ float fa_shfl_xor(float v, int lane_mask)
 #endif
 }
 
+/* v of lane src_lane (same width as above). */
+__device__ __forceinline__ float fa_shfl_idx(float v, int src_lane)
+{
+#if defined(__HIPCC__)
+    return __shfl(v, src_lane, FA_WARP_SIZE);
+#else
+    return __shfl_sync(0xffffffffu, v, src_lane, FA_WARP_SIZE);
+#endif
+}
+
 __device__ __forceinline__ void fa_warp_sync(void)
 {
 #if defined(__HIPCC__)

@@ -1,0 +1,213 @@
+/* The tile-MMA forward, written once over a per-architecture tile layer L (tile_layer.cuh):
+ * f16/bf16 inputs, f32 accumulation, head dims zero-padded to W (64, 128 or 256).
+ *
+ * A block of FA_TC_WARPS warps owns FA_TC_BLOCK_ROWS query rows (16 per warp); K and V tiles of
+ * BC keys stream through swizzled shared memory. Key tiles run in reverse order (last visible
+ * first) with a one-tile pipeline: V_j is copied while S = Q K_j^T is computed, K of the next
+ * tile while O += P V_j is. Softmax is online and stays in the accumulator registers, in base 2
+ * (scores times tau log2 e, exp2); the row sum is kept per lane and reduced once at the end.
+ * Masks are evaluated element by element only on boundary tiles: a tile inside every row's
+ * visible key range and fully set in the block mask skips them; tiles the block mask hides are
+ * never loaded. Dropout uses the shared Philox stream; fully masked rows give zeros, lse = -inf. */
+#ifndef FA_GPU_ATTENTION_TC_CUH
+#define FA_GPU_ATTENTION_TC_CUH
+#include <math.h>
+
+#include "../tc_plan.h"
+#include "async_copy.cuh"
+#include "attention_generic.cuh"
+#include "tc_layout.h"
+#include "tensor_access.cuh"
+
+namespace fa_tc {
+
+/* tile[rows x W] (swizzled) = t[b, s0 + r, h, 0..W) with zeros past valid_rows and past the head
+ * dim; by every thread of the block. */
+template <int W>
+__device__ __forceinline__ void load_tile(const fa_gpu_params &p, const fa_gpu_tensor &t, int64_t b, int64_t s0, int64_t h,
+                                          int64_t valid_rows, int rows, uint16_t *tile)
+{
+    const int64_t d = p.head_dim;
+    const uint16_t *base = static_cast<const uint16_t *>(t.data);
+    if (p.chunked_loads) {
+        constexpr int kChunks = W / FA_TC_CHUNK;
+        for (int e = threadIdx.x; e < rows * kChunks; e += blockDim.x) {
+            const int r = e / kChunks, x = (e % kChunks) * FA_TC_CHUNK;
+            const bool valid = r < valid_rows && x < d;
+            fa_copy16(tile + fa_tc_swizzle(r, x, W), valid ? base + fa_row_offset(t, b, s0 + r, h) + x : base, valid);
+        }
+    } else {
+        for (int e = threadIdx.x; e < rows * W; e += blockDim.x) {
+            const int r = e / W, x = e % W;
+            tile[fa_tc_swizzle(r, x, W)] = r < valid_rows && x < d ? base[fa_row_offset(t, b, s0 + r, h) + x] : 0;
+        }
+    }
+}
+
+/* Keys of key tile `tile` inside the sequence (the last tile may be partial). */
+template <int BC>
+__device__ __forceinline__ int64_t tile_cols(const fa_gpu_params &p, int64_t tile)
+{
+    return p.seqlen_k - tile * BC < BC ? p.seqlen_k - tile * BC : BC;
+}
+
+/* The last key tile at or before `tile` that the block mask does not hide entirely, or first - 1. */
+template <int BC>
+__device__ __forceinline__ int64_t previous_live_tile(const fa_gpu_params &p, const fa_generic::query_block &qb, int64_t tile,
+                                                      int64_t first)
+{
+    while (tile >= first && !fa_block_mask_any(p, qb.i0, qb.rows, tile * BC, tile_cols<BC>(p, tile))) --tile;
+    return tile;
+}
+
+/* The shared Philox stream's decision for element (b, h, i, j) (fa_dropout_kept), with the Philox
+ * rounds out of line: the softmax loop is unrolled over a lane's items, and inlining ten rounds
+ * into each copy multiplies the kernel's code (and build time) for a path only dropout takes. */
+__device__ __noinline__ bool dropout_keep_element(uint64_t seed, uint64_t offset, uint64_t element, float p)
+{
+    return fa_dropout_keep(seed, offset, element, p) != 0;
+}
+
+__device__ __forceinline__ bool dropout_kept(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    const uint64_t e = ((static_cast<uint64_t>(b) * p.heads_q + h) * p.seqlen_q + i) * p.seqlen_k + j;
+    return dropout_keep_element(p.dropout_seed, p.dropout_offset, e, p.dropout_p);
+}
+
+/* Whether the block mask lets row i see key j, out of line for the same reason (two 64-bit
+ * divisions). */
+__device__ __noinline__ bool block_mask_allows(const uint8_t *mask, int64_t cols, int32_t block_q, int32_t block_k,
+                                               int64_t i, int64_t j)
+{
+    return mask[(i / block_q) * cols + j / block_k] != 0;
+}
+
+/* fa_element_visible of tensor_access.cuh with the block-mask lookup out of line. */
+__device__ __forceinline__ bool element_visible(const fa_gpu_params &p, fa_key_range range, int64_t i, int64_t j)
+{
+    return j >= range.lo && j < range.hi &&
+           (!p.block_mask || block_mask_allows(p.block_mask, p.mask_cols, p.mask_block_q, p.mask_block_k, i, j));
+}
+
+/* Online softmax of one score tile in registers: scales and masks s into base-2 logits, updates
+ * the running max m and per-lane partial sum l of each row slot, rescales o, and leaves in s the
+ * probabilities that multiply V (dropped ones zero, kept ones scaled by 1 / (1 - p)). */
+template <class L, int BC, int W>
+__device__ __forceinline__ void softmax_tile(const fa_gpu_params &p, const fa_generic::query_block &qb, int64_t j0,
+                                             bool interior, const fa_key_range range[L::kSlots],
+                                             const int64_t row_index[L::kSlots], typename L::template acc<BC> &s,
+                                             typename L::template acc<W> &o, float m[L::kSlots], float l[L::kSlots])
+{
+    const int lane = threadIdx.x % L::kWarp;
+    float tile_max[L::kSlots], m_use[L::kSlots], alpha[L::kSlots];
+#pragma unroll
+    for (int sl = 0; sl < L::kSlots; ++sl) tile_max[sl] = -INFINITY;
+#pragma unroll
+    for (int it = 0; it < L::items(BC); ++it) {
+        const int sl = L::item_slot(it);
+        float x = s.v[it] * p.scale_log2;
+        if (!interior && !element_visible(p, range[sl], row_index[sl], j0 + L::item_col(lane, it))) x = -INFINITY;
+        s.v[it] = x;
+        tile_max[sl] = fmaxf(tile_max[sl], x);
+    }
+#pragma unroll
+    for (int sl = 0; sl < L::kSlots; ++sl) {
+        const float m_new = fmaxf(m[sl], L::row_max(tile_max[sl]));
+        m_use[sl] = m_new == -INFINITY ? 0.0f : m_new; /* a row with nothing visible yet stays at 0 */
+        alpha[sl] = fa_exp2(m[sl] - m_use[sl]);
+        m[sl] = m_new;
+        l[sl] *= alpha[sl];
+    }
+#pragma unroll
+    for (int it = 0; it < L::items(BC); ++it) {
+        const int sl = L::item_slot(it);
+        float prob = fa_exp2(s.v[it] - m_use[sl]);
+        l[sl] += prob;
+        if (p.dropout_p > 0.0f && prob != 0.0f)
+            prob = dropout_kept(p, qb.b, qb.h, row_index[sl], j0 + L::item_col(lane, it)) ? prob * p.keep_scale : 0.0f;
+        s.v[it] = prob;
+    }
+#pragma unroll
+    for (int it = 0; it < L::items(W); ++it) o.v[it] *= alpha[L::item_slot(it)];
+}
+
+template <class L, int W>
+__global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) forward(const fa_gpu_params p)
+{
+    constexpr int BC = FA_TC_BLOCK_COLS(W), BR = FA_TC_BLOCK_ROWS;
+    extern __shared__ __align__(16) uint16_t fa_tc_smem[];
+    uint16_t *sq = fa_tc_smem, *sk = sq + BR * W, *sv = sk + BC * W;
+    const int warp = threadIdx.x / L::kWarp, lane = threadIdx.x % L::kWarp;
+    const fa_generic::query_block qb = fa_generic::this_query_block<BR>(p);
+
+    fa_key_range range[L::kSlots];
+    int64_t row_index[L::kSlots];
+    float m[L::kSlots], l[L::kSlots];
+#pragma unroll
+    for (int sl = 0; sl < L::kSlots; ++sl) {
+        const int r = warp * FA_TC_WARP_ROWS + L::slot_row(lane, sl);
+        row_index[sl] = qb.i0 + r;
+        range[sl] = r < qb.rows ? fa_row_keys(p, qb.b, row_index[sl]) : fa_key_range{0, 0};
+        m[sl] = -INFINITY;
+        l[sl] = 0.0f;
+    }
+    typename L::template acc<W> o;
+#pragma unroll
+    for (int it = 0; it < L::items(W); ++it) o.v[it] = 0.0f;
+
+    /* Keys every row of the block sees: tiles inside [lo_all, hi_all) need no element masks. */
+    const int64_t lo_all = fa_row_keys(p, qb.b, qb.i0 + qb.rows - 1).lo, hi_all = fa_row_keys(p, qb.b, qb.i0).hi;
+    const int64_t first = qb.keys.lo / BC;
+    int64_t tile = qb.keys.hi > qb.keys.lo ? previous_live_tile<BC>(p, qb, (qb.keys.hi - 1) / BC, first) : first - 1;
+    if (tile >= first) {
+        load_tile<W>(p, p.q, qb.b, qb.i0, qb.h, qb.rows, BR, sq);
+        load_tile<W>(p, p.k, qb.b, tile * BC, qb.hk, tile_cols<BC>(p, tile), BC, sk);
+        fa_copy_commit();
+    }
+    while (tile >= first) {
+        const int64_t j0 = tile * BC;
+        fa_copy_wait_all();
+        __syncthreads(); /* Q and K_j visible; every warp is done with V of the previous tile */
+        load_tile<W>(p, p.v, qb.b, j0, qb.hk, tile_cols<BC>(p, tile), BC, sv);
+        fa_copy_commit();
+
+        typename L::template acc<BC> s;
+        L::template qk<W, BC>(s, sq, warp * FA_TC_WARP_ROWS, sk);
+        const bool interior = j0 >= lo_all && j0 + BC <= hi_all && fa_block_mask_all(p, qb.i0, qb.rows, j0, tile_cols<BC>(p, tile));
+        softmax_tile<L, BC, W>(p, qb, j0, interior, range, row_index, s, o, m, l);
+
+        fa_copy_wait_all();
+        __syncthreads(); /* V_j visible; every warp is done with K_j */
+        const int64_t next = previous_live_tile<BC>(p, qb, tile - 1, first);
+        if (next >= first) {
+            load_tile<W>(p, p.k, qb.b, next * BC, qb.hk, tile_cols<BC>(p, next), BC, sk);
+            fa_copy_commit();
+        }
+        L::template pv<BC, W>(o, s, sv);
+        tile = next;
+    }
+
+    float inv[L::kSlots], total[L::kSlots];
+#pragma unroll
+    for (int sl = 0; sl < L::kSlots; ++sl) {
+        total[sl] = L::row_sum(l[sl]);
+        inv[sl] = total[sl] > 0.0f ? 1.0f / total[sl] : 0.0f;
+    }
+    const int64_t d = p.head_dim;
+#pragma unroll
+    for (int it = 0; it < L::items(W); ++it) {
+        const int sl = L::item_slot(it), col = L::item_col(lane, it);
+        if (row_index[sl] - qb.i0 < qb.rows && col < d)
+            fa_store_elem(p.out.data, fa_row_offset(p.out, qb.b, row_index[sl], qb.h) + col, p.dtype, o.v[it] * inv[sl]);
+    }
+    if (p.lse && L::row_leader(lane)) {
+#pragma unroll
+        for (int sl = 0; sl < L::kSlots; ++sl)
+            if (row_index[sl] - qb.i0 < qb.rows)
+                p.lse[(qb.b * p.heads_q + qb.h) * p.seqlen_q + row_index[sl]] =
+                    total[sl] > 0.0f ? (m[sl] + log2f(total[sl])) * FA_LN2 : -INFINITY;
+    }
+}
+
+} // namespace fa_tc
+#endif

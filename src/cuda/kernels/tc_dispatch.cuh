@@ -1,0 +1,72 @@
+/* The instantiated tile-MMA kernels: per layer, f16 and bf16, the forward at widths 64, 128, 256
+ * and the backward (dK/dV and dQ) at widths 64 and 128. NVIDIA builds both layers (mma.sync and
+ * plain FMA); AMD builds the plain-FMA layer. */
+#ifndef FA_GPU_TC_DISPATCH_CUH
+#define FA_GPU_TC_DISPATCH_CUH
+#include "../tc_plan.h"
+#include "attention_tc.cuh"
+#include "attention_tc_backward.cuh"
+#include "generic_dispatch.cuh"
+#include "tile_fma.cuh"
+#include "tile_mma_sync.cuh"
+
+/* The kernels of one (layer, width): NULL entries where not instantiated. */
+typedef struct fa_tc_set {
+    fa_gpu_kernel forward, backward_dkdv, backward_dq;
+} fa_tc_set;
+
+template <class L, int W>
+static fa_tc_set fa_tc_instance(void)
+{
+    fa_tc_set set;
+    set.forward = fa_tc::forward<L, W>;
+    /* the backward is not instantiated above FA_TC_BACKWARD_MAX_WIDTH (the width argument is
+     * clamped only so that the unused branch names an existing instance) */
+    set.backward_dkdv = W <= FA_TC_BACKWARD_MAX_WIDTH ? fa_tc::backward_dkdv<L, (W <= FA_TC_BACKWARD_MAX_WIDTH ? W : 64)> : NULL;
+    set.backward_dq = W <= FA_TC_BACKWARD_MAX_WIDTH ? fa_tc::backward_dq<L, (W <= FA_TC_BACKWARD_MAX_WIDTH ? W : 64)> : NULL;
+    return set;
+}
+
+template <class L>
+static fa_tc_set fa_tc_kernels_of_width(int width)
+{
+    switch (width) {
+    case 64: return fa_tc_instance<L, 64>();
+    case 128: return fa_tc_instance<L, 128>();
+    case 256: return fa_tc_instance<L, 256>();
+    }
+    fa_tc_set none = {NULL, NULL, NULL};
+    return none;
+}
+
+template <template <fa_dtype> class Layer>
+static fa_tc_set fa_tc_kernels_of_dtype(fa_dtype dtype, int width)
+{
+    if (dtype == FA_DTYPE_F16) return fa_tc_kernels_of_width<Layer<FA_DTYPE_F16> >(width);
+    if (dtype == FA_DTYPE_BF16) return fa_tc_kernels_of_width<Layer<FA_DTYPE_BF16> >(width);
+    fa_tc_set none = {NULL, NULL, NULL};
+    return none;
+}
+
+/* Whether this build has tile-MMA kernels of the family (tc needs a matrix-instruction layer). */
+static bool fa_tc_family_built(fa_gpu_family family)
+{
+#if defined(__HIPCC__)
+    return family == FA_GPU_FAMILY_FMA;
+#else
+    return family == FA_GPU_FAMILY_FMA || family == FA_GPU_FAMILY_TC;
+#endif
+}
+
+/* The kernels of (family, dtype, padded width); NULL entries make the caller run the generic
+ * kernels (f32, head dims above 256, backward above width 128, the generic family). */
+static fa_tc_set fa_tc_kernels(fa_gpu_family family, fa_dtype dtype, int width)
+{
+    if (family == FA_GPU_FAMILY_FMA) return fa_tc_kernels_of_dtype<fa_tc::fma_layer>(dtype, width);
+#if !defined(__HIPCC__)
+    if (family == FA_GPU_FAMILY_TC) return fa_tc_kernels_of_dtype<fa_tc::mma_sync_layer>(dtype, width);
+#endif
+    fa_tc_set none = {NULL, NULL, NULL};
+    return none;
+}
+#endif

@@ -1,0 +1,95 @@
+/* Index math of the tile-MMA forward, shared by the device layers and the CPU tests
+ * (tests/gpu/test_tc_layout.c emulates ldmatrix and mma.sync with it). Header-only C.
+ *
+ * Shared-memory tiles hold 16-bit elements, `width` (64, 128 or 256) per row, rows contiguous.
+ * A row is width / 8 chunks of 16 bytes; chunk c of row r is stored at chunk c ^ (r % 8) of the
+ * row. Eight consecutive rows read at the same logical chunk (one ldmatrix phase) and eight
+ * consecutive chunks of a row (one cp.async phase) then touch eight distinct 16-byte bank groups.
+ *
+ * Fragments (NVIDIA mma.sync m16n8k16, layouts in src/hip/mfma_layout.h): a warp owns 16 query
+ * rows. An accumulator of 16 x N holds N / 8 n-tiles of 4 floats per lane: item 4 * t + c is
+ * C item c of n-tile t. The plain-FMA layer instead gives lane l row l % 16 and columns
+ * l / 16 + (W / 16) * item (W = warp size, 32 or 64). */
+#ifndef FA_GPU_TC_LAYOUT_H
+#define FA_GPU_TC_LAYOUT_H
+#include "../../common/hostdev.h"
+#include "../../hip/mfma_layout.h"
+
+/* Element offset of logical (row, col) in a swizzled tile of `width` columns. */
+FA_HD int fa_tc_swizzle(int row, int col, int width)
+{
+    return row * width + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+}
+
+/* ldmatrix.x4 gives each lane one 8-element row address: lanes 8i..8i+7 address the rows of
+ * matrix i, whose row (lane % 8) lands in register i. The functions below return the logical
+ * (row, col) of the 8-element row a lane addresses. */
+
+/* A operand (16 x 16, rows row0.., cols col0..) from a row-major tile (Q): matrices
+ * (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (0-7, 8-15), (8-15, 8-15) are A registers 0..3. */
+FA_HD fa_frag_coord fa_tc_ldsm_a(int lane, int row0, int col0)
+{
+    fa_frag_coord c;
+    c.row = row0 + lane % 8 + 8 * ((lane / 8) % 2);
+    c.col = col0 + 8 * (lane / 16);
+    return c;
+}
+
+/* B operands of two adjacent n-tiles (n0.., n0 + 8..) at k0.. from a tile stored [n][k] (K: key
+ * rows, head-dim columns), no transpose: registers 0, 1 are B of n-tile n0, registers 2, 3 of
+ * n-tile n0 + 8. */
+FA_HD fa_frag_coord fa_tc_ldsm_b_nk(int lane, int n0, int k0)
+{
+    fa_frag_coord c;
+    c.row = n0 + lane % 8 + 8 * (lane / 16);
+    c.col = k0 + 8 * ((lane / 8) % 2);
+    return c;
+}
+
+/* B operands of two adjacent n-tiles from a tile stored [k][n] (V: key rows = k, head-dim
+ * columns = n), with ldmatrix .trans: registers 0, 1 for n-tile n0, 2, 3 for n0 + 8. */
+FA_HD fa_frag_coord fa_tc_ldsm_b_kn_trans(int lane, int k0, int n0)
+{
+    fa_frag_coord c;
+    c.row = k0 + lane % 8 + 8 * ((lane / 8) % 2);
+    c.col = n0 + 8 * (lane / 16);
+    return c;
+}
+
+/* mma.sync accumulator item -> (row, col) in the warp's 16 x N tile. */
+FA_HD fa_frag_coord fa_tc_mma_acc_coord(int lane, int item)
+{
+    fa_frag_coord c = fa_mma_c_coord(FA_MMA_SYNC_16X8X16, lane, item % 4);
+    c.col += 8 * (item / 4);
+    return c;
+}
+
+/* A lane of the mma.sync layer holds items of two rows ("slots"): lane / 4 and lane / 4 + 8; the
+ * four lanes of a quad share them. */
+FA_HD int fa_tc_mma_item_slot(int item) { return (item % 4) / 2; }
+FA_HD int fa_tc_mma_slot_row(int lane, int slot) { return lane / 4 + 8 * slot; }
+
+/* P reused as the A operand of P V: A register reg (0..3), half h (0 low, 1 high) of key step
+ * kstep (16 keys) is accumulator item fa_tc_p_item(kstep, reg, h) of the 16 x Bc score tile:
+ * the C layout of n-tiles 2 kstep and 2 kstep + 1 is the A layout of one k16 step. */
+FA_HD int fa_tc_p_item(int kstep, int reg, int half) { return 8 * kstep + 4 * (reg / 2) + 2 * (reg % 2) + half; }
+
+/* Plain-FMA layer accumulator item -> (row, col), warp of `warp` lanes (32 or 64). */
+FA_HD fa_frag_coord fa_tc_fma_acc_coord(int lane, int item, int warp)
+{
+    fa_frag_coord c;
+    c.row = lane % 16;
+    c.col = lane / 16 + (warp / 16) * item;
+    return c;
+}
+
+/* Plain-FMA layer, P V: the lane and item holding P[lane % 16][c] (read with a shuffle). */
+typedef struct fa_lane_item { int lane, item; } fa_lane_item;
+FA_HD fa_lane_item fa_tc_fma_p_source(int lane, int c, int warp)
+{
+    fa_lane_item s;
+    s.lane = lane % 16 + 16 * (c % (warp / 16));
+    s.item = c / (warp / 16);
+    return s;
+}
+#endif

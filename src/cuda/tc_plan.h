@@ -1,0 +1,88 @@
+/* Host-side planning of the tile-MMA forward (kernels/attention_tc.cuh): which kernel family the
+ * environment selects, the padded head dim and tile a problem runs with, its shared memory, and
+ * whether tiles can be copied in 16-byte chunks. Header-only C, tested on the CPU
+ * (tests/gpu/test_tc_layout.c). */
+#ifndef FA_GPU_TC_PLAN_H
+#define FA_GPU_TC_PLAN_H
+#include <stdint.h>
+#include <string.h>
+
+#include "../common/hostdev.h"
+
+/* Warps per block; each owns FA_TC_WARP_ROWS query rows, so a block owns FA_TC_BLOCK_ROWS. */
+#define FA_TC_WARPS 4
+#define FA_TC_WARP_ROWS 16
+#define FA_TC_BLOCK_ROWS (FA_TC_WARPS * FA_TC_WARP_ROWS)
+/* 16-bit elements per 16-byte chunk: the unit of cp.async, ldmatrix rows and the swizzle. */
+#define FA_TC_CHUNK 8
+
+/* Which forward kernels a context uses (environment variable FLASHATTN_GPU_KERNELS).
+ * GENERIC: the CUDA-core kernels of attention_generic.cuh (the default, the only verified ones).
+ * TC: the tile-MMA forward on the architecture's matrix instructions (mma.sync on NVIDIA).
+ * FMA: the same tile forward on the plain-FMA tile layer (the AMD RDNA path, also built for CUDA). */
+typedef enum fa_gpu_family { FA_GPU_FAMILY_GENERIC, FA_GPU_FAMILY_TC, FA_GPU_FAMILY_FMA, FA_GPU_FAMILY_INVALID } fa_gpu_family;
+
+/* NULL or "" (variable unset or empty) is the default. */
+static inline fa_gpu_family fa_gpu_parse_family(const char *value)
+{
+    if (!value || !*value || strcmp(value, "generic") == 0) return FA_GPU_FAMILY_GENERIC;
+    if (strcmp(value, "tc") == 0) return FA_GPU_FAMILY_TC;
+    if (strcmp(value, "fma") == 0) return FA_GPU_FAMILY_FMA;
+    return FA_GPU_FAMILY_INVALID;
+}
+
+static inline const char *fa_gpu_family_name(fa_gpu_family family)
+{
+    switch (family) {
+    case FA_GPU_FAMILY_GENERIC: return "generic";
+    case FA_GPU_FAMILY_TC: return "tc";
+    case FA_GPU_FAMILY_FMA: return "fma";
+    default: return "invalid";
+    }
+}
+
+/* Head dims are zero-padded to the next instantiated width (a multiple of 64, so that a row has a
+ * multiple of 8 chunks for the swizzle): 64, 128 or 256; 0 beyond 256 or for d <= 0. */
+FA_HD int fa_tc_padded_dim(int64_t head_dim)
+{
+    if (head_dim <= 0) return 0;
+    if (head_dim <= 64) return 64;
+    if (head_dim <= 128) return 128;
+    if (head_dim <= 256) return 256;
+    return 0;
+}
+
+/* Keys per tile: 64, or 32 at width 256 (keeps the S and O fragments in registers). */
+#define FA_TC_BLOCK_COLS(padded_dim) ((padded_dim) >= 256 ? 32 : 64)
+FA_HD int fa_tc_block_cols(int padded_dim) { return FA_TC_BLOCK_COLS(padded_dim); }
+
+/* Dynamic shared memory: Q (BLOCK_ROWS rows), K and V (block_cols rows each), 16-bit elements. */
+FA_HD int64_t fa_tc_smem_bytes(int padded_dim)
+{
+    return 2 * (int64_t)padded_dim * (FA_TC_BLOCK_ROWS + 2 * fa_tc_block_cols(padded_dim));
+}
+
+/* The backward kernels (attention_tc_backward.cuh) run widths up to 128 (dK, dV and dQ stay in
+ * registers); wider head dims use the generic backward. The dK/dV kernel owns FA_TC_BLOCK_ROWS keys
+ * and streams query tiles of FA_TC_BACKWARD_QUERY_TILE rows; the dQ kernel owns FA_TC_BLOCK_ROWS
+ * queries and streams key tiles of that many keys. */
+#define FA_TC_BACKWARD_MAX_WIDTH 128
+#define FA_TC_BACKWARD_QUERY_TILE 32
+
+/* Dynamic shared memory of the backward kernels (the larger of the two, dK/dV): K and V (or Q
+ * and dO) of FA_TC_BLOCK_ROWS rows, the streamed pair of tiles, lse and D of a query tile. */
+FA_HD int64_t fa_tc_backward_smem_bytes(int padded_dim)
+{
+    return 2 * (int64_t)padded_dim * (2 * FA_TC_BLOCK_ROWS + 2 * FA_TC_BACKWARD_QUERY_TILE) +
+           2 * (int64_t)sizeof(float) * FA_TC_BACKWARD_QUERY_TILE;
+}
+
+/* Whether every row of a 16-bit tensor starts on a 16-byte boundary and a row is whole chunks:
+ * then tiles move in 16-byte chunks (cp.async on NVIDIA); otherwise element by element. */
+FA_HD int fa_tc_chunk_aligned(const void *data, int64_t head_dim, int64_t stride_batch, int64_t stride_seq,
+                              int64_t stride_head)
+{
+    return (uintptr_t)data % 16 == 0 && head_dim % FA_TC_CHUNK == 0 && stride_batch % FA_TC_CHUNK == 0 &&
+           stride_seq % FA_TC_CHUNK == 0 && stride_head % FA_TC_CHUNK == 0;
+}
+#endif
