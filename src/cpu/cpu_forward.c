@@ -12,16 +12,17 @@
 #include "../common/alloc.h"
 #include "../common/error.h"
 #include "cpu_backend.h"
+#include "cpu_nan.h"
 #include "cpu_tile.h"
 
 typedef struct forward_scratch {
-    float *qt, *k, *v, *st, *o, *m, *l, *tile_max, *shift, *alpha, *tile_sum;
+    float *qt, *k, *v, *st, *o, *m, *l, *tile_max, *shift, *alpha, *tile_sum, *poison;
     fa_key_range *ranges;
 } forward_scratch;
 
 static void *forward_scratch_alloc(forward_scratch *w, int64_t br, int64_t bc, int64_t d)
 {
-    const int64_t floats = (d * br + 2 * bc * d + bc * br + br * d + 6 * br + 1) & ~(int64_t)1; /* ranges 8-aligned */
+    const int64_t floats = (d * br + 2 * bc * d + bc * br + br * d + 7 * br + 1) & ~(int64_t)1; /* ranges 8-aligned */
     char *base = fa_host_alloc((size_t)floats * sizeof(float) + (size_t)br * sizeof(fa_key_range));
     if (!base) return NULL;
     float *f = (float *)base;
@@ -35,7 +36,8 @@ static void *forward_scratch_alloc(forward_scratch *w, int64_t br, int64_t bc, i
     w->tile_max = f; f += br;
     w->shift = f; f += br;
     w->alpha = f; f += br;
-    w->tile_sum = f;
+    w->tile_sum = f; f += br;
+    w->poison = f;
     w->ranges = (fa_key_range *)(base + (size_t)floats * sizeof(float));
     return base;
 }
@@ -62,8 +64,8 @@ static void softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t
     for (int64_t r = 0; r < rows; ++r) w->l[r] = w->l[r] * w->alpha[r] + w->tile_sum[r];
 }
 
-static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, int64_t br, int64_t bc, int64_t b,
-                         int64_t h, int64_t i0, forward_scratch *w)
+static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const fa_cpu_nan_inputs *nan, int64_t br,
+                         int64_t bc, int64_t b, int64_t h, int64_t i0, forward_scratch *w)
 {
     const int64_t d = p->head_dim, hk = h / (p->heads_q / p->heads_kv);
     const int64_t rows_n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
@@ -75,6 +77,7 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, int64_
     for (int64_t r = 0; r < rows_n; ++r) {
         w->m[r] = -INFINITY;
         w->l[r] = 0.0f;
+        w->poison[r] = nan->q && rows.range[r].hi > rows.range[r].lo && fa_cpu_row_has_nan(&p->q, b, i0 + r, h);
     }
     memset(w->o, 0, (size_t)(rows_n * d) * sizeof(float));
     if (rows.key_hi > rows.key_lo) fa_cpu_load_transposed(&p->q, b, i0, h, rows_n, w->qt, br);
@@ -92,14 +95,24 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, int64_
         if (vis != FA_TILE_FULL || !fold) fa_cpu_scale_mask(p, &rows, j0, cols, vis, fold, w->st, br);
         softmax_step(kern, scale_in_exp, rows_n, cols, w, br);
         if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, b, h, &rows, j0, cols, w->st, br);
-        kern->gemm(rows_n, d, cols, w->st, 1, br, v, ldv, w->o, d, w->alpha, 1); /* O = alpha O + P V */
+        if (nan->k) fa_cpu_mark_nan_keys(p, b, hk, rows.range, i0, rows_n, j0, cols, w->poison);
+        /* w->v may already hold this tile (widened): the NaN-free copy goes to the K buffer. */
+        const int v_nan = nan->v && fa_cpu_copy_without_nan(v, ldv, cols, d, w->k);
+        kern->gemm(rows_n, d, cols, w->st, 1, br, v_nan ? w->k : v, v_nan ? d : ldv, w->o, d, w->alpha,
+                   1); /* O = alpha O + P V */
+        if (v_nan) fa_cpu_poison_from_v(p, rows.range, i0, rows_n, j0, cols, v, ldv, w->o);
     }
 
     for (int64_t r = 0; r < rows_n; ++r) {
         const float l = w->l[r];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int64_t c = 0; c < d; ++c) w->o[r * d + c] *= inv;
-        if (p->lse) p->lse[(b * p->heads_q + h) * p->seqlen_q + i0 + r] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+        float lse = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+        if (w->poison[r] != 0.0f) {
+            for (int64_t c = 0; c < d; ++c) w->o[r * d + c] = NAN;
+            lse = NAN;
+        }
+        if (p->lse) p->lse[(b * p->heads_q + h) * p->seqlen_q + i0 + r] = lse;
     }
     fa_cpu_store_rows(&p->out, b, i0, h, rows_n, w->o, d);
 }
@@ -111,9 +124,11 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     fa_cpu_problem_tiles(s, p, &br, &bc);
     const int64_t q_tiles = (p->seqlen_q + br - 1) / br;
     const int64_t tasks = p->batch * p->heads_q * q_tiles;
+    const int threads = fa_cpu_thread_count(s->num_threads);
     int out_of_memory = 0;
+    const fa_cpu_nan_inputs nan = fa_cpu_find_nan_inputs(p, threads);
 
-#pragma omp parallel num_threads(fa_cpu_thread_count(s->num_threads))
+#pragma omp parallel num_threads(threads)
     {
         forward_scratch w = {0};
         void *block = forward_scratch_alloc(&w, br, bc, p->head_dim);
@@ -127,7 +142,7 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
         for (int64_t t = 0; t < tasks; ++t) {
             if (!block) continue;
             const int64_t qt = q_tiles - 1 - t / (p->batch * p->heads_q), bh = t % (p->batch * p->heads_q);
-            forward_task(p, s->kernels, br, bc, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
+            forward_task(p, s->kernels, &nan, br, bc, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
         }
         fa_host_free(block);
     }
