@@ -255,26 +255,33 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 #pragma omp atomic write
             out_of_memory = 1;
         }
+        /* The tasks read every thread's share of D: if any thread lacks its scratch, no thread
+         * starts (the decision is the same in every thread, so the worksharing stays legal). */
+#pragma omp barrier
+        int team_ready;
+#pragma omp atomic read
+        team_ready = out_of_memory;
+        team_ready = !team_ready;
+        if (team_ready) {
 #pragma omp for schedule(static)
-        for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x)
-            if (block) delta[x] = row_delta(p, x, &w);
-        if (fused) {
+            for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x) delta[x] = row_delta(p, x, &w);
+            if (fused) {
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < kv_pairs; ++t)
-                if (block) kv_head_task(p, s->kernels, delta, br, bc, t / p->heads_kv, t % p->heads_kv, &dq, &w);
-        } else {
-            /* Longest tasks first under a causal mask: early key tiles, late query tiles. */
+                for (int64_t t = 0; t < kv_pairs; ++t)
+                    kv_head_task(p, s->kernels, delta, br, bc, t / p->heads_kv, t % p->heads_kv, &dq, &w);
+            } else {
+                /* Longest tasks first under a causal mask: early key tiles, late query tiles. */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < kv_pairs * k_tiles; ++t) {
-                if (!block) continue;
-                const int64_t kt = t / kv_pairs, bh = t % kv_pairs;
-                key_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_kv, bh % p->heads_kv, kt * bc, NULL, &w);
-            }
+                for (int64_t t = 0; t < kv_pairs * k_tiles; ++t) {
+                    const int64_t kt = t / kv_pairs, bh = t % kv_pairs;
+                    key_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_kv, bh % p->heads_kv, kt * bc, NULL,
+                                  &w);
+                }
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < q_pairs * q_tiles; ++t) {
-                if (!block) continue;
-                const int64_t qt = q_tiles - 1 - t / q_pairs, bh = t % q_pairs;
-                query_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
+                for (int64_t t = 0; t < q_pairs * q_tiles; ++t) {
+                    const int64_t qt = q_tiles - 1 - t / q_pairs, bh = t % q_pairs;
+                    query_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
+                }
             }
         }
         fa_host_free(dq.buffer);
