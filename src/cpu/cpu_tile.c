@@ -1,5 +1,7 @@
 #include "cpu_tile.h"
 
+#include <string.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -58,13 +60,18 @@ void fa_cpu_load_transposed(const fa_tensor *t, int64_t b, int64_t s0, int64_t h
 const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
                               int64_t rows, float *scratch, int64_t *ld)
 {
-    if (t->dtype == FA_DTYPE_F32) {
-        *ld = t->stride_seq;
+    const int64_t d = t->head_dim;
+    /* Contiguous f32 rows are used in place. Strided rows (heads interleaved: a stride of
+     * heads * d floats, often a power of two) are copied: a tile's rows would otherwise fall into
+     * a few cache sets and evict each other from L1 and L2 (measured: half the FMA rate). */
+    if (t->dtype == FA_DTYPE_F32 && (t->stride_seq == d || rows == 1)) {
+        *ld = d;
         return fa_row_ptr(t, b, s0, h);
     }
-    const int64_t d = t->head_dim;
     *ld = d;
-    if (t->dtype == FA_DTYPE_F16)
+    if (t->dtype == FA_DTYPE_F32)
+        for (int64_t r = 0; r < rows; ++r) memcpy(scratch + r * d, fa_row_ptr(t, b, s0 + r, h), (size_t)d * sizeof(float));
+    else if (t->dtype == FA_DTYPE_F16)
         for (int64_t r = 0; r < rows; ++r) kern->f16_to_f32(fa_row_ptr(t, b, s0 + r, h), scratch + r * d, d);
     else
         fa_cpu_load_rows(t, b, s0, h, rows, scratch, d);
