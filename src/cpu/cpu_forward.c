@@ -63,25 +63,26 @@ static void *forward_scratch_alloc(forward_scratch *w, int64_t group, int64_t br
 }
 
 /* Online-softmax step for one key tile whose raw scores are in w->st (cols x rows): new running
- * max, the shift for the exponential and the rescale factor of the accumulated output. */
+ * max m, the shift for the exponential, the rescale factor of the accumulated output, and the
+ * running sum l. */
 static void softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t rows, int64_t cols,
-                         forward_scratch *w, query_tile *t, int64_t ld)
+                         forward_scratch *w, float *m, float *l, int64_t ld)
 {
     kern->col_max(w->st, ld, cols, rows, w->tile_max);
     for (int64_t r = 0; r < rows; ++r) {
         const float tile_max = w->tile_max[r] * scale_in_exp; /* -inf stays -inf (scale > 0) */
-        const float m_new = t->m[r] > tile_max ? t->m[r] : tile_max;
+        const float m_new = m[r] > tile_max ? m[r] : tile_max;
         if (m_new == -INFINITY) { /* nothing visible in this row so far: P = 0, O stays 0 */
             w->shift[r] = INFINITY;
             w->alpha[r] = 1.0f;
             continue;
         }
         w->shift[r] = m_new;
-        w->alpha[r] = expf(t->m[r] - m_new); /* 0 on the first visible tile */
-        t->m[r] = m_new;
+        w->alpha[r] = expf(m[r] - m_new); /* 0 on the first visible tile */
+        m[r] = m_new;
     }
     kern->exp_cols(w->st, ld, cols, rows, scale_in_exp, w->shift, w->tile_sum);
-    for (int64_t r = 0; r < rows; ++r) t->l[r] = t->l[r] * w->alpha[r] + w->tile_sum[r];
+    for (int64_t r = 0; r < rows; ++r) l[r] = l[r] * w->alpha[r] + w->tile_sum[r];
 }
 
 static void query_tile_begin(const fa_problem *p, const fa_cpu_nan_inputs *nan, int64_t br, int64_t b, int64_t h,
@@ -116,6 +117,76 @@ static void query_tile_end(const fa_problem *p, int64_t b, int64_t h, query_tile
     fa_cpu_store_rows(&p->out, b, i0, h, t->rows.count, t->o, d);
 }
 
+/* What a task's query tiles share: the problem, and the key tile K_j, V_j being applied. */
+typedef struct forward_task_ctx {
+    const fa_problem *p;
+    const fa_cpu_kernels *kern;
+    const fa_cpu_nan_inputs *nan;
+    int64_t br, b, h, hk;
+    int fold;           /* exp(scale * s - m): the scale folded into the exponential (scale > 0) */
+    float scale_in_exp;
+    int64_t j0;         /* the key tile: keys j0.. */
+    const float *k, *v, *v_clean; /* v_clean: V_j with NaN replaced by 0, or NULL */
+    int64_t ldk, ldv;
+} forward_task_ctx;
+
+/* The keys in [lo, hi) that rows [r0, r0 + count) of t can see, as a row set and a key range. */
+static int64_t visible_span(const query_tile *t, int64_t r0, int64_t count, int64_t lo, int64_t hi,
+                            fa_cpu_rows *rows, int64_t *span_lo)
+{
+    *rows = (fa_cpu_rows){t->rows.i0 + r0, count, t->ranges + r0, INT64_MAX, 0};
+    for (int64_t r = 0; r < count; ++r) {
+        const fa_key_range k = t->ranges[r0 + r];
+        if (k.hi <= k.lo) continue;
+        if (k.lo < rows->key_lo) rows->key_lo = k.lo;
+        if (k.hi > rows->key_hi) rows->key_hi = k.hi;
+    }
+    *span_lo = rows->key_lo > lo ? rows->key_lo : lo;
+    const int64_t span_hi = rows->key_hi < hi ? rows->key_hi : hi;
+    return span_hi > *span_lo ? span_hi - *span_lo : 0;
+}
+
+/* One online-softmax step of rows [r0, r0 + count) of query tile t on the keys [lo, hi) of the
+ * key tile. Where a causal or window diagonal crosses the rows, they are halved (down to the
+ * kernels' register tile) so that each half multiplies only the keys it sees: the work spent
+ * on masked scores halves with each split. The split depends on the shape only. */
+static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile *t, int64_t r0, int64_t count,
+                      int64_t lo, int64_t hi)
+{
+    const fa_problem *p = c->p;
+    const fa_cpu_kernels *kern = c->kern;
+    const int64_t d = p->head_dim, br = c->br;
+    fa_cpu_rows rows;
+    int64_t key0;
+    const int64_t keys = visible_span(t, r0, count, lo, hi, &rows, &key0);
+    if (keys == 0) return;
+    const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, key0, keys);
+    if (vis == FA_TILE_EMPTY) return; /* never touches K_j, V_j for these rows (Algorithm 5) */
+    const int64_t min_rows = kern->nr > 16 ? kern->nr : 16;
+    if (vis == FA_TILE_PARTIAL && count >= 2 * min_rows) {
+        const int64_t half = (count / 2 + min_rows - 1) / min_rows * min_rows;
+        fa_cpu_rows top, bottom;
+        int64_t top_lo, bottom_lo;
+        const int64_t top_keys = visible_span(t, r0, half, key0, key0 + keys, &top, &top_lo);
+        const int64_t bottom_keys = visible_span(t, r0 + half, count - half, key0, key0 + keys, &bottom, &bottom_lo);
+        if (top_keys + bottom_keys < 2 * keys) { /* the halves see fewer keys than the rows together */
+            rows_step(c, w, t, r0, half, key0, key0 + keys);
+            rows_step(c, w, t, r0 + half, count - half, key0, key0 + keys);
+            return;
+        }
+    }
+    const float *k = c->k + (key0 - c->j0) * c->ldk, *v = c->v + (key0 - c->j0) * c->ldv;
+    kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0); /* S^T = K Q^T */
+    if (vis != FA_TILE_FULL || !c->fold) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
+    softmax_step(kern, c->scale_in_exp, count, keys, w, t->m + r0, t->l + r0, br);
+    if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, br);
+    if (c->nan->k) fa_cpu_mark_nan_keys(p, c->b, c->hk, rows.range, rows.i0, count, key0, keys, t->poison + r0);
+    const float *v_used = c->v_clean ? c->v_clean + (key0 - c->j0) * d : v;
+    kern->gemm(count, d, keys, w->st, 1, br, v_used, c->v_clean ? d : c->ldv, t->o + r0 * d, d, w->alpha,
+               1); /* O = alpha O + P V */
+    if (c->v_clean) fa_cpu_poison_from_v(p, rows.range, rows.i0, count, key0, keys, v, c->ldv, t->o + r0 * d);
+}
+
 /* One task: `group` consecutive query tiles of (b, h) from i0. Each key tile K_j, V_j is loaded
  * once for the whole group (the K/V traffic from memory drops by the group size), then every
  * query tile runs one online-softmax step on the keys of K_j it can see. Key tiles lie on a
@@ -124,10 +195,10 @@ static void query_tile_end(const fa_problem *p, int64_t b, int64_t h, query_tile
 static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const fa_cpu_nan_inputs *nan, int64_t br,
                          int64_t bc, int64_t group, int64_t b, int64_t h, int64_t i0, forward_scratch *w)
 {
-    const int64_t d = p->head_dim, hk = h / (p->heads_q / p->heads_kv);
-    /* exp(scale * s - m) folds the scale into the exponential when it keeps the max (scale > 0). */
-    const int fold = p->scale > 0.0f;
-    const float scale_in_exp = fold ? p->scale : 1.0f;
+    const int64_t d = p->head_dim;
+    forward_task_ctx c = {.p = p, .kern = kern, .nan = nan, .br = br, .b = b, .h = h,
+                          .hk = h / (p->heads_q / p->heads_kv), .fold = p->scale > 0.0f};
+    c.scale_in_exp = c.fold ? p->scale : 1.0f;
     int64_t tiles = 0, key_lo = INT64_MAX, key_hi = 0;
     for (; tiles < group && i0 + tiles * br < p->seqlen_q; ++tiles) {
         query_tile *t = &w->tiles[tiles];
@@ -138,34 +209,23 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
     }
 
     /* Key tiles from the first key any row sees to the last, so a causal or window mask costs only
-     * the keys these rows can see (to within one tile's rows). */
+     * the keys these rows can see. */
     for (int64_t j0 = key_lo < key_hi ? key_lo / bc * bc : key_hi; j0 < key_hi; j0 += bc) {
         const int64_t cols = key_hi - j0 < bc ? key_hi - j0 : bc;
-        const float *k = NULL, *v = NULL;
-        int64_t ldk = 0, ldv = 0;
-        int v_nan = 0;
+        c.j0 = j0;
+        c.k = NULL;
         for (int64_t g = 0; g < tiles; ++g) {
             query_tile *t = &w->tiles[g];
-            const int64_t rows_n = t->rows.count;
-            const int64_t lo = t->rows.key_lo > j0 ? t->rows.key_lo : j0;
-            const int64_t hi = t->rows.key_hi < j0 + cols ? t->rows.key_hi : j0 + cols;
-            if (hi <= lo) continue;
-            const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &t->rows, lo, hi - lo);
-            if (vis == FA_TILE_EMPTY) continue; /* never loads K_j, V_j for it (Algorithm 5) */
-            if (!k) {
-                k = fa_cpu_view_rows(&p->k, kern, b, j0, hk, cols, w->k, &ldk);
-                v = fa_cpu_view_rows(&p->v, kern, b, j0, hk, cols, w->v, &ldv);
-                v_nan = nan->v && fa_cpu_copy_without_nan(v, ldv, cols, d, w->v_clean);
+            fa_cpu_rows rows;
+            int64_t lo;
+            const int64_t keys = visible_span(t, 0, t->rows.count, j0, j0 + cols, &rows, &lo);
+            if (keys == 0 || fa_cpu_tile_visibility(p, &rows, lo, keys) == FA_TILE_EMPTY) continue;
+            if (!c.k) { /* loaded once, for the first query tile that sees it */
+                c.k = fa_cpu_view_rows(&p->k, kern, b, j0, c.hk, cols, w->k, &c.ldk);
+                c.v = fa_cpu_view_rows(&p->v, kern, b, j0, c.hk, cols, w->v, &c.ldv);
+                c.v_clean = nan->v && fa_cpu_copy_without_nan(c.v, c.ldv, cols, d, w->v_clean) ? w->v_clean : NULL;
             }
-            const float *k_lo = k + (lo - j0) * ldk, *v_lo = v + (lo - j0) * ldv;
-            kern->gemm(hi - lo, rows_n, d, k_lo, ldk, 1, t->qt, br, w->st, br, NULL, 0); /* S^T = K Q^T */
-            if (vis != FA_TILE_FULL || !fold) fa_cpu_scale_mask(p, &t->rows, lo, hi - lo, vis, fold, w->st, br);
-            softmax_step(kern, scale_in_exp, rows_n, hi - lo, w, t, br);
-            if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, b, h, &t->rows, lo, hi - lo, w->st, br);
-            if (nan->k) fa_cpu_mark_nan_keys(p, b, hk, t->ranges, t->rows.i0, rows_n, lo, hi - lo, t->poison);
-            kern->gemm(rows_n, d, hi - lo, w->st, 1, br, v_nan ? w->v_clean + (lo - j0) * d : v_lo,
-                       v_nan ? d : ldv, t->o, d, w->alpha, 1); /* O = alpha O + P V */
-            if (v_nan) fa_cpu_poison_from_v(p, t->ranges, t->rows.i0, rows_n, lo, hi - lo, v_lo, ldv, t->o);
+            rows_step(&c, w, t, 0, t->rows.count, lo, lo + keys);
         }
     }
     for (int64_t g = 0; g < tiles; ++g) query_tile_end(p, b, h, &w->tiles[g]);
