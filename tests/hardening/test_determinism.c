@@ -26,6 +26,10 @@ static const determinism_case cases[] = {
     {"padding window bf16", {3, 4, 1, 90, 170, 16}, FA_DTYPE_BF16, 0, 1, 20, 5, 0.0f},
     {"causal seqlen_q > seqlen_k f16", {1, 4, 4, 200, 60, 64}, FA_DTYPE_F16, 1, 0, -1, -1, 0.1f},
     {"head_dim 1", {2, 2, 1, 77, 77, 1}, FA_DTYPE_F32, 0, 0, -1, -1, 0.0f},
+    /* Enough query tiles that the forward groups a different number of them per task at 1, 2
+     * and 3+ threads, and a window wide enough that a group's keys span two key tiles (the
+     * grouping follows the thread count, the arithmetic must not). */
+    {"query grouping causal window f32", {1, 1, 1, 1536, 1536, 64}, FA_DTYPE_F32, 1, 0, 900, -1, 0.0f},
 };
 
 static int quick(void) { return getenv("FA_TEST_QUICK") && getenv("FA_TEST_QUICK")[0] == '1'; }
