@@ -297,6 +297,14 @@ int main(int argc, char **argv)
             tensors_free(&t);
         }
     fprintf(stderr, "\n");
+#ifdef FA_BENCH_HAVE_OPENBLAS
+    /* The machine may have been busier when the rate was taken: say so rather than trust it. */
+    const double sgemm_end = std_sgemm_rate(2048, o.threads, 10);
+    printf("\nsgemm 2048^3 again at the end: %.1f GFLOP/s", sgemm_end);
+    if (sgemm_end > 1.1 * sgemm_rate || sgemm_end < 0.9 * sgemm_rate)
+        printf(" (differs by more than 10%% from the start: the 'peak' column is unreliable)");
+    printf("\n");
+#endif
     if (csv) fclose(csv);
     fa_context_destroy(ctx);
     return failures ? 1 : 0;
