@@ -22,11 +22,11 @@ typedef struct determinism_case {
 } determinism_case;
 
 static const determinism_case cases[] = {
-    {"dense f32", {2, 3, 3, 131, 97, 32}, FA_DTYPE_F32, 0, 0, -1, -1, 0.0f},
-    {"causal gqa dropout f32", {2, 6, 2, 150, 150, 40}, FA_DTYPE_F32, 1, 0, -1, -1, 0.3f},
-    {"padding window bf16", {3, 4, 1, 90, 170, 16}, FA_DTYPE_BF16, 0, 1, 20, 5, 0.0f},
-    {"causal seqlen_q > seqlen_k f16", {1, 4, 4, 200, 60, 64}, FA_DTYPE_F16, 1, 0, -1, -1, 0.1f},
-    {"head_dim 1", {2, 2, 1, 77, 77, 1}, FA_DTYPE_F32, 0, 0, -1, -1, 0.0f},
+    {"dense f32", {2, 3, 3, 131, 97, 32}, FA_DTYPE_F32, 0, 0, -1, -1, 0.0f, 0},
+    {"causal gqa dropout f32", {2, 6, 2, 150, 150, 40}, FA_DTYPE_F32, 1, 0, -1, -1, 0.3f, 0},
+    {"padding window bf16", {3, 4, 1, 90, 170, 16}, FA_DTYPE_BF16, 0, 1, 20, 5, 0.0f, 0},
+    {"causal seqlen_q > seqlen_k f16", {1, 4, 4, 200, 60, 64}, FA_DTYPE_F16, 1, 0, -1, -1, 0.1f, 0},
+    {"head_dim 1", {2, 2, 1, 77, 77, 1}, FA_DTYPE_F32, 0, 0, -1, -1, 0.0f, 0},
     /* Enough query tiles that the forward groups a different number of them per task at 1, 2
      * and 3+ threads, and a window wide enough that a group's keys span two key tiles (the
      * grouping follows the thread count, the arithmetic must not). */
