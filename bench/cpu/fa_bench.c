@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bench_clock.h"
+#include "common/half.h"
 #include "flashattn.h"
 #ifdef FA_BENCH_HAVE_OPENBLAS
 #include "std_attention.h"
@@ -16,19 +17,37 @@
 enum { MAX_LIST = 16, MAX_REPS = 64 };
 typedef enum pass { PASS_FWD, PASS_BWD, PASS_FWDBWD } pass;
 static const char *pass_names[] = {"fwd", "bwd", "fwd+bwd"};
+static const char *dtype_names[] = {"f32", "f16", "bf16"}; /* indexed by fa_dtype */
 
 typedef struct options {
     int64_t n[MAX_LIST], d[MAX_LIST];
     int n_count, d_count, heads, threads, max_reps, std_max_n, info, masks; /* masks: bit 0 dense, bit 1 causal */
     int passes;                                                           /* bit per pass */
     int median;                                                           /* 1: median of the reps, 0: best */
+    int dtypes;                                                           /* bit per fa_dtype */
     double min_seconds;
     const char *csv;
 } options;
 
 typedef struct tensors {
     float *q, *k, *v, *out, *dout, *dq, *dk, *dv, *lse;
+    uint16_t *half[8]; /* q, k, v, out, dout, dq, dk, dv in f16 or bf16 (--dtype) */
 } tensors;
+
+/* "f32,f16,bf16" -> a bit per fa_dtype, 0 on an unknown name. */
+static int parse_dtypes(const char *s)
+{
+    int bits = 0;
+    while (*s) {
+        const size_t len = strcspn(s, ",");
+        int found = 0;
+        for (int t = 0; t < 3; ++t)
+            if (strlen(dtype_names[t]) == len && !strncmp(s, dtype_names[t], len)) bits |= 1 << t, found = 1;
+        if (!found) return 0;
+        s += len + (s[len] == ',');
+    }
+    return bits;
+}
 
 static int parse_list(const char *s, int64_t *out)
 {
@@ -46,19 +65,21 @@ static void usage(void)
 {
     puts("usage: fa-bench [--info] [--quick] [--n 512,1024,...] [--d 64,128] [--heads 8] [--threads 2]\n"
          "                [--mask dense|causal|both] [--pass fwd|bwd|fwdbwd|all] [--reps 3] [--min-time 1.0]\n"
-         "                [--std-max-n 8192] [--stat best|median] [--clock wall|cpu] [--csv FILE]\n"
+         "                [--std-max-n 8192] [--stat best|median] [--clock wall|cpu] [--dtype f32,f16,bf16] [--csv FILE]\n"
          "  Default: N = 512..16384, d = 64 and 128, dense and causal, all passes, 8 heads, 2 threads.\n"
          "  --quick: N = 512, 1024, 2048, d = 64, one timed repetition.\n"
          "  Standard attention runs up to --std-max-n (it needs 2 N x N floats per thread).\n"
          "  --stat: report the best (default) or the median of the timed repetitions.\n"
          "  --clock cpu: process CPU time / threads instead of wall time (a loaded machine, --threads 1).\n"
+         "  --dtype: input/output types to time (default f32); with several, 't/f32' is each row's time over\n"
+         "           the f32 time of the same cell (standard attention is f32 only).\n"
          "  FLASHATTN_CPU_ISA=ref|avx2|avx512|neon forces the kernels.");
 }
 
 static int parse_options(int argc, char **argv, options *o)
 {
     *o = (options){.n = {512, 1024, 2048, 4096, 8192, 16384}, .d = {64, 128}, .n_count = 6, .d_count = 2,
-                   .heads = 8, .threads = 2, .max_reps = 3, .std_max_n = 8192, .masks = 3, .passes = 7,
+                   .heads = 8, .threads = 2, .max_reps = 3, .std_max_n = 8192, .masks = 3, .passes = 7, .dtypes = 1,
                    .min_seconds = 1.0};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -80,6 +101,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--min-time")) o->min_seconds = atof(val);
             else if (!strcmp(a, "--std-max-n")) o->std_max_n = atoi(val);
             else if (!strcmp(a, "--csv")) o->csv = val;
+            else if (!strcmp(a, "--dtype")) o->dtypes = parse_dtypes(val);
             else if (!strcmp(a, "--stat") && (!strcmp(val, "best") || !strcmp(val, "median"))) o->median = !strcmp(val, "median");
             else if (!strcmp(a, "--clock") && (!strcmp(val, "wall") || !strcmp(val, "cpu"))) bench_use_cpu_clock = !strcmp(val, "cpu");
             else if (!strcmp(a, "--mask")) o->masks = !strcmp(val, "dense") ? 1 : !strcmp(val, "causal") ? 2 : !strcmp(val, "both") ? 3 : 0;
@@ -88,7 +110,7 @@ static int parse_options(int argc, char **argv, options *o)
             else { fprintf(stderr, "fa-bench: unknown option %s (see --help)\n", a); return -1; }
         }
     }
-    if (o->n_count <= 0 || o->d_count <= 0 || o->heads <= 0 || o->threads <= 0 || o->max_reps <= 0 || o->max_reps > MAX_REPS || !o->masks ||
+    if (o->n_count <= 0 || o->d_count <= 0 || o->heads <= 0 || o->threads <= 0 || o->max_reps <= 0 || o->max_reps > MAX_REPS || !o->masks || !o->dtypes ||
         !o->passes) {
         fprintf(stderr, "fa-bench: invalid option value (see --help)\n");
         return -1;
@@ -111,6 +133,19 @@ static void tensors_free(tensors *t)
 {
     float **all[] = {&t->q, &t->k, &t->v, &t->out, &t->dout, &t->dq, &t->dk, &t->dv, &t->lse};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) { free(*all[i]); *all[i] = NULL; }
+    for (int i = 0; i < 8; ++i) { free(t->half[i]); t->half[i] = NULL; }
+}
+
+/* The f16 or bf16 copies of the eight tensors (inputs rounded from the f32 ones). */
+static int tensors_to_half(tensors *t, size_t count, fa_dtype dtype)
+{
+    const float *src[8] = {t->q, t->k, t->v, t->out, t->dout, t->dq, t->dk, t->dv};
+    for (int i = 0; i < 8; ++i) {
+        if (!t->half[i] && !(t->half[i] = malloc(count * sizeof(uint16_t)))) return -1;
+        for (size_t e = 0; e < count; ++e)
+            t->half[i][e] = dtype == FA_DTYPE_F16 ? fa_f32_to_f16(src[i][e]) : fa_f32_to_bf16(src[i][e]);
+    }
+    return 0;
 }
 
 static int tensors_alloc(tensors *t, int64_t n, int64_t heads, int64_t d)
@@ -240,14 +275,17 @@ int main(int argc, char **argv)
     if (o.csv && !csv) { fprintf(stderr, "fa-bench: cannot write %s\n", o.csv); return 1; }
     if (csv)
         fprintf(csv, "pass,n,d,heads,threads,mask,flash_ms,flash_gflops,flash_peak_fraction,flash_extra_mib,"
-                     "std_ms,std_gflops,std_extra_mib,speedup,sgemm_gflops,isa\n");
+                     "std_ms,std_gflops,std_extra_mib,speedup,sgemm_gflops,isa,dtype,time_vs_f32\n");
     const char *isa = strstr(fa_context_info(ctx), "isa ");
     char isa_name[16] = "?";
     if (isa) sscanf(isa + 4, "%15[^,]", isa_name);
-    printf("\n%-8s %6s %4s %-6s | %10s %8s %5s %9s | %10s %8s %9s | %7s\n", "pass", "N", "d", "mask", "flash ms",
-           "GFLOP/s", "peak", "extra MiB", "std ms", "GFLOP/s", "extra MiB", "speedup");
+    printf("\n%-8s %6s %4s %-6s %-4s | %10s %8s %5s %9s | %10s %8s %9s | %7s%s\n", "pass", "N", "d", "mask", "type",
+           "flash ms", "GFLOP/s", "peak", "extra MiB", "std ms", "GFLOP/s", "extra MiB", "speedup",
+           __builtin_popcount((unsigned)o.dtypes) > 1 ? " | t/f32" : "");
 
-    const int total = o.n_count * o.d_count * __builtin_popcount((unsigned)o.masks) * __builtin_popcount((unsigned)o.passes);
+    const int total = o.n_count * o.d_count * __builtin_popcount((unsigned)o.masks) *
+                      __builtin_popcount((unsigned)o.passes) * __builtin_popcount((unsigned)o.dtypes);
+    const int several_dtypes = __builtin_popcount((unsigned)o.dtypes) > 1;
     int done = 0, failures = 0;
     for (int di = 0; di < o.d_count; ++di)
         for (int ni = 0; ni < o.n_count; ++ni) {
@@ -256,42 +294,62 @@ int main(int argc, char **argv)
             if (tensors_alloc(&t, n, o.heads, d)) { fprintf(stderr, "fa-bench: out of memory at N = %lld\n", (long long)n); return 1; }
             for (int causal = 0; causal < 2; ++causal) {
                 if (!(o.masks & (1 << causal))) continue;
-                run_ctx r = {.ctx = ctx, .lse = t.lse};
-                fa_attention_desc_init(&r.desc);
-                r.desc.causal = causal;
-                const fa_tensor shape = {NULL, FA_DTYPE_F32, 1, n, o.heads, d, 0, 0, 0};
-                r.q = r.k = r.v = r.out = r.dout = r.dq = r.dk = r.dv = shape;
-                r.q.data = t.q; r.k.data = t.k; r.v.data = t.v; r.out.data = t.out;
-                r.dout.data = t.dout; r.dq.data = t.dq; r.dk.data = t.dk; r.dv.data = t.dv;
-                if (run_flash(&r, PASS_FWD)) { fprintf(stderr, "fa-bench: %s\n", fa_last_error()); return 1; } /* lse for bwd */
                 for (int ps = 0; ps < 3; ++ps) {
                     if (!(o.passes & (1 << ps))) continue;
-                    fprintf(stderr, "\r[%d/%d] %s N=%lld d=%lld %s ...            ", ++done, total, pass_names[ps],
-                            (long long)n, (long long)d, causal ? "causal" : "dense");
-                    measurement flash, std = {0, -1, 0};
-                    MEASURE(flash, &o, run_flash(&r, (pass)ps));
+                    double f32_seconds = 0.0; /* this cell's f32 time, for t/f32 */
+                    for (int dt = 0; dt < 3; ++dt) {
+                        if (!(o.dtypes & (1 << dt))) continue;
+                        const fa_dtype dtype = (fa_dtype)dt;
+                        if (dtype != FA_DTYPE_F32 && tensors_to_half(&t, (size_t)(n * o.heads * d), dtype)) {
+                            fprintf(stderr, "fa-bench: out of memory at N = %lld\n", (long long)n);
+                            return 1;
+                        }
+                        run_ctx r = {.ctx = ctx, .lse = t.lse};
+                        fa_attention_desc_init(&r.desc);
+                        r.desc.causal = causal;
+                        const fa_tensor shape = {NULL, dtype, 1, n, o.heads, d, 0, 0, 0};
+                        fa_tensor *views[8] = {&r.q, &r.k, &r.v, &r.out, &r.dout, &r.dq, &r.dk, &r.dv};
+                        float *f32_data[8] = {t.q, t.k, t.v, t.out, t.dout, t.dq, t.dk, t.dv};
+                        for (int i = 0; i < 8; ++i) {
+                            *views[i] = shape;
+                            views[i]->data = dtype == FA_DTYPE_F32 ? (void *)f32_data[i] : (void *)t.half[i];
+                        }
+                        if (run_flash(&r, PASS_FWD)) { fprintf(stderr, "fa-bench: %s\n", fa_last_error()); return 1; } /* lse for bwd */
+                        fprintf(stderr, "\r[%d/%d] %s N=%lld d=%lld %s %s ...            ", ++done, total, pass_names[ps],
+                                (long long)n, (long long)d, causal ? "causal" : "dense", dtype_names[dt]);
+                        measurement flash, std = {0, -1, 0};
+                        MEASURE(flash, &o, run_flash(&r, (pass)ps));
 #ifdef FA_BENCH_HAVE_OPENBLAS
-                    const std_problem sp = {n, o.heads, d, causal, o.threads, t.q, t.k, t.v, t.dout,
-                                            t.out, t.dq, t.dk, t.dv};
-                    if (n <= o.std_max_n) MEASURE(std, &o, run_std(&sp, (pass)ps));
+                        const std_problem sp = {n, o.heads, d, causal, o.threads, t.q, t.k, t.v, t.dout,
+                                                t.out, t.dq, t.dk, t.dv};
+                        if (dtype == FA_DTYPE_F32 && n <= o.std_max_n) MEASURE(std, &o, run_std(&sp, (pass)ps));
 #endif
-                    if (!flash.ok) { ++failures; fprintf(stderr, "\nfa-bench: %s\n", fa_last_error()); continue; }
-                    const double flops = attention_flops(n, o.heads, d, causal, (pass)ps);
-                    const double fg = flops / flash.seconds * 1e-9, sg = std.ok ? flops / std.seconds * 1e-9 : 0.0;
-                    const double fmib = flash.peak_bytes / 1048576.0, smib = std.peak_bytes / 1048576.0;
-                    fprintf(stderr, "\r%70s\r", "");
-                    printf("%-8s %6lld %4lld %-6s | %10.2f %8.1f %5.2f %9.1f | ", pass_names[ps], (long long)n,
-                           (long long)d, causal ? "causal" : "dense", flash.seconds * 1e3, fg,
-                           sgemm_rate > 0 ? fg / sgemm_rate : NAN, fmib);
-                    if (std.ok) printf("%10.2f %8.1f %9.1f | %6.2fx\n", std.seconds * 1e3, sg, smib, std.seconds / flash.seconds);
-                    else printf("%10s %8s %9s | %7s\n", "-", "-", "-", "-");
-                    fflush(stdout);
-                    if (csv)
-                        fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s\n",
-                                pass_names[ps], (long long)n, (long long)d, o.heads, o.threads,
-                                causal ? "causal" : "dense", flash.seconds * 1e3, fg,
-                                sgemm_rate > 0 ? fg / sgemm_rate : 0.0, fmib, std.ok ? std.seconds * 1e3 : 0.0, sg,
-                                std.ok ? smib : 0.0, std.ok ? std.seconds / flash.seconds : 0.0, sgemm_rate, isa_name);
+                        if (!flash.ok) { ++failures; fprintf(stderr, "\nfa-bench: %s\n", fa_last_error()); continue; }
+                        if (dtype == FA_DTYPE_F32) f32_seconds = flash.seconds;
+                        const double vs_f32 = f32_seconds > 0 ? flash.seconds / f32_seconds : 0.0;
+                        const double flops = attention_flops(n, o.heads, d, causal, (pass)ps);
+                        const double fg = flops / flash.seconds * 1e-9, sg = std.ok ? flops / std.seconds * 1e-9 : 0.0;
+                        const double fmib = flash.peak_bytes / 1048576.0, smib = std.peak_bytes / 1048576.0;
+                        fprintf(stderr, "\r%70s\r", "");
+                        printf("%-8s %6lld %4lld %-6s %-4s | %10.2f %8.1f %5.2f %9.1f | ", pass_names[ps], (long long)n,
+                               (long long)d, causal ? "causal" : "dense", dtype_names[dt], flash.seconds * 1e3, fg,
+                               sgemm_rate > 0 ? fg / sgemm_rate : NAN, fmib);
+                        if (std.ok) printf("%10.2f %8.1f %9.1f | %6.2fx", std.seconds * 1e3, sg, smib, std.seconds / flash.seconds);
+                        else printf("%10s %8s %9s | %7s", "-", "-", "-", "-");
+                        if (several_dtypes) {
+                            if (vs_f32 > 0) printf(" | %5.2f", vs_f32);
+                            else printf(" | %5s", "-");
+                        }
+                        printf("\n");
+                        fflush(stdout);
+                        if (csv)
+                            fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s,%s,%.4f\n",
+                                    pass_names[ps], (long long)n, (long long)d, o.heads, o.threads,
+                                    causal ? "causal" : "dense", flash.seconds * 1e3, fg,
+                                    sgemm_rate > 0 ? fg / sgemm_rate : 0.0, fmib, std.ok ? std.seconds * 1e3 : 0.0, sg,
+                                    std.ok ? smib : 0.0, std.ok ? std.seconds / flash.seconds : 0.0, sgemm_rate, isa_name,
+                                    dtype_names[dt], vs_f32);
+                    }
                 }
             }
             tensors_free(&t);

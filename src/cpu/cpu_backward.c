@@ -61,8 +61,8 @@ static void load_query_side(const fa_problem *p, const fa_cpu_kernels *kern, con
     const int64_t base = (b * p->heads_q + h) * p->seqlen_q + rows->i0;
     w->q_rows = fa_cpu_view_rows(&p->q, kern, b, rows->i0, h, rows->count, w->q, &w->ldq);
     w->dout_rows = fa_cpu_view_rows(&p->dout, kern, b, rows->i0, h, rows->count, w->dout, &w->lddo);
-    fa_cpu_load_transposed(&p->q, b, rows->i0, h, rows->count, w->qt, br);
-    fa_cpu_load_transposed(&p->dout, b, rows->i0, h, rows->count, w->dout_t, br);
+    fa_cpu_load_transposed(&p->q, kern, b, rows->i0, h, rows->count, w->qt, br);
+    fa_cpu_load_transposed(&p->dout, kern, b, rows->i0, h, rows->count, w->dout_t, br);
     for (int64_t r = 0; r < rows->count; ++r) {
         w->shift[r] = p->lse[base + r] == -INFINITY ? INFINITY : p->lse[base + r];
         w->delta[r] = delta[base + r];

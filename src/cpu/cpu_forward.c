@@ -85,8 +85,8 @@ static void softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t
     for (int64_t r = 0; r < rows; ++r) l[r] = l[r] * w->alpha[r] + w->tile_sum[r];
 }
 
-static void query_tile_begin(const fa_problem *p, const fa_cpu_nan_inputs *nan, int64_t br, int64_t b, int64_t h,
-                             int64_t i0, query_tile *t)
+static void query_tile_begin(const fa_problem *p, const fa_cpu_kernels *kern, const fa_cpu_nan_inputs *nan, int64_t br,
+                             int64_t b, int64_t h, int64_t i0, query_tile *t)
 {
     const int64_t rows_n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
     fa_cpu_rows_init(p, b, i0, rows_n, t->ranges, &t->rows);
@@ -96,7 +96,7 @@ static void query_tile_begin(const fa_problem *p, const fa_cpu_nan_inputs *nan, 
         t->poison[r] = nan->q && t->ranges[r].hi > t->ranges[r].lo && fa_cpu_row_has_nan(&p->q, b, i0 + r, h);
     }
     memset(t->o, 0, (size_t)(rows_n * p->head_dim) * sizeof(float));
-    if (t->rows.key_hi > t->rows.key_lo) fa_cpu_load_transposed(&p->q, b, i0, h, rows_n, t->qt, br);
+    if (t->rows.key_hi > t->rows.key_lo) fa_cpu_load_transposed(&p->q, kern, b, i0, h, rows_n, t->qt, br);
 }
 
 /* O_i = diag(1/l) O_i, the log-sum-exp, NaN poisoning, and the store. */
@@ -202,7 +202,7 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
     int64_t tiles = 0, key_lo = INT64_MAX, key_hi = 0;
     for (; tiles < group && i0 + tiles * br < p->seqlen_q; ++tiles) {
         query_tile *t = &w->tiles[tiles];
-        query_tile_begin(p, nan, br, b, h, i0 + tiles * br, t);
+        query_tile_begin(p, kern, nan, br, b, h, i0 + tiles * br, t);
         if (t->rows.key_hi <= t->rows.key_lo) continue;
         if (t->rows.key_lo < key_lo) key_lo = t->rows.key_lo;
         if (t->rows.key_hi > key_hi) key_hi = t->rows.key_hi;

@@ -26,34 +26,37 @@ void fa_cpu_load_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int6
     }
 }
 
-void fa_cpu_load_transposed(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, float *dst,
-                            int64_t ld)
+/* Widens n values of a 16-bit row with the ISA's kernels (exact either way). */
+static void widen(const fa_cpu_kernels *kern, fa_dtype dtype, const uint16_t *src, float *dst, int64_t n)
 {
+    if (dtype == FA_DTYPE_F16) kern->f16_to_f32(src, dst, n);
+    else kern->bf16_to_f32(src, dst, n);
+}
+
+void fa_cpu_load_transposed(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
+                            int64_t rows, float *dst, int64_t ld)
+{
+    enum { ROWS = 16, COLS = 64 }; /* a 4 KiB block of widened f16/bf16 values */
     const int64_t d = t->head_dim;
-    /* The dtype switch sits outside the loops: this runs once per tile pair in the backward. */
-    switch (t->dtype) {
-    case FA_DTYPE_F32:
-        /* Blocks of 16 rows: each column's 16 values are written to one contiguous line. */
-        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-            const int64_t n = rows - r0 < 16 ? rows - r0 : 16;
-            const float *src[16];
-            for (int64_t r = 0; r < n; ++r) src[r] = fa_row_ptr(t, b, s0 + r0 + r, h);
+    /* Blocks of 16 rows: each column's 16 values are written to one contiguous line. f16/bf16
+     * rows are widened by the vector kernels into a small block first (this runs once per tile
+     * pair in the backward). */
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+        const int64_t n = rows - r0 < ROWS ? rows - r0 : ROWS;
+        const void *src[ROWS];
+        for (int64_t r = 0; r < n; ++r) src[r] = fa_row_ptr(t, b, s0 + r0 + r, h);
+        if (t->dtype == FA_DTYPE_F32) {
             for (int64_t c = 0; c < d; ++c)
-                for (int64_t r = 0; r < n; ++r) dst[c * ld + r0 + r] = src[r][c];
+                for (int64_t r = 0; r < n; ++r) dst[c * ld + r0 + r] = ((const float *)src[r])[c];
+            continue;
         }
-        break;
-    case FA_DTYPE_F16:
-        for (int64_t r = 0; r < rows; ++r) {
-            const uint16_t *src = fa_row_ptr(t, b, s0 + r, h);
-            for (int64_t c = 0; c < d; ++c) dst[c * ld + r] = fa_f16_to_f32(src[c]);
+        for (int64_t c0 = 0; c0 < d; c0 += COLS) {
+            const int64_t width = d - c0 < COLS ? d - c0 : COLS;
+            float block[ROWS * COLS];
+            for (int64_t r = 0; r < n; ++r) widen(kern, t->dtype, (const uint16_t *)src[r] + c0, block + r * COLS, width);
+            for (int64_t c = 0; c < width; ++c)
+                for (int64_t r = 0; r < n; ++r) dst[(c0 + c) * ld + r0 + r] = block[r * COLS + c];
         }
-        break;
-    case FA_DTYPE_BF16:
-        for (int64_t r = 0; r < rows; ++r) {
-            const uint16_t *src = fa_row_ptr(t, b, s0 + r, h);
-            for (int64_t c = 0; c < d; ++c) dst[c * ld + r] = fa_bf16_to_f32(src[c]);
-        }
-        break;
     }
 }
 
@@ -71,10 +74,8 @@ const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, in
     *ld = d;
     if (t->dtype == FA_DTYPE_F32)
         for (int64_t r = 0; r < rows; ++r) memcpy(scratch + r * d, fa_row_ptr(t, b, s0 + r, h), (size_t)d * sizeof(float));
-    else if (t->dtype == FA_DTYPE_F16)
-        for (int64_t r = 0; r < rows; ++r) kern->f16_to_f32(fa_row_ptr(t, b, s0 + r, h), scratch + r * d, d);
     else
-        fa_cpu_load_rows(t, b, s0, h, rows, scratch, d);
+        for (int64_t r = 0; r < rows; ++r) widen(kern, t->dtype, fa_row_ptr(t, b, s0 + r, h), scratch + r * d, d);
     return scratch;
 }
 

@@ -21,8 +21,8 @@ static inline void *fa_row_ptr(const fa_tensor *t, int64_t b, int64_t s, int64_t
 /* dst[r * ld + c] = tensor[b, s0 + r, h, c] for r < rows, c < head_dim, converted to f32. */
 void fa_cpu_load_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, float *dst, int64_t ld);
 /* dst[c * ld + r] = tensor[b, s0 + r, h, c] (the transposed tile, packed once per query tile). */
-void fa_cpu_load_transposed(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, float *dst,
-                            int64_t ld);
+void fa_cpu_load_transposed(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
+                            int64_t rows, float *dst, int64_t ld);
 /* Rows s0 .. s0 + rows of (b, h) as an f32 matrix: in place (no copy) for f32 tensors, else
  * converted into scratch (ld = head_dim). Returns the matrix and sets *ld. */
 const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,

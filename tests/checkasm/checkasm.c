@@ -132,23 +132,36 @@ static void test_exp_cols(void **state)
         }
 }
 
-static void test_f16_to_f32(void **state)
+/* A widening kernel on all 65536 inputs, bit for bit (NaN: any NaN). */
+static void check_widening(const char *isa, const char *name, void (*widen)(const uint16_t *, float *, int64_t),
+                           float (*want_of)(uint16_t))
 {
-    const fa_cpu_kernels *isa = isa_or_skip(state);
     enum { ALL = 65536 };
     uint16_t *h = malloc(ALL * sizeof *h);
     float *f = malloc((ALL + 1) * sizeof *f);
     assert_non_null(h); assert_non_null(f);
     for (int x = 0; x < ALL; ++x) h[x] = (uint16_t)x;
     f[ALL - 3] = 7.0f;
-    isa->f16_to_f32(h, f, ALL - 3); /* odd length: the scalar tail runs too */
+    widen(h, f, ALL - 3); /* odd length: the scalar tail runs too */
     assert_true(f[ALL - 3] == 7.0f);
     for (int x = 0; x < ALL - 3; ++x) {
-        const float want = fa_f16_to_f32(h[x]);
+        const float want = want_of(h[x]);
         if (isnan(want) ? !isnan(f[x]) : fa_f32_bits(f[x]) != fa_f32_bits(want))
-            fail_msg("f16_to_f32 %s: 0x%04x -> %g, want %g", isa->isa, x, f[x], want);
+            fail_msg("%s %s: 0x%04x -> %g, want %g", name, isa, x, f[x], want);
     }
     free(h); free(f);
+}
+
+static void test_f16_to_f32(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state);
+    check_widening(isa->isa, "f16_to_f32", isa->f16_to_f32, fa_f16_to_f32);
+}
+
+static void test_bf16_to_f32(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state);
+    check_widening(isa->isa, "bf16_to_f32", isa->bf16_to_f32, fa_bf16_to_f32);
 }
 
 /* ---- whole problems: forced ISA against forced ref ---------------------------------------------- */
@@ -287,7 +300,7 @@ static void test_override(void **state)
 
 int main(void)
 {
-    struct CMUnitTest tests[ISA_COUNT * 5 + 1];
+    struct CMUnitTest tests[ISA_COUNT * 6 + 1];
     size_t count = 0;
     for (int i = 0; i < ISA_COUNT; ++i) {
         void *name = (void *)isa_names[i];
@@ -295,6 +308,7 @@ int main(void)
         tests[count++] = (struct CMUnitTest){"col_max", test_col_max, NULL, NULL, name};
         tests[count++] = (struct CMUnitTest){"exp_cols", test_exp_cols, NULL, NULL, name};
         tests[count++] = (struct CMUnitTest){"f16_to_f32", test_f16_to_f32, NULL, NULL, name};
+        tests[count++] = (struct CMUnitTest){"bf16_to_f32", test_bf16_to_f32, NULL, NULL, name};
         tests[count++] = (struct CMUnitTest){"whole_problems", test_whole_problems, NULL, NULL, name};
     }
     tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_override);

@@ -21,6 +21,7 @@
  *             arguments in [-87.3, 88]; below -87.3 (results under FLT_MIN) ISA kernels may flush
  *             to zero.
  *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
+ *   bf16_to_f32: dst[i] = bfloat16 src[i] widened (exact: the 16 bits become the top half).
  * Results are deterministic: the same inputs give the same bits on every call and thread. */
 #ifndef FA_CPU_KERNELS_H
 #define FA_CPU_KERNELS_H
@@ -35,6 +36,7 @@ typedef struct fa_cpu_kernels {
     void (*col_max)(const float *x, int64_t ld, int64_t rows, int64_t cols, float *out);
     void (*exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift, float *sum);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
+    void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
     int64_t mr, nr, tile_step;
 } fa_cpu_kernels;
