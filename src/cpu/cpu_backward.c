@@ -147,8 +147,8 @@ static void key_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, const
         }
     }
     for (int64_t x = 0; x < cols * d; ++x) dk[x] *= p->scale;
-    fa_cpu_store_rows(&p->dk, b, j0, hk, cols, dk, d);
-    fa_cpu_store_rows(&p->dv, b, j0, hk, cols, dv, d);
+    fa_cpu_store_rows(&p->dk, kern, b, j0, hk, cols, dk, d);
+    fa_cpu_store_rows(&p->dv, kern, b, j0, hk, cols, dv, d);
 }
 
 /* Fused path: dK, dV and dQ of one (batch, kv head) and its query heads. dQ_i sums its key tiles
@@ -168,7 +168,7 @@ static void kv_head_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
         float *rows = dq_rows(p, dq, b, h, 0, &ld);
         for (int64_t i = 0; i < p->seqlen_q; ++i)
             for (int64_t c = 0; c < d; ++c) rows[i * ld + c] *= p->scale;
-        if (dq->buffer) fa_cpu_store_rows(&p->dq, b, 0, h, p->seqlen_q, rows, ld);
+        if (dq->buffer) fa_cpu_store_rows(&p->dq, kern, b, 0, h, p->seqlen_q, rows, ld);
     }
 }
 
@@ -195,17 +195,18 @@ static void query_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, con
         kern->gemm(rows.count, d, cols, w->dst, 1, br, k, ldk, dq, d, NULL, 1); /* dQ += dS K */
     }
     for (int64_t x = 0; x < rows.count * d; ++x) dq[x] *= p->scale;
-    fa_cpu_store_rows(&p->dq, b, i0, h, rows.count, dq, d);
+    fa_cpu_store_rows(&p->dq, kern, b, i0, h, rows.count, dq, d);
 }
 
 /* D_x = rowsum(dO o O) of one row x = (b, h, i), accumulated in double. */
-static float row_delta(const fa_problem *p, int64_t x, backward_scratch *w)
+static float row_delta(const fa_problem *p, const fa_cpu_kernels *kern, int64_t x, backward_scratch *w)
 {
     const int64_t i = x % p->seqlen_q, h = (x / p->seqlen_q) % p->heads_q, b = x / (p->seqlen_q * p->heads_q);
-    fa_cpu_load_rows(&p->out, b, i, h, 1, w->q, p->head_dim);
-    fa_cpu_load_rows(&p->dout, b, i, h, 1, w->dout, p->head_dim);
+    int64_t ld;
+    const float *o = fa_cpu_view_rows(&p->out, kern, b, i, h, 1, w->q, &ld);
+    const float *dout = fa_cpu_view_rows(&p->dout, kern, b, i, h, 1, w->dout, &ld);
     double sum = 0.0;
-    for (int64_t c = 0; c < p->head_dim; ++c) sum += (double)w->q[c] * (double)w->dout[c];
+    for (int64_t c = 0; c < p->head_dim; ++c) sum += (double)o[c] * (double)dout[c];
     return (float)sum;
 }
 
@@ -264,7 +265,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
         team_ready = !team_ready;
         if (team_ready) {
 #pragma omp for schedule(static)
-            for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x) delta[x] = row_delta(p, x, &w);
+            for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x) delta[x] = row_delta(p, s->kernels, x, &w);
             if (fused) {
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t t = 0; t < kv_pairs; ++t)

@@ -100,7 +100,7 @@ static void query_tile_begin(const fa_problem *p, const fa_cpu_kernels *kern, co
 }
 
 /* O_i = diag(1/l) O_i, the log-sum-exp, NaN poisoning, and the store. */
-static void query_tile_end(const fa_problem *p, int64_t b, int64_t h, query_tile *t)
+static void query_tile_end(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h, query_tile *t)
 {
     const int64_t d = p->head_dim, i0 = t->rows.i0;
     for (int64_t r = 0; r < t->rows.count; ++r) {
@@ -114,7 +114,7 @@ static void query_tile_end(const fa_problem *p, int64_t b, int64_t h, query_tile
         }
         if (p->lse) p->lse[(b * p->heads_q + h) * p->seqlen_q + i0 + r] = lse;
     }
-    fa_cpu_store_rows(&p->out, b, i0, h, t->rows.count, t->o, d);
+    fa_cpu_store_rows(&p->out, kern, b, i0, h, t->rows.count, t->o, d);
 }
 
 /* What a task's query tiles share: the problem, and the key tile K_j, V_j being applied. */
@@ -228,7 +228,7 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
             rows_step(&c, w, t, 0, t->rows.count, lo, lo + keys);
         }
     }
-    for (int64_t g = 0; g < tiles; ++g) query_tile_end(p, b, h, &w->tiles[g]);
+    for (int64_t g = 0; g < tiles; ++g) query_tile_end(p, kern, b, h, &w->tiles[g]);
 }
 
 /* Query tiles per task: enough to cut the K/V traffic (each task loads every key tile once)

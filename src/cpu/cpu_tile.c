@@ -79,8 +79,8 @@ const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, in
     return scratch;
 }
 
-void fa_cpu_store_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, const float *src,
-                       int64_t ld)
+void fa_cpu_store_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
+                       int64_t rows, const float *src, int64_t ld)
 {
     const int64_t d = t->head_dim;
     for (int64_t r = 0; r < rows; ++r) {
@@ -88,10 +88,10 @@ void fa_cpu_store_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int
         const float *in = src + r * ld;
         switch (t->dtype) {
         case FA_DTYPE_F32:
-            for (int64_t c = 0; c < d; ++c) ((float *)dst)[c] = in[c];
+            memcpy(dst, in, (size_t)d * sizeof(float));
             break;
         case FA_DTYPE_F16:
-            for (int64_t c = 0; c < d; ++c) ((uint16_t *)dst)[c] = fa_f32_to_f16(in[c]);
+            kern->f32_to_f16(in, dst, d);
             break;
         case FA_DTYPE_BF16:
             for (int64_t c = 0; c < d; ++c) ((uint16_t *)dst)[c] = fa_f32_to_bf16(in[c]);

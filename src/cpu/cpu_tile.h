@@ -28,8 +28,8 @@ void fa_cpu_load_transposed(const fa_tensor *t, const fa_cpu_kernels *kern, int6
 const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
                               int64_t rows, float *scratch, int64_t *ld);
 /* tensor[b, s0 + r, h, c] = src[r * ld + c], converted from f32. */
-void fa_cpu_store_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, const float *src,
-                       int64_t ld);
+void fa_cpu_store_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
+                       int64_t rows, const float *src, int64_t ld);
 
 /* Per query row of a tile: the visible key range (causal, window, padding). */
 typedef struct fa_cpu_rows {

@@ -164,6 +164,34 @@ static void test_bf16_to_f32(void **state)
     check_widening(isa->isa, "bf16_to_f32", isa->bf16_to_f32, fa_bf16_to_f32);
 }
 
+/* f32 -> binary16 bit for bit against fa_f32_to_f16: every sign, exponent and top 10 mantissa
+ * bits (bits 13..31) with the low 13 bits that decide the rounding at their edges (exact, just
+ * below / at / above a half, odd and even results) and one random pattern: 3.7M values, covering
+ * overflow to inf, subnormal results, flushes to zero and NaN payloads. */
+static void test_f32_to_f16(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state);
+    static const uint32_t low[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0};
+    enum { LOWS = sizeof low / sizeof low[0], HIGHS = 1 << 19, CHUNK = 4093 }; /* odd: scalar tails run */
+    float *f = malloc(CHUNK * sizeof *f);
+    uint16_t *h = malloc((CHUNK + 1) * sizeof *h);
+    assert_non_null(f); assert_non_null(h);
+    int64_t filled = 0;
+    for (uint32_t x = 0; x < (uint32_t)HIGHS * LOWS; ++x) {
+        const uint32_t pattern = x % LOWS == LOWS - 1 ? (uint32_t)(uniform(0, 1) * 8191.0f) : low[x % LOWS];
+        f[filled++] = fa_bits_f32((x / LOWS) << 13 | pattern);
+        if (filled < CHUNK && x + 1 < (uint32_t)HIGHS * LOWS) continue;
+        h[filled] = 0x5a5a;
+        isa->f32_to_f16(f, h, filled);
+        assert_true(h[filled] == 0x5a5a);
+        for (int64_t i = 0; i < filled; ++i)
+            if (h[i] != fa_f32_to_f16(f[i]))
+                fail_msg("f32_to_f16 %s: 0x%08x -> 0x%04x, want 0x%04x", isa->isa, fa_f32_bits(f[i]), h[i], fa_f32_to_f16(f[i]));
+        filled = 0;
+    }
+    free(f); free(h);
+}
+
 /* ---- whole problems: forced ISA against forced ref ---------------------------------------------- */
 typedef struct e2e_case {
     const char *name;
@@ -300,7 +328,7 @@ static void test_override(void **state)
 
 int main(void)
 {
-    struct CMUnitTest tests[ISA_COUNT * 6 + 1];
+    struct CMUnitTest tests[ISA_COUNT * 7 + 1];
     size_t count = 0;
     for (int i = 0; i < ISA_COUNT; ++i) {
         void *name = (void *)isa_names[i];
@@ -309,6 +337,7 @@ int main(void)
         tests[count++] = (struct CMUnitTest){"exp_cols", test_exp_cols, NULL, NULL, name};
         tests[count++] = (struct CMUnitTest){"f16_to_f32", test_f16_to_f32, NULL, NULL, name};
         tests[count++] = (struct CMUnitTest){"bf16_to_f32", test_bf16_to_f32, NULL, NULL, name};
+        tests[count++] = (struct CMUnitTest){"f32_to_f16", test_f32_to_f16, NULL, NULL, name};
         tests[count++] = (struct CMUnitTest){"whole_problems", test_whole_problems, NULL, NULL, name};
     }
     tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_override);

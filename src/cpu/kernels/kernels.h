@@ -22,6 +22,8 @@
  *             to zero.
  *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
  *   bf16_to_f32: dst[i] = bfloat16 src[i] widened (exact: the 16 bits become the top half).
+ *   f32_to_f16: dst[i] = src[i] rounded to binary16, to nearest even, bit for bit as fa_f32_to_f16
+ *             (common/half.h: overflow to inf, subnormal results, NaN quietened keeping the top payload).
  * Results are deterministic: the same inputs give the same bits on every call and thread. */
 #ifndef FA_CPU_KERNELS_H
 #define FA_CPU_KERNELS_H
@@ -29,6 +31,7 @@
 
 #include "flashattn.h"
 
+/* The ISA tables name their fields (designated initialisers): a kernel added here cannot shift the others. */
 typedef struct fa_cpu_kernels {
     const char *isa; /* "ref", "avx2", "avx512", "neon" */
     void (*gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
@@ -37,6 +40,7 @@ typedef struct fa_cpu_kernels {
     void (*exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift, float *sum);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
+    void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
     /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
     int64_t mr, nr, tile_step;
 } fa_cpu_kernels;

@@ -4,7 +4,8 @@
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
  *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VMAX, VMIN,
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
- *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened).
+ *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
+ *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored).
  * The register tile is MR x 2W: 2*MR accumulators, two B vectors and one broadcast of A. */
 #ifndef FA_VECTOR_KERNELS_H
 #define FA_VECTOR_KERNELS_H
@@ -165,4 +166,11 @@ static void KNAME(bf16_to_f32)(const uint16_t *src, float *dst, int64_t n)
     int64_t i = 0;
     for (; i + W <= n; i += W) VSTORE(dst + i, VLOAD_BF16(src + i));
     for (; i < n; ++i) dst[i] = fa_bf16_to_f32(src[i]);
+}
+
+static void KNAME(f32_to_f16)(const float *src, uint16_t *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + W <= n; i += W) VSTORE_F16(dst + i, VLOAD(src + i));
+    for (; i < n; ++i) dst[i] = fa_f32_to_f16(src[i]);
 }

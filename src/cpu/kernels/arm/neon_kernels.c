@@ -32,6 +32,7 @@
     vmulq_f32(y, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23)))
 #define VZERO_BELOW(y, x, lo) vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), vcltq_f32(x, lo)))
 #define VLOAD_F16(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
+#define VSTORE_F16(p, v) vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(v))) /* FPCR rounding: nearest even */
 #define VLOAD_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))
 
 static inline float32x4_t neon_load_first(const float *p, int n)
@@ -50,5 +51,13 @@ static inline void neon_store_first(float *p, int n, float32x4_t v)
 
 #include "../vector_kernels.h"
 
-const fa_cpu_kernels fa_cpu_kernels_neon = {"neon", neon_gemm, neon_col_max, neon_exp_cols, neon_f16_to_f32,
-                                            neon_bf16_to_f32, MR, 2 * W, 16};
+const fa_cpu_kernels fa_cpu_kernels_neon = {
+    .isa = "neon",
+    .gemm = neon_gemm,
+    .col_max = neon_col_max,
+    .exp_cols = neon_exp_cols,
+    .f16_to_f32 = neon_f16_to_f32,
+    .bf16_to_f32 = neon_bf16_to_f32,
+    .f32_to_f16 = neon_f32_to_f16,
+    .mr = MR, .nr = 2 * W, .tile_step = 16,
+};

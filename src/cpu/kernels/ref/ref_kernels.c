@@ -46,5 +46,18 @@ static void ref_bf16_to_f32(const uint16_t *src, float *dst, int64_t n)
     for (int64_t i = 0; i < n; ++i) dst[i] = fa_bf16_to_f32(src[i]);
 }
 
-const fa_cpu_kernels fa_cpu_kernels_ref = {"ref", ref_gemm, ref_col_max, ref_exp_cols, ref_f16_to_f32, ref_bf16_to_f32,
-                                           1, 1, 16};
+static void ref_f32_to_f16(const float *src, uint16_t *dst, int64_t n)
+{
+    for (int64_t i = 0; i < n; ++i) dst[i] = fa_f32_to_f16(src[i]);
+}
+
+const fa_cpu_kernels fa_cpu_kernels_ref = {
+    .isa = "ref",
+    .gemm = ref_gemm,
+    .col_max = ref_col_max,
+    .exp_cols = ref_exp_cols,
+    .f16_to_f32 = ref_f16_to_f32,
+    .bf16_to_f32 = ref_bf16_to_f32,
+    .f32_to_f16 = ref_f32_to_f16,
+    .mr = 1, .nr = 1, .tile_step = 16,
+};

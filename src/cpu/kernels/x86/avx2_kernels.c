@@ -29,6 +29,7 @@
     _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))
 #define VZERO_BELOW(y, x, lo) _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y)
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VSTORE_F16(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT))
 #define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 
 static const int32_t avx2_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
@@ -36,5 +37,13 @@ static const int32_t avx2_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0
 
 #include "../vector_kernels.h"
 
-const fa_cpu_kernels fa_cpu_kernels_avx2 = {"avx2", avx2_gemm, avx2_col_max, avx2_exp_cols, avx2_f16_to_f32,
-                                            avx2_bf16_to_f32, MR, 2 * W, 16};
+const fa_cpu_kernels fa_cpu_kernels_avx2 = {
+    .isa = "avx2",
+    .gemm = avx2_gemm,
+    .col_max = avx2_col_max,
+    .exp_cols = avx2_exp_cols,
+    .f16_to_f32 = avx2_f16_to_f32,
+    .bf16_to_f32 = avx2_bf16_to_f32,
+    .f32_to_f16 = avx2_f32_to_f16,
+    .mr = MR, .nr = 2 * W, .tile_step = 16,
+};

@@ -28,9 +28,18 @@
 #define VSCALE2(y, n) _mm512_scalef_ps(y, n)
 #define VZERO_BELOW(y, x, lo) _mm512_maskz_mov_ps((__mmask16)~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), y)
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VSTORE_F16(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT))
 #define VLOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 
 #include "../vector_kernels.h"
 
-const fa_cpu_kernels fa_cpu_kernels_avx512 = {"avx512", avx512_gemm, avx512_col_max, avx512_exp_cols,
-                                              avx512_f16_to_f32, avx512_bf16_to_f32, MR, 2 * W, 16};
+const fa_cpu_kernels fa_cpu_kernels_avx512 = {
+    .isa = "avx512",
+    .gemm = avx512_gemm,
+    .col_max = avx512_col_max,
+    .exp_cols = avx512_exp_cols,
+    .f16_to_f32 = avx512_f16_to_f32,
+    .bf16_to_f32 = avx512_bf16_to_f32,
+    .f32_to_f16 = avx512_f32_to_f16,
+    .mr = MR, .nr = 2 * W, .tile_step = 16,
+};
