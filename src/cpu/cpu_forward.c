@@ -130,6 +130,10 @@ typedef struct forward_task_ctx {
     int64_t ldk, ldv;
 } forward_task_ctx;
 
+/* The fewest query rows worth a gemm of their own: the kernels' register tile width (the query
+ * rows are the columns of S^T = K Q^T), at least the tile step. */
+static int64_t min_query_rows(const fa_cpu_kernels *kern) { return kern->nr > kern->tile_step ? kern->nr : kern->tile_step; }
+
 /* The keys in [lo, hi) that rows [r0, r0 + count) of t can see, as a row set and a key range. */
 static int64_t visible_span(const query_tile *t, int64_t r0, int64_t count, int64_t lo, int64_t hi,
                             fa_cpu_rows *rows, int64_t *span_lo)
@@ -162,7 +166,7 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     if (keys == 0) return;
     const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, key0, keys);
     if (vis == FA_TILE_EMPTY) return; /* never touches K_j, V_j for these rows (Algorithm 5) */
-    const int64_t min_rows = kern->nr > 16 ? kern->nr : 16;
+    const int64_t min_rows = min_query_rows(kern);
     if (vis == FA_TILE_PARTIAL && count >= 2 * min_rows) {
         const int64_t half = (count / 2 + min_rows - 1) / min_rows * min_rows;
         fa_cpu_rows top, bottom;
@@ -241,11 +245,24 @@ static int64_t query_group(const fa_problem *p, int64_t q_tiles, int threads)
     return group;
 }
 
+/* Small problems (few heads, short sequences): query tiles halved (down to the register tile)
+ * until there are 8 of them, so that 2 or 4 threads all get work. A row's arithmetic does not
+ * depend on Br (key tiles stay on the Bc grid; the rows are the independent columns of every
+ * product), and the rule reads the shape only: results stay bit-identical across thread counts. */
+static int64_t small_problem_rows(const fa_problem *p, const fa_cpu_kernels *kern, int64_t br)
+{
+    const int64_t heads = p->batch * p->heads_q, floor_rows = min_query_rows(kern);
+    while (br / 2 >= floor_rows && heads * ((p->seqlen_q + br - 1) / br) < 8)
+        br = (br / 2 + kern->tile_step - 1) / kern->tile_step * kern->tile_step;
+    return br;
+}
+
 fa_status fa_cpu_forward(void *state, const fa_problem *p)
 {
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);
+    br = small_problem_rows(p, s->kernels, br);
     const int64_t q_tiles = (p->seqlen_q + br - 1) / br;
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t group = query_group(p, q_tiles, threads);

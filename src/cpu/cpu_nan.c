@@ -7,16 +7,15 @@
 int fa_cpu_row_has_nan(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
 {
     const void *row = fa_row_ptr(t, b, s, h);
-    for (int64_t c = 0; c < t->head_dim; ++c) {
-        if (t->dtype == FA_DTYPE_F32) {
-            const float x = ((const float *)row)[c];
-            if (x != x) return 1;
-        } else {
-            const uint16_t bits = (uint16_t)(((const uint16_t *)row)[c] & 0x7fffu);
-            if (bits > (t->dtype == FA_DTYPE_F16 ? 0x7c00u : 0x7f80u)) return 1;
-        }
+    int found = 0; /* no early exit and the dtype outside the loops: they vectorise (every call scans Q, K, V) */
+    if (t->dtype == FA_DTYPE_F32) {
+        const float *x = row;
+        for (int64_t c = 0; c < t->head_dim; ++c) found |= x[c] != x[c];
+    } else {
+        const uint16_t *x = row, inf = t->dtype == FA_DTYPE_F16 ? 0x7c00u : 0x7f80u;
+        for (int64_t c = 0; c < t->head_dim; ++c) found |= (uint16_t)(x[c] & 0x7fffu) > inf;
     }
-    return 0;
+    return found;
 }
 
 static fa_key_range keys_of(const fa_problem *p, int64_t b, int64_t i)
@@ -40,13 +39,16 @@ fa_cpu_nan_inputs fa_cpu_find_nan_inputs(const fa_problem *p, int threads)
         }
         if (first < 0) continue;
         const int64_t q_rows = (last - first + 1) * p->heads_q, k_rows = (hi - lo) * p->heads_kv;
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : q)
-        for (int64_t x = 0; x < q_rows; ++x)
-            q |= fa_cpu_row_has_nan(&p->q, b, first + x / p->heads_q, x % p->heads_q);
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : k, v)
-        for (int64_t x = 0; x < k_rows; ++x) {
-            k |= fa_cpu_row_has_nan(&p->k, b, lo + x / p->heads_kv, x % p->heads_kv);
-            v |= fa_cpu_row_has_nan(&p->v, b, lo + x / p->heads_kv, x % p->heads_kv);
+        /* One parallel region for Q, K and V: small problems pay for each fork and join. */
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : q, k, v)
+        for (int64_t x = 0; x < q_rows + k_rows; ++x) {
+            if (x < q_rows) {
+                q |= fa_cpu_row_has_nan(&p->q, b, first + x / p->heads_q, x % p->heads_q);
+                continue;
+            }
+            const int64_t y = x - q_rows;
+            k |= fa_cpu_row_has_nan(&p->k, b, lo + y / p->heads_kv, y % p->heads_kv);
+            v |= fa_cpu_row_has_nan(&p->v, b, lo + y / p->heads_kv, y % p->heads_kv);
         }
     }
     return (fa_cpu_nan_inputs){q, k, v};

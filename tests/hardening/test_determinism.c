@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -84,10 +85,42 @@ static void check_case(const determinism_case *c)
 
 static void run_case(void **state) { check_case(*state); }
 
+/* The forward's small-problem rule picks the query tile height from the shape (fewer heads:
+ * shorter tiles, so that every thread gets one), which must not change any row's result: batch
+ * 0 of an 8-batch problem (tall tiles) holds the same data as a 1-batch problem (short tiles),
+ * and its out and lse must be bit-identical, dense and causal with a window. */
+static void test_small_problem_rows(void **state)
+{
+    (void)state;
+    const oracle_shape one = {1, 1, 1, 200, 200, 64}, eight = {8, 1, 1, 200, 200, 64};
+    for (int causal = 0; causal < 2; ++causal) {
+        fixture a, b;
+        assert_true(fixture_init(&a, &one, FA_DTYPE_F32, 7));
+        assert_true(fixture_init(&b, &eight, FA_DTYPE_F32, 8));
+        memcpy(b.q.data, a.q.data, fixture_q_bytes(&a)); /* batch 0 is the first block (packed) */
+        memcpy(b.k.data, a.k.data, fixture_k_bytes(&a));
+        memcpy(b.v.data, a.v.data, fixture_k_bytes(&a));
+        a.desc.causal = b.desc.causal = causal;
+        a.desc.window_left = b.desc.window_left = causal ? 50 : -1;
+        fa_context *ctx;
+        assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
+        assert_int_equal(fa_context_set_num_threads(ctx, 2), FA_SUCCESS);
+        assert_int_equal(fixture_forward(ctx, &a), FA_SUCCESS);
+        assert_int_equal(fixture_forward(ctx, &b), FA_SUCCESS);
+        if (memcmp(a.out.data, b.out.data, fixture_q_bytes(&a)) || memcmp(a.lse, b.lse, fixture_lse_bytes(&a)))
+            fail_msg("small-problem rows (%s): batch 0 of 8 differs from the same problem alone", causal ? "causal" : "dense");
+        fa_context_destroy(ctx);
+        fixture_free(&a);
+        fixture_free(&b);
+    }
+}
+
 int main(void)
 {
-    struct CMUnitTest tests[sizeof cases / sizeof cases[0]];
+    struct CMUnitTest tests[sizeof cases / sizeof cases[0] + 1];
+    size_t count = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
-        tests[i] = (struct CMUnitTest){cases[i].name, run_case, NULL, NULL, (void *)&cases[i]};
-    return _cmocka_run_group_tests("determinism", tests, sizeof tests / sizeof tests[0], NULL, NULL);
+        tests[count++] = (struct CMUnitTest){cases[i].name, run_case, NULL, NULL, (void *)&cases[i]};
+    tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_small_problem_rows);
+    return _cmocka_run_group_tests("determinism", tests, count, NULL, NULL);
 }
