@@ -10,6 +10,7 @@
 #include "bench_clock.h"
 #include "common/half.h"
 #include "flashattn.h"
+#include "torch_column.h"
 #ifdef FA_BENCH_HAVE_OPENBLAS
 #include "std_attention.h"
 #endif
@@ -25,6 +26,7 @@ typedef struct options {
     int passes;                                                           /* bit per pass */
     int median;                                                           /* 1: median of the reps, 0: best */
     int dtypes;                                                           /* bit per fa_dtype */
+    int torch;                                                            /* 1: PyTorch column if torch loads */
     double min_seconds;
     const char *csv;
 } options;
@@ -65,7 +67,8 @@ static void usage(void)
 {
     puts("usage: fa-bench [--info] [--quick] [--n 512,1024,...] [--d 64,128] [--heads 8] [--threads 2]\n"
          "                [--mask dense|causal|both] [--pass fwd|bwd|fwdbwd|all] [--reps 3] [--min-time 1.0]\n"
-         "                [--std-max-n 8192] [--stat best|median] [--clock wall|cpu] [--dtype f32,f16,bf16] [--csv FILE]\n"
+         "                [--std-max-n 8192] [--stat best|median] [--clock wall|cpu] [--dtype f32,f16,bf16] [--torch auto|off]\n"
+         "                [--csv FILE]\n"
          "  Default: N = 512..16384, d = 64 and 128, dense and causal, all passes, 8 heads, 2 threads.\n"
          "  --quick: N = 512, 1024, 2048, d = 64, one timed repetition.\n"
          "  Standard attention runs up to --std-max-n (it needs 2 N x N floats per thread).\n"
@@ -73,13 +76,15 @@ static void usage(void)
          "  --clock cpu: process CPU time / threads instead of wall time (a loaded machine, --threads 1).\n"
          "  --dtype: input/output types to time (default f32); with several, 't/f32' is each row's time over\n"
          "           the f32 time of the same cell (standard attention is f32 only).\n"
+         "  --torch auto (default): a PyTorch scaled_dot_product_attention column, timed in the same run by\n"
+         "           bench/cpu/torch_sdpa.py when `$FA_BENCH_PYTHON -c 'import torch'` works (default python3).\n"
          "  FLASHATTN_CPU_ISA=ref|avx2|avx512|neon forces the kernels.");
 }
 
 static int parse_options(int argc, char **argv, options *o)
 {
     *o = (options){.n = {512, 1024, 2048, 4096, 8192, 16384}, .d = {64, 128}, .n_count = 6, .d_count = 2,
-                   .heads = 8, .threads = 2, .max_reps = 3, .std_max_n = 8192, .masks = 3, .passes = 7, .dtypes = 1,
+                   .heads = 8, .threads = 2, .max_reps = 3, .std_max_n = 8192, .masks = 3, .passes = 7, .dtypes = 1, .torch = 1,
                    .min_seconds = 1.0};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -102,6 +107,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--std-max-n")) o->std_max_n = atoi(val);
             else if (!strcmp(a, "--csv")) o->csv = val;
             else if (!strcmp(a, "--dtype")) o->dtypes = parse_dtypes(val);
+            else if (!strcmp(a, "--torch") && (!strcmp(val, "auto") || !strcmp(val, "off"))) o->torch = !strcmp(val, "auto");
             else if (!strcmp(a, "--stat") && (!strcmp(val, "best") || !strcmp(val, "median"))) o->median = !strcmp(val, "median");
             else if (!strcmp(a, "--clock") && (!strcmp(val, "wall") || !strcmp(val, "cpu"))) bench_use_cpu_clock = !strcmp(val, "cpu");
             else if (!strcmp(a, "--mask")) o->masks = !strcmp(val, "dense") ? 1 : !strcmp(val, "causal") ? 2 : !strcmp(val, "both") ? 3 : 0;
@@ -261,7 +267,13 @@ int main(int argc, char **argv)
         return 1;
     }
     print_info(ctx, &o);
-    if (o.info) { fa_context_destroy(ctx); return 0; }
+    torch_column torch = {0};
+    if (o.torch) {
+        fprintf(stderr, "starting PyTorch for its column...\n");
+        torch_column_start(&torch, o.threads, bench_use_cpu_clock);
+        printf("%s\n", torch.about);
+    }
+    if (o.info) { torch_column_stop(&torch); fa_context_destroy(ctx); return 0; }
 
     double sgemm_rate = 0.0;
 #ifdef FA_BENCH_HAVE_OPENBLAS
@@ -275,13 +287,13 @@ int main(int argc, char **argv)
     if (o.csv && !csv) { fprintf(stderr, "fa-bench: cannot write %s\n", o.csv); return 1; }
     if (csv)
         fprintf(csv, "pass,n,d,heads,threads,mask,flash_ms,flash_gflops,flash_peak_fraction,flash_extra_mib,"
-                     "std_ms,std_gflops,std_extra_mib,speedup,sgemm_gflops,isa,dtype,time_vs_f32\n");
+                     "std_ms,std_gflops,std_extra_mib,speedup,sgemm_gflops,isa,dtype,time_vs_f32,torch_ms,speedup_vs_torch\n");
     const char *isa = strstr(fa_context_info(ctx), "isa ");
     char isa_name[16] = "?";
     if (isa) sscanf(isa + 4, "%15[^,]", isa_name);
-    printf("\n%-8s %6s %4s %-6s %-4s | %10s %8s %5s %9s | %10s %8s %9s | %7s%s\n", "pass", "N", "d", "mask", "type",
+    printf("\n%-8s %6s %4s %-6s %-4s | %10s %8s %5s %9s | %10s %8s %9s | %7s%s%s\n", "pass", "N", "d", "mask", "type",
            "flash ms", "GFLOP/s", "peak", "extra MiB", "std ms", "GFLOP/s", "extra MiB", "speedup",
-           __builtin_popcount((unsigned)o.dtypes) > 1 ? " | t/f32" : "");
+           __builtin_popcount((unsigned)o.dtypes) > 1 ? " | t/f32" : "", torch.to ? " |   torch ms vs torch" : "");
 
     const int total = o.n_count * o.d_count * __builtin_popcount((unsigned)o.masks) *
                       __builtin_popcount((unsigned)o.passes) * __builtin_popcount((unsigned)o.dtypes);
@@ -324,6 +336,12 @@ int main(int argc, char **argv)
                                                 t.out, t.dq, t.dk, t.dv};
                         if (dtype == FA_DTYPE_F32 && n <= o.std_max_n) MEASURE(std, &o, run_std(&sp, (pass)ps));
 #endif
+                        const int with_torch = torch.to != NULL;
+                        const double torch_ms = with_torch && dtype == FA_DTYPE_F32
+                                                    ? torch_column_time(&torch, pass_names[ps], n, d, o.heads, causal,
+                                                                        o.max_reps, o.min_seconds, o.median)
+                                                    : -1.0;
+                        const double vs_torch = torch_ms > 0 ? torch_ms / (flash.seconds * 1e3) : 0.0;
                         if (!flash.ok) { ++failures; fprintf(stderr, "\nfa-bench: %s\n", fa_last_error()); continue; }
                         if (dtype == FA_DTYPE_F32) f32_seconds = flash.seconds;
                         const double vs_f32 = f32_seconds > 0 ? flash.seconds / f32_seconds : 0.0;
@@ -340,15 +358,19 @@ int main(int argc, char **argv)
                             if (vs_f32 > 0) printf(" | %5.2f", vs_f32);
                             else printf(" | %5s", "-");
                         }
+                        if (with_torch) {
+                            if (torch_ms > 0) printf(" | %10.2f %7.2fx", torch_ms, vs_torch);
+                            else printf(" | %10s %8s", "-", "-");
+                        }
                         printf("\n");
                         fflush(stdout);
                         if (csv)
-                            fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s,%s,%.4f\n",
+                            fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s,%s,%.4f,%.4f,%.3f\n",
                                     pass_names[ps], (long long)n, (long long)d, o.heads, o.threads,
                                     causal ? "causal" : "dense", flash.seconds * 1e3, fg,
                                     sgemm_rate > 0 ? fg / sgemm_rate : 0.0, fmib, std.ok ? std.seconds * 1e3 : 0.0, sg,
                                     std.ok ? smib : 0.0, std.ok ? std.seconds / flash.seconds : 0.0, sgemm_rate, isa_name,
-                                    dtype_names[dt], vs_f32);
+                                    dtype_names[dt], vs_f32, torch_ms > 0 ? torch_ms : 0.0, vs_torch);
                     }
                 }
             }
@@ -364,6 +386,7 @@ int main(int argc, char **argv)
     printf("\n");
 #endif
     if (csv) fclose(csv);
+    torch_column_stop(&torch);
     fa_context_destroy(ctx);
     return failures ? 1 : 0;
 }

@@ -8,8 +8,9 @@ taking each row's median across the runs is steadier than any single run. Usage:
     bench/cpu/median_rounds.py r1.csv r2.csv r3.csv
 
 Columns: flash and standard ms (medians), speedup = median std ms / median flash ms, the
-fraction of each round's own sgemm rate (median), and causal / dense flash time at the same
-(pass, N, d).
+fraction of each round's own sgemm rate (median), causal / dense flash time at the same
+(pass, N, d), and where the runs have them: the type (--dtype) with its time over f32 (median of
+the per-round ratios), PyTorch SDPA ms and the median of the per-round torch / flash ratios.
 """
 import csv
 import statistics
@@ -21,27 +22,44 @@ def main(paths):
     for path in paths:
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
-                key = (r["pass"], int(r["n"]), int(r["d"]), r["mask"])
-                entry = rows.setdefault(key, {"flash": [], "std": [], "peak": []})
+                key = (r["pass"], int(r["n"]), int(r["d"]), r["mask"], r.get("dtype", "f32"))
+                entry = rows.setdefault(key, {"flash": [], "std": [], "peak": [], "vs_f32": [], "torch": [], "vs_torch": []})
                 entry["flash"].append(float(r["flash_ms"]))
                 if float(r["std_ms"]) > 0:
                     entry["std"].append(float(r["std_ms"]))
                 entry["peak"].append(float(r["flash_peak_fraction"]))
+                if float(r.get("time_vs_f32") or 0) > 0:
+                    entry["vs_f32"].append(float(r["time_vs_f32"]))
+                if float(r.get("torch_ms") or 0) > 0:
+                    entry["torch"].append(float(r["torch_ms"]))
+                    entry["vs_torch"].append(float(r["speedup_vs_torch"]))
+    types = len({k[4] for k in rows}) > 1
+    torch = any(e["torch"] for e in rows.values())
     print(f"Medians over {len(paths)} runs.\n")
-    print("| pass | N | d | mask | flash ms | std ms | speedup | of sgemm | causal / dense |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for key in sorted(rows, key=lambda k: (k[2], k[1], ["fwd", "bwd", "fwd+bwd"].index(k[0]), ["dense", "causal"].index(k[3]))):
+    head = "| pass | N | d | mask |" + (" type | t/f32 |" if types else "") + " flash ms | std ms | speedup | of sgemm | causal / dense |"
+    head += " torch ms | vs torch |" if torch else ""
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    med = statistics.median
+    order = lambda k: (k[2], k[1], ["fwd", "bwd", "fwd+bwd"].index(k[0]), ["dense", "causal"].index(k[3]),
+                       ["f32", "f16", "bf16"].index(k[4]))
+    for key in sorted(rows, key=order):
         e = rows[key]
-        flash = statistics.median(e["flash"])
-        std = statistics.median(e["std"]) if e["std"] else None
+        flash = med(e["flash"])
+        std = med(e["std"]) if e["std"] else None
         speedup = f"{std / flash:.2f}x" if std else "-"
         ratio = "-"
-        dense = rows.get((key[0], key[1], key[2], "dense"))
+        dense = rows.get((key[0], key[1], key[2], "dense", key[4]))
         if key[3] == "causal" and dense:
-            ratio = f"{flash / statistics.median(dense['flash']):.2f}"
+            ratio = f"{flash / med(dense['flash']):.2f}"
         std_text = f"{std:.1f}" if std else "-"
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {flash:.1f} | {std_text} | {speedup} | "
-              f"{statistics.median(e['peak']):.2f} | {ratio} |")
+        line = f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} |"
+        if types:
+            line += f" {key[4]} | " + (f"{med(e['vs_f32']):.2f}" if e["vs_f32"] and key[4] != "f32" else "-") + " |"
+        line += f" {flash:.1f} | {std_text} | {speedup} | {med(e['peak']):.2f} | {ratio} |"
+        if torch:
+            line += f" {med(e['torch']):.1f} | {med(e['vs_torch']):.2f}x |" if e["torch"] else " - | - |"
+        print(line)
 
 
 if __name__ == "__main__":
