@@ -174,3 +174,11 @@ static void KNAME(f32_to_f16)(const float *src, uint16_t *dst, int64_t n)
     for (; i + W <= n; i += W) VSTORE_F16(dst + i, VLOAD(src + i));
     for (; i < n; ++i) dst[i] = fa_f32_to_f16(src[i]);
 }
+
+/* The ISA's table (kernels.h), named by the including file: one list of kernels for every ISA. */
+#define FA_VECTOR_KERNEL_TABLE(name)                                                                      \
+    {                                                                                                     \
+        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols),          \
+        .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
+        .mr = MR, .nr = 2 * W, .tile_step = 16,                                                           \
+    }

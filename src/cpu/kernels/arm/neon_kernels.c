@@ -51,13 +51,4 @@ static inline void neon_store_first(float *p, int n, float32x4_t v)
 
 #include "../vector_kernels.h"
 
-const fa_cpu_kernels fa_cpu_kernels_neon = {
-    .isa = "neon",
-    .gemm = neon_gemm,
-    .col_max = neon_col_max,
-    .exp_cols = neon_exp_cols,
-    .f16_to_f32 = neon_f16_to_f32,
-    .bf16_to_f32 = neon_bf16_to_f32,
-    .f32_to_f16 = neon_f32_to_f16,
-    .mr = MR, .nr = 2 * W, .tile_step = 16,
-};
+const fa_cpu_kernels fa_cpu_kernels_neon = FA_VECTOR_KERNEL_TABLE("neon");

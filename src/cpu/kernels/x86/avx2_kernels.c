@@ -37,13 +37,4 @@ static const int32_t avx2_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0
 
 #include "../vector_kernels.h"
 
-const fa_cpu_kernels fa_cpu_kernels_avx2 = {
-    .isa = "avx2",
-    .gemm = avx2_gemm,
-    .col_max = avx2_col_max,
-    .exp_cols = avx2_exp_cols,
-    .f16_to_f32 = avx2_f16_to_f32,
-    .bf16_to_f32 = avx2_bf16_to_f32,
-    .f32_to_f16 = avx2_f32_to_f16,
-    .mr = MR, .nr = 2 * W, .tile_step = 16,
-};
+const fa_cpu_kernels fa_cpu_kernels_avx2 = FA_VECTOR_KERNEL_TABLE("avx2");

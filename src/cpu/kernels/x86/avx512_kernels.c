@@ -33,13 +33,4 @@
 
 #include "../vector_kernels.h"
 
-const fa_cpu_kernels fa_cpu_kernels_avx512 = {
-    .isa = "avx512",
-    .gemm = avx512_gemm,
-    .col_max = avx512_col_max,
-    .exp_cols = avx512_exp_cols,
-    .f16_to_f32 = avx512_f16_to_f32,
-    .bf16_to_f32 = avx512_bf16_to_f32,
-    .f32_to_f16 = avx512_f32_to_f16,
-    .mr = MR, .nr = 2 * W, .tile_step = 16,
-};
+const fa_cpu_kernels fa_cpu_kernels_avx512 = FA_VECTOR_KERNEL_TABLE("avx512");
