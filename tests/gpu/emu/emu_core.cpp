@@ -391,8 +391,7 @@ void release_barrier(grid_run &r)
         done += f.st == state::done;
         barrier += f.st == state::at_barrier;
     }
-    if (barrier == 0) return; /* every thread is done */
-    if (barrier + done != n) {
+    if (barrier + done != n) { /* some lanes wait at a collective the rest of their warp never reaches */
         for (int w0 = 0; w0 < n; w0 += ws) {
             const fiber *lanes = &r.fibers[static_cast<size_t>(w0)];
             const int count = std::min(ws, n - w0);

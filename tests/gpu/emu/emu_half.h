@@ -38,7 +38,7 @@ inline float float_from_f16_bits(uint16_t h)
 {
     const int exponent = h >> 10 & 0x1f, mantissa = h & 0x3ff;
     const double sign = h & 0x8000 ? -1.0 : 1.0;
-    if (exponent == 0x1f) return static_cast<float>(mantissa ? NAN : sign * INFINITY);
+    if (exponent == 0x1f) return static_cast<float>(mantissa ? std::copysign(NAN, sign) : sign * INFINITY);
     if (exponent == 0) return static_cast<float>(sign * std::ldexp(mantissa, -24));
     return static_cast<float>(sign * std::ldexp(1024 + mantissa, exponent - 25));
 }
@@ -62,7 +62,7 @@ inline float float_from_bf16_bits(uint16_t h)
 {
     const int exponent = h >> 7 & 0xff, mantissa = h & 0x7f;
     const double sign = h & 0x8000 ? -1.0 : 1.0;
-    if (exponent == 0xff) return static_cast<float>(mantissa ? NAN : sign * INFINITY);
+    if (exponent == 0xff) return static_cast<float>(mantissa ? std::copysign(NAN, sign) : sign * INFINITY);
     if (exponent == 0) return static_cast<float>(sign * std::ldexp(mantissa, -133));
     return static_cast<float>(sign * std::ldexp(128 + mantissa, exponent - 134));
 }
