@@ -25,7 +25,7 @@ common=(-Dbuildtype=debugoptimized -Db_lundef=false -Dcuda=disabled -Dhip=disabl
 step_start=$(date +%s)
 echo "ci-sanitize: ASan + UBSan build"
 setup build-asan "${common[@]}" -Db_sanitize=address,undefined \
-  -Dc_args=-fno-sanitize-recover=all -Dc_link_args=-fno-sanitize-recover=all
+  -Dc_args=-fno-sanitize-recover=all -Dc_link_args=-fno-sanitize-recover=all -Dcpp_args=-fno-sanitize-recover=all -Dcpp_link_args=-fno-sanitize-recover=all
 meson compile -C build-asan -j "$jobs" >/dev/null
 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
