@@ -154,7 +154,7 @@ fiber &self()
 }
 
 /* Back to the scheduler; returns when the scheduler resumes this fiber. */
-void yield(fiber &f)
+__attribute__((noinline)) void yield(fiber &f)
 {
     grid_run *r = tls_run;
     start_switch(&f.fake_stack, r->scheduler_stack, r->scheduler_stack_size);
@@ -191,7 +191,19 @@ void fiber_main()
     _longjmp(r->scheduler, 1);
 }
 
-void enter(grid_run &r, int index)
+/* The context a fiber starts from (fiber_main on its own stack). Not inlined: getcontext
+ * "returns twice" as far as the compiler knows, which would pin the caller's locals. */
+__attribute__((noinline)) void prepare_start(fiber &f)
+{
+    getcontext(&f.start);
+    f.start.uc_stack.ss_sp = f.stack;
+    f.start.uc_stack.ss_size = f.stack_size;
+    f.start.uc_link = nullptr;
+    makecontext(&f.start, fiber_main, 0);
+}
+
+/* Not inlined: the _setjmp below must not share a frame with the caller's loop variables. */
+__attribute__((noinline)) void enter(grid_run &r, int index)
 {
     fiber &f = r.fibers[static_cast<size_t>(index)];
     r.current = index;
@@ -484,11 +496,7 @@ void run(const launch &l)
         f.tid.x = static_cast<unsigned>(t % l.block.x);
         f.tid.y = static_cast<unsigned>(t / l.block.x % l.block.y);
         f.tid.z = static_cast<unsigned>(t / (static_cast<size_t>(l.block.x) * l.block.y));
-        getcontext(&f.start);
-        f.start.uc_stack.ss_sp = f.stack;
-        f.start.uc_stack.ss_size = f.stack_size;
-        f.start.uc_link = nullptr;
-        makecontext(&f.start, fiber_main, 0);
+        prepare_start(f);
     }
     tls_run = &r;
     for (unsigned z = 0; z < l.grid.z; ++z)

@@ -9,63 +9,60 @@
 
 namespace emu {
 
-/* x rounded to `bits` significant bits, with `min_exp` the exponent of the smallest normal
- * (below it the quantum stays fixed: subnormals). Exact in double for every finite float. */
-inline double round_to_significance(double x, int bits, int min_exp)
+/* A binary floating-point format of 16 bits: 1 sign, `exponent_bits`, `mantissa_bits` stored
+ * (one more significant bit is implicit), IEEE-style subnormals, infinities and NaNs. */
+struct format16 {
+    int exponent_bits, mantissa_bits;
+    int bias() const { return (1 << (exponent_bits - 1)) - 1; }
+    int min_exponent() const { return 1 - bias(); } /* of the smallest normal */
+    int max_exponent() const { return bias(); }
+    uint16_t infinity() const { return static_cast<uint16_t>(((1 << exponent_bits) - 1) << mantissa_bits); }
+    uint16_t quiet_nan() const { return static_cast<uint16_t>(infinity() | 1 << (mantissa_bits - 1)); }
+};
+constexpr format16 kF16 = {5, 10};  /* IEEE binary16: largest finite 65504 */
+constexpr format16 kBF16 = {8, 7};  /* bfloat16: the exponent range of float */
+
+/* x rounded to the format's precision (below the smallest normal the quantum stays fixed:
+ * subnormals). Exact in double for every finite float. */
+inline double round_to_format(double x, format16 fmt)
 {
     if (x == 0.0 || !std::isfinite(x)) return x;
     int e = std::ilogb(x);
-    if (e < min_exp) e = min_exp;
-    const double quantum = std::ldexp(1.0, e - (bits - 1));
+    if (e < fmt.min_exponent()) e = fmt.min_exponent();
+    const double quantum = std::ldexp(1.0, e - fmt.mantissa_bits);
     return std::nearbyint(x / quantum) * quantum; /* default rounding mode: ties to even */
 }
 
-/* IEEE binary16: 11 significant bits, exponents -14..15, largest finite 65504. */
-inline uint16_t f16_bits_from_float(float f)
+inline uint16_t bits_from_float(float f, format16 fmt)
 {
     const double x = f;
-    if (std::isnan(x)) return 0x7e00;
+    if (std::isnan(x)) return fmt.quiet_nan();
     const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
-    const double r = std::fabs(round_to_significance(x, 11, -14));
-    if (r > 65504.0) return sign | 0x7c00; /* rounds past the largest finite: infinity */
-    if (r < std::ldexp(1.0, -14)) return sign | static_cast<uint16_t>(r / std::ldexp(1.0, -24));
+    const double r = std::fabs(round_to_format(x, fmt));
+    const int m = fmt.mantissa_bits;
+    const double largest = std::ldexp(2.0 - std::ldexp(1.0, -m), fmt.max_exponent());
+    if (r > largest) return sign | fmt.infinity(); /* rounds past the largest finite: infinity */
+    const double smallest_normal = std::ldexp(1.0, fmt.min_exponent());
+    if (r < smallest_normal) return sign | static_cast<uint16_t>(r / std::ldexp(1.0, fmt.min_exponent() - m));
     const int e = std::ilogb(r);
-    const int mantissa = static_cast<int>(r / std::ldexp(1.0, e - 10)) - 1024;
-    return sign | static_cast<uint16_t>((e + 15) << 10 | mantissa);
+    const int mantissa = static_cast<int>(r / std::ldexp(1.0, e - m)) - (1 << m);
+    return sign | static_cast<uint16_t>((e + fmt.bias()) << m | mantissa);
 }
 
-inline float float_from_f16_bits(uint16_t h)
+inline float float_from_bits(uint16_t h, format16 fmt)
 {
-    const int exponent = h >> 10 & 0x1f, mantissa = h & 0x3ff;
+    const int m = fmt.mantissa_bits;
+    const int exponent = h >> m & ((1 << fmt.exponent_bits) - 1), mantissa = h & ((1 << m) - 1);
     const double sign = h & 0x8000 ? -1.0 : 1.0;
-    if (exponent == 0x1f) return static_cast<float>(mantissa ? std::copysign(NAN, sign) : sign * INFINITY);
-    if (exponent == 0) return static_cast<float>(sign * std::ldexp(mantissa, -24));
-    return static_cast<float>(sign * std::ldexp(1024 + mantissa, exponent - 25));
+    if (exponent == (1 << fmt.exponent_bits) - 1) return static_cast<float>(mantissa ? std::copysign(NAN, sign) : sign * INFINITY);
+    if (exponent == 0) return static_cast<float>(sign * std::ldexp(mantissa, fmt.min_exponent() - m));
+    return static_cast<float>(sign * std::ldexp((1 << m) + mantissa, exponent - fmt.bias() - m));
 }
 
-/* bfloat16: 8 significant bits, the exponent range of float (smallest normal 2^-126). */
-inline uint16_t bf16_bits_from_float(float f)
-{
-    const double x = f;
-    if (std::isnan(x)) return 0x7fc0;
-    const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
-    const double r = std::fabs(round_to_significance(x, 8, -126));
-    const double largest = std::ldexp(255.0, 127 - 7); /* 1.1111111b x 2^127 */
-    if (r > largest) return sign | 0x7f80;
-    if (r < std::ldexp(1.0, -126)) return sign | static_cast<uint16_t>(r / std::ldexp(1.0, -133));
-    const int e = std::ilogb(r);
-    const int mantissa = static_cast<int>(r / std::ldexp(1.0, e - 7)) - 128;
-    return sign | static_cast<uint16_t>((e + 127) << 7 | mantissa);
-}
-
-inline float float_from_bf16_bits(uint16_t h)
-{
-    const int exponent = h >> 7 & 0xff, mantissa = h & 0x7f;
-    const double sign = h & 0x8000 ? -1.0 : 1.0;
-    if (exponent == 0xff) return static_cast<float>(mantissa ? std::copysign(NAN, sign) : sign * INFINITY);
-    if (exponent == 0) return static_cast<float>(sign * std::ldexp(mantissa, -133));
-    return static_cast<float>(sign * std::ldexp(128 + mantissa, exponent - 134));
-}
+inline uint16_t f16_bits_from_float(float f) { return bits_from_float(f, kF16); }
+inline float float_from_f16_bits(uint16_t h) { return float_from_bits(h, kF16); }
+inline uint16_t bf16_bits_from_float(float f) { return bits_from_float(f, kBF16); }
+inline float float_from_bf16_bits(uint16_t h) { return float_from_bits(h, kBF16); }
 
 } // namespace emu
 #endif
