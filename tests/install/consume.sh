@@ -10,9 +10,14 @@
 # The fake plugin (fake_plugin.c) reports no devices, naming the file it was loaded from, so the
 # client's "cuda: unavailable" line says which copy the registry opened.
 # Environment (set by tests/install/meson.build): FA_MESON FA_BUILD FA_PREFIX FA_LIBDIR FA_CC
-# FA_CLIENT FA_SANITIZE FA_FAKE_PLUGIN FA_SOURCE FA_VERSION FA_INCOMPATIBLE_VERSIONS FA_HERE
+# FA_CLIENT FA_SANITIZE FA_FAKE_PLUGIN FA_SOURCE FA_VERSION FA_INCOMPATIBLE_VERSIONS FA_HERE, and
+# FA_SKIP_REASON (non-empty: this way cannot be tested here; exit 77, skipped)
 set -eu
 way=$1
+if [ -n "${FA_SKIP_REASON:-}" ]; then
+    echo "consume $way: skipped: $FA_SKIP_REASON"
+    exit 77
+fi
 case $FA_LIBDIR in /*) libdir=$FA_LIBDIR ;; *) libdir=$FA_PREFIX/$FA_LIBDIR ;; esac
 stage=$(mktemp -d "${TMPDIR:-/tmp}/flashattn-$way.XXXXXX")
 trap 'rm -rf "$stage"' EXIT INT TERM
