@@ -6,9 +6,10 @@
 #              find_package(flashattn) from the moved tree; the client must load the plugin from
 #              the moved tree, and from FLASHATTN_PLUGIN_DIR when that is set
 #   meson      a parent Meson project with this repository as subprojects/flashattn and
-#              dependency('flashattn'); the plugin is found beside the library in the build tree
+#              dependency('flashattn') (forced to the subproject even if one is installed); the
+#              plugin is found beside the library in the build tree
 # The fake plugin (fake_plugin.c) reports no devices, naming the file it was loaded from, so the
-# client's "cuda: unavailable" line says which copy the registry opened.
+# client's "cuda:" line says which copy the registry opened.
 # Environment (set by tests/install/meson.build): FA_MESON FA_BUILD FA_PREFIX FA_LIBDIR FA_CC
 # FA_CLIENT FA_SANITIZE FA_FAKE_PLUGIN FA_SOURCE FA_VERSION FA_INCOMPATIBLE_VERSIONS FA_HERE, and
 # FA_SKIP_REASON (non-empty: this way cannot be tested here; exit 77, skipped)
@@ -84,7 +85,7 @@ meson)
     cp "$FA_HERE/meson-parent/meson.build" "$FA_HERE/meson-parent/meson_options.txt" "$parent/"
     cp "$FA_CLIENT" "$parent/client.c"
     ln -s "$FA_SOURCE" "$parent/subprojects/flashattn"
-    "$FA_MESON" setup "$parent/build" "$parent" -Dflashattn_version="$FA_VERSION" >"$stage/setup.log" 2>&1 || {
+    "$FA_MESON" setup "$parent/build" "$parent" --force-fallback-for=flashattn -Dflashattn_version="$FA_VERSION" >"$stage/setup.log" 2>&1 || {
         cat "$stage/setup.log"; fail "meson setup of the parent project failed"; }
     grep -q "Dependency flashattn found: YES .*(overridden)" "$stage/setup.log" || {
         cat "$stage/setup.log"; fail "dependency('flashattn') did not come from the subproject"; }
