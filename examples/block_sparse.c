@@ -3,30 +3,17 @@
  * everything (fa_block_mask_local_global). Blocks the mask zeroes are skipped without loading
  * their keys. Checks every output row against softmax over the visible keys computed directly.
  * Exits 0 when the check holds.
- *   cc block_sparse.c $(pkg-config --cflags --libs flashattn) -lm */
+ *   cc block_sparse.c $(pkg-config --cflags --libs flashattn) -lm      (example.h beside it) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <flashattn.h>
 
+#include "example.h"
+
 enum { SEQ = 256, HEADS = 2, DIM = 32, BLOCK = 32, BLOCKS = SEQ / BLOCK };
 #define COUNT ((size_t)SEQ * HEADS * DIM)
-
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        fa_status st_ = (call);                                                                    \
-        if (st_ != FA_SUCCESS) {                                                                   \
-            fprintf(stderr, "block_sparse: %s: %s: %s\n", #call, fa_status_string(st_), fa_last_error()); \
-            goto done;                                                                             \
-        }                                                                                          \
-    } while (0)
-
-static float uniform(unsigned *state) /* deterministic inputs in [-1, 1) */
-{
-    *state = *state * 1664525u + 1013904223u;
-    return (float)(*state >> 8) / (float)(1u << 23) - 1.0f;
-}
 
 int main(void)
 {

@@ -3,32 +3,19 @@
  * 4 tokens to 16 cached ones. The causal mask is bottom-right aligned: query i sees keys
  * j <= i + (seqlen_k - seqlen_q). Checks every output row and lse against a direct computation,
  * and dV, which sums over the query heads of each group, against the same. Exits 0 when all hold.
- *   cc causal_gqa.c $(pkg-config --cflags --libs flashattn) -lm */
+ *   cc causal_gqa.c $(pkg-config --cflags --libs flashattn) -lm      (example.h beside it) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <flashattn.h>
 
+#include "example.h"
+
 enum { HEADS_Q = 8, HEADS_KV = 2, SEQ_Q = 4, SEQ_K = 20, DIM = 16 };
 enum { GROUP = HEADS_Q / HEADS_KV };
 #define Q_COUNT ((size_t)SEQ_Q * HEADS_Q * DIM)
 #define KV_COUNT ((size_t)SEQ_K * HEADS_KV * DIM)
-
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        fa_status st_ = (call);                                                                    \
-        if (st_ != FA_SUCCESS) {                                                                   \
-            fprintf(stderr, "causal_gqa: %s: %s: %s\n", #call, fa_status_string(st_), fa_last_error()); \
-            goto done;                                                                             \
-        }                                                                                          \
-    } while (0)
-
-static float uniform(unsigned *state) /* deterministic inputs in [-1, 1) */
-{
-    *state = *state * 1664525u + 1013904223u;
-    return (float)(*state >> 8) / (float)(1u << 23) - 1.0f;
-}
 
 int main(void)
 {

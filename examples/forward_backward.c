@@ -3,35 +3,21 @@
  * caller needs. It checks one output row against softmax(Q K^T / sqrt(d)) V computed directly,
  * one dQ entry against a finite difference of the forward, and shows the message a bad argument
  * gets. Exits 0 when every check holds.
- *   cc forward_backward.c $(pkg-config --cflags --libs flashattn) -lm */
+ *   cc forward_backward.c $(pkg-config --cflags --libs flashattn) -lm      (example.h beside it) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <flashattn.h>
 
+#include "example.h"
+
 enum { BATCH = 2, SEQ = 64, HEADS = 4, DIM = 32 };
 #define COUNT ((size_t)BATCH * SEQ * HEADS * DIM)
 #define LSE_COUNT ((size_t)BATCH * HEADS * SEQ)
 
-/* On failure: print the call, its status and the library's one-line reason, then clean up. */
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        fa_status st_ = (call);                                                                    \
-        if (st_ != FA_SUCCESS) {                                                                   \
-            fprintf(stderr, "forward_backward: %s: %s: %s\n", #call, fa_status_string(st_), fa_last_error()); \
-            goto done;                                                                             \
-        }                                                                                          \
-    } while (0)
-
 /* Packed [batch, seqlen, heads, head_dim] layout. */
 static size_t at(int b, int i, int h, int c) { return (((size_t)b * SEQ + i) * HEADS + h) * DIM + c; }
-
-static float uniform(unsigned *state) /* deterministic inputs in [-1, 1) */
-{
-    *state = *state * 1664525u + 1013904223u;
-    return (float)(*state >> 8) / (float)(1u << 23) - 1.0f;
-}
 
 /* softmax(tau q_i K^T) V for one row, in double. */
 static void reference_row(const float *q, const float *k, const float *v, int b, int i, int h, double *o)
