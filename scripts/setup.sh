@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential pkg-config meson ninja-build   # toolchain
+  cmake                                          # CMake package files (meson cmake module) and their test
   libcmocka-dev librandom123-dev                 # tests: cmocka, Random123 (independent Philox)
   libopenblas-dev                                # bench: standard attention baseline
   hipcc libamdhip64-dev                          # HIP plugin (AMD), compiled only
