@@ -194,3 +194,29 @@ def test_backward_needs_matching_lse():
         flashattn.backward(q, k, v, out, out, lse.astype(np.float16))
     with pytest.raises(ValueError, match="lse: must be contiguous"):
         flashattn.backward(q, k, v, out, out, np.ascontiguousarray(lse.transpose(0, 2, 1)).transpose(0, 2, 1))
+
+
+def test_inputs_are_released_exactly_once():
+    """Each consumed DLPack capsule's deleter runs once: NumPy's holds a reference to its array,
+    so a missed deleter leaks a reference and a second call would free one twice."""
+    import sys
+
+    q, k, v = qkv()
+    before = [sys.getrefcount(x) for x in (q, k, v)]
+    out, lse = flashattn.forward(q, k, v)
+    flashattn.backward(q, k, v, out, out, lse)
+    with pytest.raises(ValueError):
+        flashattn.forward(q, k, v, dropout_p=2.0)  # fails inside the C call
+    with pytest.raises(ValueError):
+        flashattn.forward(q, k[:, :, :1], v)  # fails while binding v
+    assert [sys.getrefcount(x) for x in (q, k, v)] == before
+
+
+def test_outputs_are_exported_once():
+    pending, _ = flashattn._native.forward(*qkv(), None, None, False, 0.0, False, -1, -1, None, 0.0, 0, 0, None,
+                                           128, 128, 0, None)
+    exported = flashattn._dlpack.Exported(pending, (1, 0))
+    first = np.from_dlpack(exported)
+    with pytest.raises(BufferError, match="already exported"):
+        np.from_dlpack(exported)
+    assert first.shape == (2, 37, 4, 32)
