@@ -55,9 +55,9 @@ static PyObject *type_error_class;  /* InvalidTypeError: a tensor of the wrong k
 #define MAX_DEVICES 64
 static fa_context *contexts[4][MAX_DEVICES]; /* per backend and device, for the process's life */
 
-static PyObject *raise_status(fa_status status, const char *message)
+/* Raises cls(message, status): the flashattn.Error constructor's arguments. */
+static PyObject *raise_as(PyObject *cls, fa_status status, const char *message)
 {
-    PyObject *cls = (status > 0 && status < 6) ? error_classes[status] : error_classes[FA_ERROR_BACKEND_FAILURE];
     PyObject *args = Py_BuildValue("(si)", message, (int)status);
     if (args) {
         PyErr_SetObject(cls, args);
@@ -66,32 +66,28 @@ static PyObject *raise_status(fa_status status, const char *message)
     return NULL;
 }
 
+static PyObject *raise_status(fa_status status, const char *message)
+{
+    return raise_as((status > 0 && status < 6) ? error_classes[status] : error_classes[FA_ERROR_BACKEND_FAILURE],
+                    status, message);
+}
+
 static PyObject *raise_last_error(fa_status status) { return raise_status(status, fa_last_error()); }
 
-static PyObject *raise_type(const char *fmt, ...)
+/* FA_ERROR_INVALID_VALUE found here, before the C API saw the call: as_type picks
+ * InvalidTypeError (a tensor of the wrong kind) over InvalidValueError. */
+__attribute__((format(printf, 2, 3))) static PyObject *raise_invalid(int as_type, const char *fmt, ...)
 {
     char message[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    PyObject *args = Py_BuildValue("(si)", message, (int)FA_ERROR_INVALID_VALUE);
-    if (args) {
-        PyErr_SetObject(type_error_class, args);
-        Py_DECREF(args);
-    }
-    return NULL;
+    return raise_as(as_type ? type_error_class : error_classes[FA_ERROR_INVALID_VALUE], FA_ERROR_INVALID_VALUE,
+                    message);
 }
-
-static PyObject *raise_value(const char *fmt, ...)
-{
-    char message[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(message, sizeof message, fmt, ap);
-    va_end(ap);
-    return raise_status(FA_ERROR_INVALID_VALUE, message);
-}
+#define raise_type(...) raise_invalid(1, __VA_ARGS__)
+#define raise_value(...) raise_invalid(0, __VA_ARGS__)
 
 /* ---- consuming inputs ---------------------------------------------------------------------- */
 typedef struct {
