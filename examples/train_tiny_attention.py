@@ -14,9 +14,10 @@ from flashattn import flash_attn_func  # instead of: from flash_attn import flas
 
 
 class CausalSelfAttention(torch.nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, dropout_p=0.1):
         super().__init__()
         self.heads = heads
+        self.dropout_p = dropout_p
         self.qkv = torch.nn.Linear(dim, 3 * dim)
         self.proj = torch.nn.Linear(dim, dim)
 
@@ -24,7 +25,7 @@ class CausalSelfAttention(torch.nn.Module):
         batch, seqlen, dim = x.shape
         # [batch, seqlen, 3, heads, head_dim] -> three [batch, seqlen, heads, head_dim] views, no copies
         q, k, v = self.qkv(x).view(batch, seqlen, 3, self.heads, dim // self.heads).unbind(2)
-        out = flash_attn_func(q, k, v, dropout_p=0.1 if self.training else 0.0, causal=True)
+        out = flash_attn_func(q, k, v, dropout_p=self.dropout_p if self.training else 0.0, causal=True)
         return self.proj(out.reshape(batch, seqlen, dim))
 
 

@@ -99,7 +99,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     are never materialised, hence None).
 
     Dropout: when dropout_p > 0 a seed is drawn from torch's default generator, so
-    torch.manual_seed makes runs repeatable; the backward regenerates the same mask.
+    torch.manual_seed makes runs repeatable; the backward regenerates the same mask. Under
+    torch.compile the draw comes from inductor's generator: repeatable, but not eager's seed.
     deterministic: accepted for compatibility; the backward is always deterministic.
     Inputs are read in place with their strides; one whose last dimension is not contiguous is
     copied first (as FlashAttention-2 does). Differentiable in q, k, v.

@@ -156,22 +156,20 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.flashattn.forward.default, (q, k, v, 0.0, 0.35, True, -1, -1, 0, 0))
 
 
-class TinyAttention(torch.nn.Module):
-    def __init__(self, dim=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.qkv = torch.nn.Linear(dim, 3 * dim)
-        self.proj = torch.nn.Linear(dim, dim)
+def example_module(**kwargs):
+    """examples/train_tiny_attention.py's layer (so the test also covers the example's code)."""
+    import importlib.util
 
-    def forward(self, x):
-        batch, seqlen, dim = x.shape
-        q, k, v = self.qkv(x).view(batch, seqlen, 3, self.heads, dim // self.heads).unbind(2)
-        return self.proj(flashattn.flash_attn_func(q, k, v, causal=True).reshape(batch, seqlen, dim))
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_tiny_attention.py")
+    spec = importlib.util.spec_from_file_location("train_tiny_attention", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example.CausalSelfAttention(32, 4, **kwargs)
 
 
 def test_torch_compile_module():
     torch.manual_seed(0)
-    module = TinyAttention()
+    module = example_module(dropout_p=0.0)
     x = torch.randn(2, 16, 32)
     eager = module(x)
     eager.sum().backward()
@@ -182,6 +180,23 @@ def test_torch_compile_module():
     out.sum().backward()
     torch.testing.assert_close(out, eager, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(module.qkv.weight.grad, eager_grad, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_compile_dropout_follows_torch_seed():
+    """Compiled, the seed comes from inductor's generator (not eager's draw), still fixed by
+    torch.manual_seed; the backward regenerates the same mask (gradients repeat too)."""
+    module = example_module(dropout_p=0.3)
+    compiled = torch.compile(module, fullgraph=True)
+    x = torch.randn(2, 16, 32)
+    runs = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        module.zero_grad()
+        out = compiled(x)
+        out.sum().backward()
+        runs.append((out.detach(), module.qkv.weight.grad.clone()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    assert not torch.equal(runs[0][0], runs[2][0])
 
 
 def test_bad_inputs():
