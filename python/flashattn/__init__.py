@@ -148,7 +148,12 @@ def backends():
 def __getattr__(name):
     # PyTorch is imported only when its part is used, so the package works without it.
     if name == "flash_attn_func":
-        from ._torch import flash_attn_func
+        try:
+            from ._torch import flash_attn_func
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            raise ModuleNotFoundError("flashattn.flash_attn_func needs PyTorch (pip install torch)", name="torch") from e
 
         globals()[name] = flash_attn_func
         return flash_attn_func

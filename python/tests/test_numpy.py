@@ -119,6 +119,16 @@ def test_tiling_backends_version():
     assert flashattn.__version__.count(".") == 2
 
 
+def test_flash_attn_func_without_torch_says_what_is_missing(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails as if not installed
+    monkeypatch.delitem(sys.modules, "flashattn._torch", raising=False)
+    monkeypatch.delitem(flashattn.__dict__, "flash_attn_func", raising=False)  # a cached lazy import
+    with pytest.raises(ImportError, match=r"flash_attn_func needs PyTorch \(pip install torch\)"):
+        flashattn.flash_attn_func
+
+
 def test_gpu_backend_runs_when_present():
     cuda = flashattn.backends()["cuda"]
     if not cuda.available:
