@@ -15,6 +15,7 @@ packages=(
   hipcc libamdhip64-dev                          # HIP plugin (AMD), compiled only
   clang llvm libclang-rt-14-dev libomp-14-dev valgrind   # sanitizer, fuzzing, valgrind CI steps
   gnuplot-nox                                    # IO figures
+  python3-dev python3-venv                       # Python package (pip install ., scripts/ci-python.sh)
 )
 
 if [ "${FA_SETUP_NO_APT:-0}" != 1 ]; then
