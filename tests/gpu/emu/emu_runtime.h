@@ -121,6 +121,7 @@ typedef enum emuError_t {
     emuErrorNoDevice = 100,
     emuErrorInsufficientDriver = 35,
     emuErrorInvalidConfiguration = 9,
+    emuErrorLaunchFailure = 719,
 } emuError_t;
 typedef enum emuMemcpyKind { emuMemcpyHostToDevice = 1, emuMemcpyDeviceToHost = 2, emuMemcpyDeviceToDevice = 3 } emuMemcpyKind;
 typedef enum emuDeviceAttr { emuDevAttrMaxSharedMemoryPerBlock = 8, emuDevAttrMaxSharedMemoryPerBlockOptin = 97 } emuDeviceAttr;
@@ -246,10 +247,27 @@ inline emuError_t emuMemsetAsync(void *dst, int value, size_t bytes, fa_gpu_stre
     if (bytes) memset(dst, value, bytes);
     return emuSuccess;
 }
+/* Kernels run to completion at launch, so nothing faults asynchronously. To test how the host code
+ * reports such a fault, FLASHATTN_EMU_FAULT_AT_LAUNCH=N marks the N-th kernel launch of the process
+ * (counting from 1) as faulted: the launch itself succeeds, and the next stream synchronisation
+ * reports a launch failure, as after a kernel that faulted on a GPU. */
+inline bool &emu_fault_pending()
+{
+    static bool pending;
+    return pending;
+}
+inline void emu_count_launch()
+{
+    static long launches;
+    const char *fault_at = getenv("FLASHATTN_EMU_FAULT_AT_LAUNCH");
+    if (fault_at && ++launches == strtol(fault_at, nullptr, 10)) emu_fault_pending() = true;
+}
 inline emuError_t emuStreamSynchronize(fa_gpu_stream stream)
 {
     (void)stream;
-    return emuSuccess;
+    if (!emu_fault_pending()) return emuSuccess;
+    emu_fault_pending() = false;
+    return emu_record(emuErrorLaunchFailure);
 }
 inline emuError_t emuGetLastError(void)
 {
@@ -266,6 +284,7 @@ inline const char *emuGetErrorName(emuError_t e)
     case emuErrorNoDevice: return "emuErrorNoDevice";
     case emuErrorInsufficientDriver: return "emuErrorInsufficientDriver";
     case emuErrorInvalidConfiguration: return "emuErrorInvalidConfiguration";
+    case emuErrorLaunchFailure: return "emuErrorLaunchFailure";
     }
     return "emuErrorUnknown";
 }
@@ -276,6 +295,7 @@ inline const char *emuGetErrorString(emuError_t e)
     case emuErrorInvalidValue: return "invalid argument";
     case emuErrorMemoryAllocation: return "out of memory";
     case emuErrorInvalidConfiguration: return "invalid launch configuration (block size or shared memory)";
+    case emuErrorLaunchFailure: return "unspecified launch failure";
     default: return "emulated runtime error";
     }
 }
@@ -310,6 +330,7 @@ static inline fa_gpu_error fa_gpu_launch(void (*kernel)(Params), dim3 grid, dim3
     l.kernel = (const void *)kernel;
     l.params = &params;
     ::emu::run(l);
+    emu_count_launch();
     return emuSuccess;
 }
 
