@@ -8,7 +8,7 @@
 #   meson      a parent Meson project with this repository as subprojects/flashattn and
 #              dependency('flashattn') (forced to the subproject even if one is installed); the
 #              plugin is found beside the library in the build tree
-# The fake plugin (fake_plugin.c) reports no devices, naming the file it was loaded from, so the
+# The fake plugin (tests/plugin/fake_plugin.c) reports no devices, naming the file it was loaded from, so the
 # client's "cuda:" line says which copy the registry opened.
 # Environment (set by tests/install/meson.build): FA_MESON FA_BUILD FA_PREFIX FA_LIBDIR FA_CC
 # FA_CLIENT FA_SANITIZE FA_FAKE_PLUGIN FA_SOURCE FA_VERSION FA_INCOMPATIBLE_VERSIONS FA_HERE, and
