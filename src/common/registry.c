@@ -21,7 +21,7 @@ typedef struct plugin_slot {
     pthread_once_t once;
     void (*load_once)(void);       /* loads this slot: pthread_once passes no argument */
     const fa_backend_iface *iface; /* NULL when unavailable */
-    char reason[1536]; /* room for a full path (open_plugin) and the text around it */
+    char reason[512];              /* as long as fa_last_error() can hold (error.c) */
 } plugin_slot;
 
 static void load_plugin(plugin_slot *slot);

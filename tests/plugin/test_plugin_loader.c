@@ -78,6 +78,13 @@ static void test_cuda_unavailable(void **state)
     assert_int_equal(fa_context_create(FA_BACKEND_CUDA, 0, &ctx), FA_ERROR_BACKEND_UNAVAILABLE);
     assert_null(ctx);
     assert_reason("fa_context_create(cuda)"); /* the cached probe gives the same reason again */
+    assert_int_equal(setenv("FLASHATTN_BACKEND", "cuda", 1), 0);
+    ctx = (fa_context *)&ctx;
+    const fa_status st = fa_context_create(FA_BACKEND_AUTO, 0, &ctx);
+    assert_int_equal(unsetenv("FLASHATTN_BACKEND"), 0);
+    assert_int_equal(st, FA_ERROR_BACKEND_UNAVAILABLE);
+    assert_null(ctx);
+    assert_reason("FLASHATTN_BACKEND=cuda");
 }
 
 static void test_auto_falls_back(void **state)
