@@ -7,7 +7,12 @@
  *    one-line message (thread-local) that names the offending argument.
  *  - Handles are opaque; destroy functions accept NULL.
  *  - Tensors live in the memory of the context's backend (host memory for the CPU backend,
- *    device memory for GPU backends). Mask arrays (seqlens_k, block masks) are always host memory.
+ *    device memory for GPU backends). Mask arrays (seqlens_k, block masks) are always host memory;
+ *    varlen offsets and KV-cache tables live in the context's memory.
+ *  - Structs the library reads through a pointer and may grow (fa_attention_desc, fa_io_problem)
+ *    start with `size_t struct_size`: set it with their init function (it writes sizeof), then
+ *    change fields. The library reads only the fields that fit in struct_size and uses the
+ *    defaults for the rest; see README "ABI policy".
  */
 #ifndef FLASHATTN_H
 #define FLASHATTN_H
@@ -26,7 +31,7 @@ extern "C" {
 #endif
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 1
+#define FA_VERSION_MINOR 2
 #define FA_VERSION_PATCH 0
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -86,17 +91,31 @@ typedef struct fa_block_mask {
     const uint8_t *mask;      /* host memory, row-major rows x cols; nonzero = attend */
 } fa_block_mask;
 
+/* Packed batch: q, out (and dq, dout) have batch = 1 and seqlen = total query tokens; k, v (and
+ * dk, dv) batch = 1 and seqlen = total key tokens. Sequence b owns rows
+ * [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k/v.
+ * The offset arrays live in the context's memory (device memory on GPU backends: no host sync). */
+typedef struct fa_varlen {
+    int64_t batch;
+    const int32_t *cu_seqlens_q, *cu_seqlens_k; /* [batch + 1], non-decreasing, first 0 */
+    int64_t max_seqlen_q, max_seqlen_k;         /* upper bounds of the per-sequence lengths */
+} fa_varlen;
+
 typedef struct fa_attention_desc {
+    size_t struct_size;                /* sizeof(fa_attention_desc), set by fa_attention_desc_init */
     float softmax_scale;               /* tau; 0 means 1/sqrt(head_dim) */
     int causal;                        /* bottom-right aligned when seqlen_q != seqlen_k */
     int32_t window_left, window_right; /* sliding window, -1 = unbounded */
     const int32_t *seqlens_k;          /* [batch] valid keys per sequence, host memory; NULL = all */
     float dropout_p;                   /* in [0, 1) */
     uint64_t dropout_seed, dropout_offset;
-    const fa_block_mask *block_mask;   /* NULL = dense */
+    const fa_block_mask *block_mask;   /* NULL = dense; with varlen: per sequence, see below */
+    /* Added in 0.2 (the fields above are the smallest struct_size accepted). */
+    const fa_varlen *varlen;           /* NULL = the usual [batch, seqlen, ...] layout */
 } fa_attention_desc;
 
-FA_API void fa_attention_desc_init(fa_attention_desc *desc); /* scale 0, no masks, windows -1, no dropout */
+/* struct_size = sizeof, scale 0, no masks, windows -1, no dropout, no varlen. */
+FA_API void fa_attention_desc_init(fa_attention_desc *desc);
 
 /* O = softmax(tau * Q K^T, masked) V per (batch, query head); lse [batch, heads_q, seqlen_q] fp32,
  * natural log, in the tensors' memory space, may be NULL. Rows with no visible key give zeros
@@ -104,6 +123,15 @@ FA_API void fa_attention_desc_init(fa_attention_desc *desc); /* scale 0, no mask
 FA_API fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc,
                             const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                             fa_tensor *out, float *lse);
+
+/* Varlen (desc->varlen != NULL): lse is [heads_q, total_q] (FlashAttention-2's layout). Causal
+ * and window align bottom-right within each sequence (j <= i + len_k(b) - len_q(b));
+ * desc->seqlens_k must be NULL; a block mask has ceil(max_seqlen_q / block_q) x
+ * ceil(max_seqlen_k / block_k) blocks and applies to each sequence from its first row and key.
+ * Sequences of length 0 are allowed. Dropout draws the element of the padded layout,
+ * e = ((b * heads_q + h) * max_seqlen_q + i) * max_seqlen_k + j, so a packed batch and the same
+ * batch padded to [batch, max_seqlen_q] / [batch, max_seqlen_k] with seqlens_k give the same
+ * results. Backends: CPU (GPU backends return FA_ERROR_NOT_SUPPORTED for now). */
 
 /* Gradients by recomputation (Algorithm 4). lse must be the one fa_forward returned for the same
  * inputs and desc (same dropout seed and offset). dk/dv sum over the query heads of a group. */
@@ -167,6 +195,7 @@ typedef enum fa_io_operand {
 } fa_io_operand;
 
 typedef struct fa_io_problem {
+    size_t struct_size;       /* sizeof(fa_io_problem), set by fa_io_problem_init */
     fa_io_algorithm algorithm;
     int64_t seqlen_q, seqlen_k, head_dim;
     int64_t batch_heads;      /* independent (batch, head) pairs; the RNG state is shared by all */
@@ -196,7 +225,8 @@ typedef struct fa_io_counts {
     int64_t tiles_visited;    /* inner-loop iterations that did work, summed over batch_heads */
 } fa_io_counts;
 
-/* FA_IO_FLASH, batch_heads 1, element_bytes 4, tiles 0 (paper's), density 1, no mask, no dropout. */
+/* struct_size = sizeof, FA_IO_FLASH, batch_heads 1, element_bytes 4, tiles 0 (paper's), density 1,
+ * no mask, no dropout. */
 FA_API void fa_io_problem_init(fa_io_problem *problem);
 /* The model: counts for one pass, from closed forms over the loop structure. */
 FA_API fa_status fa_io_estimate(const fa_io_problem *problem, fa_io_pass pass, fa_io_counts *counts);
