@@ -140,6 +140,31 @@ FA_API fa_status fa_backward(fa_context *ctx, const fa_attention_desc *desc,
                              const fa_tensor *out, const fa_tensor *dout, const float *lse,
                              fa_tensor *dq, fa_tensor *dk, fa_tensor *dv);
 
+/* ---- KV-cache decode -------------------------------------------------------------------------- */
+typedef struct fa_kv_cache {
+    fa_tensor k, v;               /* contiguous: [batch, capacity, heads_kv, d];
+                                     paged: [num_pages, page_size, heads_kv, d] (batch = num_pages,
+                                     seqlen = page_size), any page_size >= 1 */
+    const int32_t *block_table;   /* paged: [batch, max_pages_per_seq] page indices; NULL = contiguous */
+    int64_t max_pages_per_seq;
+    const int32_t *cache_seqlens; /* [batch] tokens already in the cache */
+} fa_kv_cache;                    /* block_table and cache_seqlens: context's memory */
+
+/* q [batch, seqlen_q, heads_q, d]. If k_new/v_new ([batch, seqlen_new, heads_kv, d]) are given they
+ * are first written into the cache at positions cache_seqlens[b] .. + seqlen_new - 1 (through the
+ * block table when paged); then q attends to the first cache_seqlens[b] + seqlen_new keys of
+ * sequence b, with every option of the desc (scale, causal bottom-right, window, and the score modifiers once they exist).
+ * cache_seqlens is not modified. Forward only; dropout_p > 0 -> FA_ERROR_NOT_SUPPORTED.
+ * lse: [batch, heads_q, seqlen_q] or NULL. desc->seqlens_k and desc->varlen must be NULL (the
+ * lengths come from cache_seqlens); a block mask is FA_ERROR_NOT_SUPPORTED. Every tensor has q's
+ * dtype. A length or page check that fails returns FA_ERROR_INVALID_VALUE naming the sequence,
+ * with nothing written to the cache or the outputs. Results are bit-identical across thread
+ * counts: long caches are split into key chunks whose count depends on the shape only, merged by
+ * lse in a fixed order. Backends: CPU (GPU backends return FA_ERROR_NOT_SUPPORTED for now). */
+FA_API fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
+                                    const fa_kv_cache *cache, const fa_tensor *k_new, const fa_tensor *v_new,
+                                    fa_tensor *out, float *lse);
+
 /* ---- tiling ---------------------------------------------------------------------------------- */
 typedef struct fa_tiling { int64_t block_rows, block_cols; } fa_tiling; /* Br, Bc */
 /* The paper's Bc = ceil(M/4d), Br = min(ceil(M/4d), d) for an on-chip memory of M elements.

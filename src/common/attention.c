@@ -27,6 +27,18 @@ static fa_status read_desc(const fa_attention_desc *desc, fa_attention_desc *ful
     return fa_sized_struct_read("desc", desc, offsetof(fa_attention_desc, varlen), sizeof *full, full);
 }
 
+/* What the validated problem needs from the backend beyond forward/backward. */
+static fa_status check_features(const fa_backend_iface *iface, const fa_problem *p)
+{
+    if (!p->varlen.batch) return FA_SUCCESS;
+    if (!(iface->features & FA_BACKEND_VARLEN))
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED,
+                            "desc->varlen: the %s backend does not implement packed variable-length batches yet",
+                            iface->name);
+    /* Offsets in device memory are the backend's to check (without a host sync). */
+    return iface->features & FA_BACKEND_HOST_MEMORY ? fa_validate_varlen_offsets(p) : FA_SUCCESS;
+}
+
 fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
                      const fa_tensor *v, fa_tensor *out, float *lse)
 {
@@ -37,6 +49,7 @@ fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc, const fa_te
     fa_status st = fa_context_backend_state(ctx, &iface, &state);
     if (st == FA_SUCCESS) st = read_desc(desc, &full);
     if (st == FA_SUCCESS) st = fa_validate_forward(&full, q, k, v, out, lse, &p);
+    if (st == FA_SUCCESS) st = check_features(iface, &p);
     if (st == FA_SUCCESS) st = iface->forward(state, &p);
     return st;
 }
@@ -52,6 +65,7 @@ fa_status fa_backward(fa_context *ctx, const fa_attention_desc *desc, const fa_t
     fa_status st = fa_context_backend_state(ctx, &iface, &state);
     if (st == FA_SUCCESS) st = read_desc(desc, &full);
     if (st == FA_SUCCESS) st = fa_validate_backward(&full, q, k, v, out, dout, lse, dq, dk, dv, &p);
+    if (st == FA_SUCCESS) st = check_features(iface, &p);
     if (st == FA_SUCCESS) st = iface->backward(state, &p);
     return st;
 }

@@ -75,6 +75,59 @@ static fa_status same_shape(const char *name, const fa_tensor *t, const char *re
     return FA_SUCCESS;
 }
 
+/* The packed layout's shape rules (the offsets' values are checked by fa_validate_varlen_offsets,
+ * where the backend's memory is host memory). */
+static fa_status check_varlen(const fa_attention_desc *desc, fa_problem *p)
+{
+    const fa_varlen *vl = desc->varlen;
+    if (vl->batch <= 0) return INVALID("desc->varlen->batch: %lld is not positive", (long long)vl->batch);
+    if (!vl->cu_seqlens_q) return INVALID("desc->varlen->cu_seqlens_q: is NULL");
+    if (!vl->cu_seqlens_k) return INVALID("desc->varlen->cu_seqlens_k: is NULL");
+    if (vl->max_seqlen_q <= 0 || vl->max_seqlen_k <= 0)
+        return INVALID("desc->varlen->max_seqlen_q, max_seqlen_k: %lld, %lld must be positive",
+                       (long long)vl->max_seqlen_q, (long long)vl->max_seqlen_k);
+    if (p->batch != 1)
+        return INVALID("q: batch %lld must be 1 with desc->varlen (sequences are packed along seqlen)",
+                       (long long)p->batch);
+    if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL with desc->varlen (use cu_seqlens_k)");
+    p->varlen = *vl;
+    p->lse_stride_batch = 0;
+    p->lse_stride_head = p->seqlen_q; /* [heads_q, total_q] */
+    p->dropout_rows = vl->max_seqlen_q;
+    p->dropout_cols = vl->max_seqlen_k;
+    return FA_SUCCESS;
+}
+
+static fa_status check_offsets(const char *name, const int32_t *cu, int64_t batch, int64_t max_len,
+                               const char *max_name, int64_t total, const char *total_name)
+{
+    if (cu[0] != 0) return INVALID("desc->varlen->%s[0]: %d, the first offset must be 0", name, cu[0]);
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t len = (int64_t)cu[b + 1] - cu[b];
+        if (len < 0)
+            return INVALID("desc->varlen->%s[%lld]: %d is below the previous offset %d (sequence %lld)", name,
+                           (long long)(b + 1), cu[b + 1], cu[b], (long long)b);
+        if (len > max_len)
+            return INVALID("desc->varlen->%s: sequence %lld has %lld rows, more than %s %lld", name, (long long)b,
+                           (long long)len, max_name, (long long)max_len);
+    }
+    if (cu[batch] != total)
+        return INVALID("desc->varlen->%s[%lld]: %d differs from the %lld rows of %s", name, (long long)batch,
+                       cu[batch], (long long)total, total_name);
+    return FA_SUCCESS;
+}
+
+fa_status fa_validate_varlen_offsets(const fa_problem *p)
+{
+    const fa_varlen *vl = &p->varlen;
+    fa_status st = check_offsets("cu_seqlens_q", vl->cu_seqlens_q, vl->batch, vl->max_seqlen_q, "max_seqlen_q",
+                                 p->seqlen_q, "q");
+    if (st == FA_SUCCESS)
+        st = check_offsets("cu_seqlens_k", vl->cu_seqlens_k, vl->batch, vl->max_seqlen_k, "max_seqlen_k",
+                           p->seqlen_k, "k");
+    return st;
+}
+
 static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
 {
     if (!desc) return INVALID("desc: is NULL");
@@ -89,22 +142,31 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
                 return INVALID("desc->seqlens_k[%lld]: %d is outside [0, %lld]", (long long)b, desc->seqlens_k[b],
                                (long long)p->seqlen_k);
     }
+    /* The extents the block mask's grid and the dropout index cover: the padded layout's. */
+    int64_t grid_batch = p->batch, grid_q = p->seqlen_q, grid_k = p->seqlen_k;
+    if (desc->varlen) {
+        fa_status st = check_varlen(desc, p);
+        if (st) return st;
+        grid_batch = p->varlen.batch;
+        grid_q = p->varlen.max_seqlen_q;
+        grid_k = p->varlen.max_seqlen_k;
+    }
     const fa_block_mask *bm = desc->block_mask;
     if (bm) {
         if (!bm->mask) return INVALID("desc->block_mask->mask: is NULL");
         if (bm->block_q <= 0 || bm->block_k <= 0)
             return INVALID("desc->block_mask: block sizes %d x %d must be positive", bm->block_q, bm->block_k);
-        const int64_t rows = (p->seqlen_q + bm->block_q - 1) / bm->block_q;
-        const int64_t cols = (p->seqlen_k + bm->block_k - 1) / bm->block_k;
+        const int64_t rows = (grid_q + bm->block_q - 1) / bm->block_q;
+        const int64_t cols = (grid_k + bm->block_k - 1) / bm->block_k;
         if (bm->rows != rows || bm->cols != cols)
             return INVALID("desc->block_mask: %lld x %lld blocks, expected %lld x %lld for seqlens %lld, %lld",
                            (long long)bm->rows, (long long)bm->cols, (long long)rows, (long long)cols,
-                           (long long)p->seqlen_q, (long long)p->seqlen_k);
+                           (long long)grid_q, (long long)grid_k);
     }
     int64_t elements;
     if (desc->dropout_p > 0.0f &&
-        !(fa_checked_mul(p->batch, p->heads_q, &elements) && fa_checked_mul(elements, p->seqlen_q, &elements) &&
-          fa_checked_mul(elements, p->seqlen_k, &elements)))
+        !(fa_checked_mul(grid_batch, p->heads_q, &elements) && fa_checked_mul(elements, grid_q, &elements) &&
+          fa_checked_mul(elements, grid_k, &elements)))
         return INVALID("desc->dropout_p: the attention matrix has more than 2^63 elements to index");
     p->scale = desc->softmax_scale != 0.0f ? desc->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
     p->causal = desc->causal != 0;
@@ -141,6 +203,10 @@ fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q,
     p->head_dim = q->head_dim;
     p->dtype = q->dtype;
     p->lse = lse;
+    p->lse_stride_head = p->seqlen_q;
+    p->lse_stride_batch = p->heads_q * p->seqlen_q;
+    p->dropout_rows = p->seqlen_q;
+    p->dropout_cols = p->seqlen_k;
     return check_desc(desc, p);
 }
 

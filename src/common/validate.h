@@ -10,6 +10,9 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
                                const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout,
                                const float *lse, const fa_tensor *dq, const fa_tensor *dk,
                                const fa_tensor *dv, fa_problem *p);
+/* The values of desc->varlen's offsets (host memory only): first 0, non-decreasing, lengths at
+ * most max_seqlen_*, last == the tensors' total rows. */
+fa_status fa_validate_varlen_offsets(const fa_problem *p);
 
 /* a * b and a + b for non-negative int64, returning 0 on overflow. */
 int fa_checked_mul(int64_t a, int64_t b, int64_t *result);

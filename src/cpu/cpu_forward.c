@@ -112,7 +112,7 @@ static void query_tile_end(const fa_problem *p, int64_t b, int64_t h, query_tile
             for (int64_t c = 0; c < d; ++c) t->o[r * d + c] = NAN;
             lse = NAN;
         }
-        if (p->lse) p->lse[(b * p->heads_q + h) * p->seqlen_q + i0 + r] = lse;
+        if (p->lse) p->lse[fa_lse_index(p, b, h, i0 + r)] = lse;
     }
     fa_cpu_store_rows(&p->out, b, i0, h, t->rows.count, t->o, d);
 }
@@ -243,6 +243,7 @@ static int64_t query_group(const fa_problem *p, int64_t q_tiles, int threads)
 
 fa_status fa_cpu_forward(void *state, const fa_problem *p)
 {
+    if (p->varlen.batch) return fa_cpu_varlen_run(state, p, 0);
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);

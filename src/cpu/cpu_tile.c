@@ -186,9 +186,9 @@ void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cp
 {
     const float keep_scale = 1.0f / (1.0f - p->dropout_p);
     for (int64_t r = 0; r < rows->count; ++r) {
-        const uint64_t row_base =
-            (((uint64_t)b * (uint64_t)p->heads_q + (uint64_t)h) * (uint64_t)p->seqlen_q + (uint64_t)(rows->i0 + r)) *
-            (uint64_t)p->seqlen_k;
+        const uint64_t row_base = (((uint64_t)(p->dropout_batch0 + b) * (uint64_t)p->heads_q + (uint64_t)h) *
+                                       (uint64_t)p->dropout_rows + (uint64_t)(rows->i0 + r)) *
+                                  (uint64_t)p->dropout_cols;
         int64_t c = 0;
         while (c < cols) {
             const uint64_t e = row_base + (uint64_t)(j0 + c);

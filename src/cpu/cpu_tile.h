@@ -18,6 +18,12 @@ static inline void *fa_row_ptr(const fa_tensor *t, int64_t b, int64_t s, int64_t
     return (char *)t->data + offset * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
 }
 
+/* Where row i of (b, h) sits in p->lse. */
+static inline int64_t fa_lse_index(const fa_problem *p, int64_t b, int64_t h, int64_t i)
+{
+    return b * p->lse_stride_batch + h * p->lse_stride_head + i;
+}
+
 /* dst[r * ld + c] = tensor[b, s0 + r, h, c] for r < rows, c < head_dim, converted to f32. */
 void fa_cpu_load_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, float *dst, int64_t ld);
 /* dst[c * ld + r] = tensor[b, s0 + r, h, c] (the transposed tile, packed once per query tile). */
