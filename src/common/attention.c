@@ -70,6 +70,26 @@ fa_status fa_backward(fa_context *ctx, const fa_attention_desc *desc, const fa_t
     return st;
 }
 
+fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
+                             const fa_kv_cache *cache, const fa_tensor *k_new, const fa_tensor *v_new, fa_tensor *out,
+                             float *lse)
+{
+    const fa_backend_iface *iface;
+    void *state;
+    fa_kv_problem p;
+    fa_attention_desc full;
+    fa_status st = fa_context_backend_state(ctx, &iface, &state);
+    if (st == FA_SUCCESS) st = read_desc(desc, &full);
+    if (st == FA_SUCCESS) st = fa_validate_kvcache(&full, q, cache, k_new, v_new, out, lse, &p);
+    if (st == FA_SUCCESS && !iface->forward_kvcache)
+        st = fa_set_error(FA_ERROR_NOT_SUPPORTED, "fa_forward_kvcache: the %s backend does not implement the KV-cache "
+                          "path yet", iface->name);
+    /* Tables in device memory are the backend's to check (without a host sync). */
+    if (st == FA_SUCCESS && (iface->features & FA_BACKEND_HOST_MEMORY)) st = fa_validate_kvcache_tables(&p);
+    if (st == FA_SUCCESS) st = iface->forward_kvcache(state, &p);
+    return st;
+}
+
 fa_tiling fa_tiling_for(int64_t sram_elements, int64_t head_dim)
 {
     fa_tiling t;

@@ -227,3 +227,107 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
     p->lse = (float *)lse;
     return FA_SUCCESS;
 }
+
+fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q, const fa_kv_cache *cache,
+                              const fa_tensor *k_new, const fa_tensor *v_new, const fa_tensor *out, float *lse,
+                              fa_kv_problem *kp)
+{
+    memset(kp, 0, sizeof *kp);
+    fa_problem *p = &kp->attn;
+    fa_status st;
+    if ((st = check_tensor("q", q, &p->q)) || (st = check_tensor("out", out, &p->out)) ||
+        (st = same_shape("out", out, "q", q)))
+        return st;
+    if (!cache) return INVALID("cache: is NULL");
+    if ((st = check_tensor("cache->k", &cache->k, &p->k)) || (st = check_tensor("cache->v", &cache->v, &p->v)) ||
+        (st = same_shape("cache->v", &cache->v, "cache->k", &cache->k)))
+        return st;
+    if (cache->k.dtype != q->dtype) return INVALID("cache->k: dtype differs from q");
+    if (cache->k.head_dim != q->head_dim)
+        return INVALID("cache->k: head_dim %lld differs from q's %lld", (long long)cache->k.head_dim,
+                       (long long)q->head_dim);
+    if (q->heads % cache->k.heads != 0)
+        return INVALID("cache->k: heads %lld does not divide q's heads %lld", (long long)cache->k.heads,
+                       (long long)q->heads);
+    if (!cache->cache_seqlens) return INVALID("cache->cache_seqlens: is NULL");
+    if (cache->block_table) {
+        if (cache->max_pages_per_seq <= 0)
+            return INVALID("cache->max_pages_per_seq: %lld is not positive", (long long)cache->max_pages_per_seq);
+        int64_t capacity, entries;
+        if (!fa_checked_mul(cache->max_pages_per_seq, cache->k.seqlen, &capacity) ||
+            !fa_checked_mul(cache->max_pages_per_seq, q->batch, &entries) || capacity > INT32_MAX)
+            return INVALID("cache->max_pages_per_seq: %lld pages of %lld tokens exceed 2^31 tokens per sequence",
+                           (long long)cache->max_pages_per_seq, (long long)cache->k.seqlen);
+        kp->page_size = cache->k.seqlen;
+        kp->num_pages = cache->k.batch;
+        kp->max_pages_per_seq = cache->max_pages_per_seq;
+        kp->block_table = cache->block_table;
+        p->seqlen_k = capacity;
+    } else {
+        if (cache->k.batch != q->batch)
+            return INVALID("cache->k: batch %lld differs from q's %lld (contiguous cache)", (long long)cache->k.batch,
+                           (long long)q->batch);
+        p->seqlen_k = cache->k.seqlen;
+    }
+    if ((k_new == NULL) != (v_new == NULL)) return INVALID("k_new, v_new: give both or neither");
+    if (k_new) {
+        if ((st = check_tensor("k_new", k_new, &kp->k_new)) || (st = check_tensor("v_new", v_new, &kp->v_new)) ||
+            (st = same_shape("v_new", v_new, "k_new", k_new)))
+            return st;
+        if (k_new->batch != q->batch || k_new->heads != cache->k.heads || k_new->head_dim != q->head_dim)
+            return INVALID("k_new: shape [%lld, %lld, %lld, %lld] must be [batch %lld, seqlen_new, heads_kv %lld, %lld]",
+                           (long long)k_new->batch, (long long)k_new->seqlen, (long long)k_new->heads,
+                           (long long)k_new->head_dim, (long long)q->batch, (long long)cache->k.heads,
+                           (long long)q->head_dim);
+        if (k_new->dtype != q->dtype) return INVALID("k_new: dtype differs from q");
+        kp->seqlen_new = k_new->seqlen;
+    }
+    if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL for the KV cache (use cache->cache_seqlens)");
+    if (desc->varlen) return INVALID("desc->varlen: must be NULL for the KV cache");
+    if (desc->block_mask)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->block_mask: the KV-cache path has no block masks");
+    if (desc->dropout_p != 0.0f)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->dropout_p: the KV-cache path is forward-only inference, "
+                                                    "without dropout");
+    p->batch = q->batch;
+    p->heads_q = q->heads;
+    p->heads_kv = cache->k.heads;
+    p->seqlen_q = q->seqlen;
+    p->head_dim = q->head_dim;
+    p->dtype = q->dtype;
+    p->lse = lse;
+    p->lse_stride_head = p->seqlen_q;
+    p->lse_stride_batch = p->heads_q * p->seqlen_q;
+    kp->cache_seqlens = cache->cache_seqlens;
+    return check_desc(desc, p);
+}
+
+fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)
+{
+    const int64_t capacity = kp->attn.seqlen_k;
+    for (int64_t b = 0; b < kp->attn.batch; ++b) {
+        const int64_t cached = kp->cache_seqlens[b], total = cached + kp->seqlen_new;
+        if (cached < 0)
+            return INVALID("cache->cache_seqlens[%lld]: %lld is negative (sequence %lld)", (long long)b,
+                           (long long)cached, (long long)b);
+        if (total > capacity) {
+            if (kp->block_table)
+                return INVALID("cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens (%lld cached + %lld new), "
+                               "more than its %lld pages of %lld", (long long)b, (long long)b, (long long)total,
+                               (long long)cached, (long long)kp->seqlen_new, (long long)kp->max_pages_per_seq,
+                               (long long)kp->page_size);
+            return INVALID("cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens (%lld cached + %lld new), more "
+                           "than the capacity %lld", (long long)b, (long long)b, (long long)total, (long long)cached,
+                           (long long)kp->seqlen_new, (long long)capacity);
+        }
+        if (!kp->block_table) continue;
+        const int64_t pages = (total + kp->page_size - 1) / kp->page_size;
+        for (int64_t x = 0; x < pages; ++x) {
+            const int32_t page = kp->block_table[b * kp->max_pages_per_seq + x];
+            if (page < 0 || page >= kp->num_pages)
+                return INVALID("cache->block_table[%lld][%lld]: page %d of sequence %lld is outside [0, %lld)",
+                               (long long)b, (long long)x, page, (long long)b, (long long)kp->num_pages);
+        }
+    }
+    return FA_SUCCESS;
+}

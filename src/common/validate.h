@@ -14,6 +14,14 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
  * most max_seqlen_*, last == the tensors' total rows. */
 fa_status fa_validate_varlen_offsets(const fa_problem *p);
 
+/* fa_forward_kvcache's arguments, shapes only (tables are the context's memory). */
+fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q, const fa_kv_cache *cache,
+                              const fa_tensor *k_new, const fa_tensor *v_new, const fa_tensor *out, float *lse,
+                              fa_kv_problem *kp);
+/* The cache's tables (host memory only): lengths not negative, cached + new within each sequence's
+ * capacity or pages, every page index it uses in range. */
+fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp);
+
 /* a * b and a + b for non-negative int64, returning 0 on overflow. */
 int fa_checked_mul(int64_t a, int64_t b, int64_t *result);
 int fa_checked_add(int64_t a, int64_t b, int64_t *result);

@@ -63,6 +63,12 @@ void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0,
 void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
                           int64_t cols, float *st, int64_t ld);
 
+/* Online-softmax step for one key tile whose raw scores are in st (cols x rows, transposed): new
+ * running max m, the shift for the exponential (st becomes P), the rescale factor alpha of the
+ * accumulated output, and the running sum l. scale_in_exp multiplies scores inside the exp. */
+void fa_cpu_softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t rows, int64_t cols, float *st,
+                         int64_t ld, float *m, float *l, float *tile_max, float *shift, float *alpha, float *tile_sum);
+
 /* OpenMP-agnostic helpers. */
 int fa_cpu_thread_count(int requested);
 #endif

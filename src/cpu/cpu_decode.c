@@ -1,0 +1,265 @@
+/* fa_forward_kvcache on the CPU: append k_new/v_new into the cache, then attention of a few query
+ * rows against a long (possibly paged) cache.
+ * - GQA packing: the query rows of one kv head's group (group heads x seqlen_q positions, up to
+ *   DECODE_ROWS) form one tile, so each kv head's keys and values are read once per call, not
+ *   once per query head.
+ * - Split-KV: when (batch, kv head, row tile) units are too few to keep the threads busy, each
+ *   sequence's keys are cut into chunks; each (unit, chunk) task computes a partial (O, m, l)
+ *   with the online softmax, and the partials are merged by their maxima in increasing chunk
+ *   order. The split is computed from the shape and the sequence lengths only, never from the
+ *   thread count, so results are bit-identical for any number of threads.
+ * - Paged caches are read through the block table, a run of keys per page.
+ * Every buffer is allocated before the cache is written, so a failure leaves the cache intact. */
+#include <math.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "../common/alloc.h"
+#include "../common/error.h"
+#include "../common/visibility.h"
+#include "cpu_backend.h"
+#include "cpu_tile.h"
+
+#define DECODE_ROWS 64        /* query rows per tile */
+#define DECODE_KEYS 128       /* keys per online-softmax step */
+#define DECODE_TASKS 128      /* tasks a split aims at: 4 per thread on 32 threads */
+#define DECODE_MIN_CHUNK 256  /* keys: shorter chunks cost more in merging than they share */
+
+typedef struct decode_plan {
+    int64_t group, rows, row_tiles, units, splits;
+    size_t partial_floats; /* per (unit, chunk): O [DECODE_ROWS x d], m, l [DECODE_ROWS] */
+} decode_plan;
+
+static decode_plan make_plan(const fa_problem *p)
+{
+    decode_plan plan;
+    plan.group = p->heads_q / p->heads_kv;
+    plan.rows = plan.group * p->seqlen_q;
+    plan.row_tiles = (plan.rows + DECODE_ROWS - 1) / DECODE_ROWS;
+    plan.units = p->batch * p->heads_kv * plan.row_tiles;
+    plan.splits = plan.units >= DECODE_TASKS ? 1 : (DECODE_TASKS + plan.units - 1) / plan.units;
+    plan.partial_floats = (size_t)(DECODE_ROWS * (p->head_dim + 2));
+    return plan;
+}
+
+static int64_t sequence_keys(const fa_kv_problem *kp, int64_t b) { return kp->cache_seqlens[b] + kp->seqlen_new; }
+
+/* Keys [*lo, *hi) of chunk c of sequence b (empty past the sequence's chunk count). */
+static void chunk_range(const fa_kv_problem *kp, const decode_plan *plan, int64_t b, int64_t c, int64_t *lo,
+                        int64_t *hi)
+{
+    const int64_t keys = sequence_keys(kp, b);
+    int64_t chunks = (keys + DECODE_MIN_CHUNK - 1) / DECODE_MIN_CHUNK;
+    if (chunks > plan->splits) chunks = plan->splits;
+    if (chunks < 1) chunks = 1;
+    const int64_t len = (keys + chunks - 1) / chunks;
+    *lo = c * len < keys ? c * len : keys;
+    *hi = (c + 1) * len < keys ? (c + 1) * len : keys;
+}
+
+/* Where key position j of sequence b lives in the cache tensors: (batch or page, row). */
+static void key_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slot_b, int64_t *slot_s)
+{
+    if (!kp->block_table) {
+        *slot_b = b;
+        *slot_s = j;
+        return;
+    }
+    *slot_b = kp->block_table[b * kp->max_pages_per_seq + j / kp->page_size];
+    *slot_s = j % kp->page_size;
+}
+
+static void append_new(const fa_kv_problem *kp)
+{
+    const fa_problem *p = &kp->attn;
+    const size_t row_bytes = (size_t)p->head_dim * (p->dtype == FA_DTYPE_F32 ? 4 : 2);
+    for (int64_t b = 0; b < p->batch; ++b)
+        for (int64_t t = 0; t < kp->seqlen_new; ++t) {
+            int64_t sb, ss;
+            key_slot(kp, b, kp->cache_seqlens[b] + t, &sb, &ss);
+            for (int64_t h = 0; h < p->heads_kv; ++h) {
+                memcpy(fa_row_ptr(&p->k, sb, ss, h), fa_row_ptr(&kp->k_new, b, t, h), row_bytes);
+                memcpy(fa_row_ptr(&p->v, sb, ss, h), fa_row_ptr(&kp->v_new, b, t, h), row_bytes);
+            }
+        }
+}
+
+typedef struct decode_scratch {
+    float *qt, *st, *k, *v, *tile_max, *shift, *alpha, *tile_sum, *acc;
+    fa_key_range *ranges;
+} decode_scratch;
+
+static size_t scratch_bytes(int64_t d)
+{
+    const size_t floats = (size_t)(d * DECODE_ROWS + DECODE_KEYS * DECODE_ROWS + 2 * DECODE_KEYS * d +
+                                   4 * DECODE_ROWS + d);
+    return floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + 16;
+}
+
+static void scratch_carve(char *base, int64_t d, decode_scratch *w)
+{
+    float *f = (float *)base;
+    w->qt = f; f += d * DECODE_ROWS;
+    w->st = f; f += DECODE_KEYS * DECODE_ROWS;
+    w->k = f; f += DECODE_KEYS * d;
+    w->v = f; f += DECODE_KEYS * d;
+    w->tile_max = f; f += DECODE_ROWS;
+    w->shift = f; f += DECODE_ROWS;
+    w->alpha = f; f += DECODE_ROWS;
+    w->tile_sum = f; f += DECODE_ROWS;
+    w->acc = f; f += d;
+    w->ranges = (fa_key_range *)(((uintptr_t)f + 15) & ~(uintptr_t)15);
+}
+
+/* Keys [j0, j0 + n) of sequence b, head h, as an f32 matrix (in place when possible). */
+static const float *load_keys(const fa_kv_problem *kp, const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b,
+                              int64_t j0, int64_t n, int64_t h, float *scratch, int64_t *ld)
+{
+    if (!kp->block_table) return fa_cpu_view_rows(t, kern, b, j0, h, n, scratch, ld);
+    const int64_t d = t->head_dim;
+    for (int64_t done = 0; done < n;) {
+        int64_t sb, ss, run_ld;
+        key_slot(kp, b, j0 + done, &sb, &ss);
+        const int64_t run = n - done < kp->page_size - ss ? n - done : kp->page_size - ss;
+        float *dst = scratch + done * d;
+        const float *rows = fa_cpu_view_rows(t, kern, sb, ss, h, run, dst, &run_ld);
+        if (rows != dst)
+            for (int64_t r = 0; r < run; ++r) memcpy(dst + r * d, rows + r * run_ld, (size_t)d * sizeof(float));
+        done += run;
+    }
+    *ld = d;
+    return scratch;
+}
+
+/* Query row r of a unit's packed tile: position i, query head h. */
+static void tile_row(const decode_plan *plan, int64_t hk, int64_t r, int64_t *i, int64_t *h)
+{
+    *i = r / plan->group;
+    *h = hk * plan->group + r % plan->group;
+}
+
+/* One (unit, chunk) task: the partial O (unnormalised), m and l of the unit's rows over the
+ * chunk's keys. */
+static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t u,
+                       int64_t c, decode_scratch *w, float *partial)
+{
+    const fa_problem *p = &kp->attn;
+    const int64_t d = p->head_dim, rt = u % plan->row_tiles, hk = (u / plan->row_tiles) % p->heads_kv;
+    const int64_t b = u / (plan->row_tiles * p->heads_kv), r0 = rt * DECODE_ROWS;
+    const int64_t rows = plan->rows - r0 < DECODE_ROWS ? plan->rows - r0 : DECODE_ROWS;
+    float *o = partial, *m = o + DECODE_ROWS * d, *l = m + DECODE_ROWS;
+    for (int64_t r = 0; r < rows; ++r) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(o, 0, (size_t)(rows * d) * sizeof(float));
+    int64_t lo, hi;
+    chunk_range(kp, plan, b, c, &lo, &hi);
+    const int64_t keys = sequence_keys(kp, b);
+    int64_t seen_lo = INT64_MAX, seen_hi = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t i, h;
+        tile_row(plan, hk, r0 + r, &i, &h);
+        w->ranges[r] = fa_visible_keys(i, p->seqlen_q, keys, keys, p->causal, p->window_left, p->window_right);
+        if (w->ranges[r].hi <= w->ranges[r].lo) continue;
+        if (w->ranges[r].lo < seen_lo) seen_lo = w->ranges[r].lo;
+        if (w->ranges[r].hi > seen_hi) seen_hi = w->ranges[r].hi;
+    }
+    if (seen_lo > lo) lo = seen_lo;
+    if (seen_hi < hi) hi = seen_hi;
+    if (hi <= lo) return;
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t i, h;
+        tile_row(plan, hk, r0 + r, &i, &h);
+        fa_cpu_load_transposed(&p->q, b, i, h, 1, w->qt + r, DECODE_ROWS);
+    }
+    for (int64_t j0 = lo; j0 < hi; j0 += DECODE_KEYS) {
+        const int64_t n = hi - j0 < DECODE_KEYS ? hi - j0 : DECODE_KEYS;
+        int64_t ldk, ldv;
+        const float *k = load_keys(kp, &p->k, kern, b, j0, n, hk, w->k, &ldk);
+        const float *v = load_keys(kp, &p->v, kern, b, j0, n, hk, w->v, &ldv);
+        kern->gemm(n, rows, d, k, ldk, 1, w->qt, DECODE_ROWS, w->st, DECODE_ROWS, NULL, 0); /* S^T = K Q^T */
+        for (int64_t x = 0; x < n; ++x) {
+            float *col = w->st + x * DECODE_ROWS;
+            const int64_t j = j0 + x;
+            for (int64_t r = 0; r < rows; ++r)
+                col[r] = j >= w->ranges[r].lo && j < w->ranges[r].hi ? col[r] * p->scale : -INFINITY;
+        }
+        fa_cpu_softmax_step(kern, 1.0f, rows, n, w->st, DECODE_ROWS, m, l, w->tile_max, w->shift, w->alpha,
+                            w->tile_sum);
+        kern->gemm(rows, d, n, w->st, 1, DECODE_ROWS, v, ldv, o, d, w->alpha, 1); /* O = alpha O + P V */
+    }
+}
+
+/* The unit's chunks merged in increasing chunk order: O = sum_c e^(m_c - M) O_c / l with
+ * l = sum_c e^(m_c - M) l_c, lse = M + log l. */
+static void merge_unit(const fa_kv_problem *kp, const decode_plan *plan, int64_t u, const float *partials,
+                       float *acc)
+{
+    const fa_problem *p = &kp->attn;
+    const int64_t d = p->head_dim, rt = u % plan->row_tiles, hk = (u / plan->row_tiles) % p->heads_kv;
+    const int64_t b = u / (plan->row_tiles * p->heads_kv), r0 = rt * DECODE_ROWS;
+    const int64_t rows = plan->rows - r0 < DECODE_ROWS ? plan->rows - r0 : DECODE_ROWS;
+    const float *first = partials + (size_t)(u * plan->splits) * plan->partial_floats;
+    for (int64_t r = 0; r < rows; ++r) {
+        float top = -INFINITY, sum = 0.0f;
+        for (int64_t c = 0; c < plan->splits; ++c) {
+            const float m = first[c * plan->partial_floats + DECODE_ROWS * d + r];
+            if (m > top) top = m;
+        }
+        memset(acc, 0, (size_t)d * sizeof(float));
+        for (int64_t c = 0; top != -INFINITY && c < plan->splits; ++c) {
+            const float *o = first + c * plan->partial_floats, *m = o + DECODE_ROWS * d, *l = m + DECODE_ROWS;
+            if (m[r] == -INFINITY) continue;
+            const float weight = expf(m[r] - top);
+            sum += weight * l[r];
+            for (int64_t x = 0; x < d; ++x) acc[x] += weight * o[r * d + x];
+        }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int64_t x = 0; x < d; ++x) acc[x] *= inv;
+        int64_t i, h;
+        tile_row(plan, hk, r0 + r, &i, &h);
+        fa_cpu_store_rows(&p->out, b, i, h, 1, acc, d);
+        if (p->lse) p->lse[fa_lse_index(p, b, h, i)] = sum > 0.0f ? top + logf(sum) : -INFINITY;
+    }
+}
+
+fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
+{
+    const fa_cpu_state *s = state;
+    const fa_problem *p = &kp->attn;
+    const decode_plan plan = make_plan(p);
+    const int threads = fa_cpu_thread_count(s->num_threads);
+    const int64_t tasks = plan.units * plan.splits;
+    const size_t per_thread = scratch_bytes(p->head_dim);
+    float *partials = fa_host_alloc((size_t)tasks * plan.partial_floats * sizeof(float));
+    char *scratch = fa_host_alloc(per_thread * (size_t)threads);
+    if (!partials || !scratch) {
+        fa_host_free(partials);
+        fa_host_free(scratch);
+        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_forward_kvcache: cannot allocate %lld partial tiles",
+                            (long long)tasks);
+    }
+    append_new(kp);
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        const int me = omp_get_thread_num();
+#else
+        const int me = 0;
+#endif
+        decode_scratch w;
+        scratch_carve(scratch + (size_t)me * per_thread, p->head_dim, &w);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tasks; ++t)
+            chunk_task(kp, s->kernels, &plan, t / plan.splits, t % plan.splits, &w,
+                       partials + (size_t)t * plan.partial_floats);
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < plan.units; ++u) merge_unit(kp, &plan, u, partials, w.acc);
+    }
+    fa_host_free(scratch);
+    fa_host_free(partials);
+    return FA_SUCCESS;
+}
