@@ -2,11 +2,13 @@
  * rows against a long (possibly paged) cache.
  * - GQA packing: the query rows of one kv head's group (group heads x seqlen_q positions, up to
  *   DECODE_ROWS) form one tile, so each kv head's keys and values are read once per call, not
- *   once per query head.
- * - Split-KV: when (batch, kv head, row tile) units are too few to keep the threads busy, each
+ *   once per query head. A task walks its keys tile by tile and, for each key tile, every kv
+ *   head in turn: the cache's [.., heads_kv, d] rows are then read front to back, a stream the
+ *   prefetchers follow (one head at a time would jump heads_kv * d elements per key).
+ * - Split-KV: when (batch, row tile) units are too few to keep the threads busy, each
  *   sequence's keys are cut into chunks; each (unit, chunk) task computes a partial (O, m, l)
- *   with the online softmax, and the partials are merged by their maxima in increasing chunk
- *   order. The split is computed from the shape and the sequence lengths only, never from the
+ *   per kv head with the online softmax, and the partials are merged by their maxima in
+ *   increasing chunk order. The split is computed from the shape and the sequence lengths only, never from the
  *   thread count, so results are bit-identical for any number of threads.
  * - Paged caches are read through the block table, a run of keys per page.
  * Every buffer is allocated before the cache is written, so a failure leaves the cache intact. */
@@ -22,14 +24,15 @@
 #include "cpu_backend.h"
 #include "cpu_tile.h"
 
-#define DECODE_ROWS 64        /* query rows per tile */
-#define DECODE_KEYS 128       /* keys per online-softmax step */
+#define DECODE_ROWS 64        /* query rows per tile and kv head */
+#define DECODE_KEYS 32        /* keys per online-softmax step: K and V of all heads stay in L2 */
 #define DECODE_TASKS 128      /* tasks a split aims at: 4 per thread on 32 threads */
 #define DECODE_MIN_CHUNK 256  /* keys: shorter chunks cost more in merging than they share */
 
 typedef struct decode_plan {
-    int64_t group, rows, row_tiles, units, splits;
-    size_t partial_floats; /* per (unit, chunk): O [DECODE_ROWS x d], m, l [DECODE_ROWS] */
+    int64_t group, rows, tile_rows, row_tiles, units, splits;
+    size_t head_floats;    /* one kv head's partial: O [tile_rows x d], m, l [tile_rows] */
+    size_t partial_floats; /* one (unit, chunk): heads_kv partials */
 } decode_plan;
 
 static decode_plan make_plan(const fa_problem *p)
@@ -37,10 +40,12 @@ static decode_plan make_plan(const fa_problem *p)
     decode_plan plan;
     plan.group = p->heads_q / p->heads_kv;
     plan.rows = plan.group * p->seqlen_q;
-    plan.row_tiles = (plan.rows + DECODE_ROWS - 1) / DECODE_ROWS;
-    plan.units = p->batch * p->heads_kv * plan.row_tiles;
+    plan.tile_rows = plan.rows < DECODE_ROWS ? plan.rows : DECODE_ROWS;
+    plan.row_tiles = (plan.rows + plan.tile_rows - 1) / plan.tile_rows;
+    plan.units = p->batch * plan.row_tiles;
     plan.splits = plan.units >= DECODE_TASKS ? 1 : (DECODE_TASKS + plan.units - 1) / plan.units;
-    plan.partial_floats = (size_t)(DECODE_ROWS * (p->head_dim + 2));
+    plan.head_floats = (size_t)(plan.tile_rows * (p->head_dim + 2));
+    plan.partial_floats = (size_t)p->heads_kv * plan.head_floats;
     return plan;
 }
 
@@ -86,43 +91,55 @@ static void append_new(const fa_kv_problem *kp)
         }
 }
 
+/* Per-thread memory: the row tile's queries of every kv head (transposed), one key tile (K and
+ * V, when they are not read in place), the scores S^T, the softmax vectors, the merge's row and the rows' key ranges. */
 typedef struct decode_scratch {
-    float *qt, *st, *k, *v, *tile_max, *shift, *alpha, *tile_sum, *acc;
+    float *qt, *st, *k, *v, *k_stage, *v_stage, *tile_max, *shift, *alpha, *tile_sum, *acc;
     fa_key_range *ranges;
 } decode_scratch;
 
-static size_t scratch_bytes(int64_t d)
+static size_t scratch_bytes(const fa_problem *p)
 {
-    const size_t floats = (size_t)(d * DECODE_ROWS + DECODE_KEYS * DECODE_ROWS + 2 * DECODE_KEYS * d +
-                                   4 * DECODE_ROWS + d);
-    return floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + 16;
+    const int64_t d = p->head_dim;
+    const size_t floats = (size_t)(p->heads_kv * DECODE_ROWS * d + DECODE_KEYS * DECODE_ROWS +
+                                   2 * DECODE_KEYS * d + 2 * DECODE_KEYS * p->heads_kv * d + 4 * DECODE_ROWS + d);
+    return (floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + 63) & ~(size_t)63;
 }
 
-static void scratch_carve(char *base, int64_t d, decode_scratch *w)
+static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
 {
+    const int64_t d = p->head_dim;
     float *f = (float *)base;
-    w->qt = f; f += d * DECODE_ROWS;
+    w->qt = f; f += p->heads_kv * DECODE_ROWS * d;
     w->st = f; f += DECODE_KEYS * DECODE_ROWS;
     w->k = f; f += DECODE_KEYS * d;
     w->v = f; f += DECODE_KEYS * d;
+    w->k_stage = f; f += DECODE_KEYS * p->heads_kv * d;
+    w->v_stage = f; f += DECODE_KEYS * p->heads_kv * d;
     w->tile_max = f; f += DECODE_ROWS;
     w->shift = f; f += DECODE_ROWS;
     w->alpha = f; f += DECODE_ROWS;
     w->tile_sum = f; f += DECODE_ROWS;
     w->acc = f; f += d;
-    w->ranges = (fa_key_range *)(((uintptr_t)f + 15) & ~(uintptr_t)15);
+    w->ranges = (fa_key_range *)f; /* f is 8-aligned: the float count above is even */
 }
 
-/* Keys [j0, j0 + n) of sequence b, head h, as an f32 matrix (in place when possible). */
-static const float *load_keys(const fa_kv_problem *kp, const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b,
+/* Rows [j0, j0 + n) of sequence b, head h of a cache tensor as an f32 matrix: in place for f32
+ * rows in one slot (each element is used once per row tile, so the cache-set conflicts that make
+ * the forward copy strided tiles do not arise), else copied and widened into scratch. */
+static const float *load_rows(const fa_kv_problem *kp, const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b,
                               int64_t j0, int64_t n, int64_t h, float *scratch, int64_t *ld)
 {
-    if (!kp->block_table) return fa_cpu_view_rows(t, kern, b, j0, h, n, scratch, ld);
     const int64_t d = t->head_dim;
     for (int64_t done = 0; done < n;) {
         int64_t sb, ss, run_ld;
         key_slot(kp, b, j0 + done, &sb, &ss);
-        const int64_t run = n - done < kp->page_size - ss ? n - done : kp->page_size - ss;
+        const int64_t room = kp->block_table ? kp->page_size - ss : n;
+        const int64_t run = n - done < room ? n - done : room;
+        if (run == n && t->dtype == FA_DTYPE_F32) {
+            *ld = t->stride_seq;
+            return fa_row_ptr(t, sb, ss, h);
+        }
         float *dst = scratch + done * d;
         const float *rows = fa_cpu_view_rows(t, kern, sb, ss, h, run, dst, &run_ld);
         if (rows != dst)
@@ -133,35 +150,96 @@ static const float *load_keys(const fa_kv_problem *kp, const fa_tensor *t, const
     return scratch;
 }
 
-/* Query row r of a unit's packed tile: position i, query head h. */
+/* Row r of kv head hk's packed tile: query position i, query head h. */
 static void tile_row(const decode_plan *plan, int64_t hk, int64_t r, int64_t *i, int64_t *h)
 {
     *i = r / plan->group;
     *h = hk * plan->group + r % plan->group;
 }
 
-/* One (unit, chunk) task: the partial O (unnormalised), m and l of the unit's rows over the
- * chunk's keys. */
+/* Unit u = (b, row tile): its sequence and rows [r0, r0 + rows) of every kv head's tile. */
+static void unit_rows(const decode_plan *plan, int64_t u, int64_t *b, int64_t *r0, int64_t *rows)
+{
+    *b = u / plan->row_tiles;
+    *r0 = u % plan->row_tiles * plan->tile_rows;
+    *rows = plan->rows - *r0 < plan->tile_rows ? plan->rows - *r0 : plan->tile_rows;
+}
+
+/* Whether a cache tensor's heads lie side by side in each row, so that a key tile of every head
+ * is one run of rows (one block when contiguous). */
+static int heads_adjacent(const fa_tensor *t) { return t->stride_head == t->head_dim; }
+
+/* Keys [j0, j0 + n) of sequence b, every head, copied and widened to f32 stage[x][h][c]: the
+ * cache is read front to back in long runs (full memory bandwidth), and the products then read
+ * the tile from L2 whatever the heads' stride. */
+static void stage_rows(const fa_kv_problem *kp, const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t j0,
+                       int64_t n, float *stage)
+{
+    const int64_t width = t->heads * t->head_dim;
+    for (int64_t x = 0; x < n; ++x) {
+        int64_t sb, ss;
+        key_slot(kp, b, j0 + x, &sb, &ss);
+        const void *src = fa_row_ptr(t, sb, ss, 0);
+        float *dst = stage + x * width;
+        if (t->dtype == FA_DTYPE_F32) memcpy(dst, src, (size_t)width * sizeof(float));
+        else if (t->dtype == FA_DTYPE_F16) kern->f16_to_f32(src, dst, width);
+        else
+            for (int64_t h = 0; h < t->heads; ++h) fa_cpu_load_rows(t, sb, ss, h, 1, dst + h * t->head_dim, 0);
+    }
+}
+
+/* One online-softmax step of kv head hk's rows on the keys [j0, j0 + n). */
+static void head_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t b,
+                      int64_t hk, int64_t rows, int64_t j0, int64_t n, decode_scratch *w, float *partial)
+{
+    const fa_problem *p = &kp->attn;
+    const int64_t d = p->head_dim;
+    float *o = partial, *m = o + plan->tile_rows * d, *l = m + plan->tile_rows;
+    int64_t ldk, ldv;
+    const float *k, *v;
+    if (heads_adjacent(&p->k)) {
+        k = w->k_stage + hk * d;
+        v = w->v_stage + hk * d;
+        ldk = ldv = p->heads_kv * d;
+    } else {
+        k = load_rows(kp, &p->k, kern, b, j0, n, hk, w->k, &ldk);
+        v = load_rows(kp, &p->v, kern, b, j0, n, hk, w->v, &ldv);
+    }
+    kern->gemm(n, rows, d, k, ldk, 1, w->qt + hk * DECODE_ROWS * d, DECODE_ROWS, w->st, DECODE_ROWS, NULL,
+               0); /* S^T = K Q^T */
+    for (int64_t x = 0; x < n; ++x) {
+        float *col = w->st + x * DECODE_ROWS;
+        const int64_t j = j0 + x;
+        for (int64_t r = 0; r < rows; ++r)
+            col[r] = j >= w->ranges[r].lo && j < w->ranges[r].hi ? col[r] * p->scale : -INFINITY;
+    }
+    fa_cpu_softmax_step(kern, 1.0f, rows, n, w->st, DECODE_ROWS, m, l, w->tile_max, w->shift, w->alpha, w->tile_sum);
+    kern->gemm(rows, d, n, w->st, 1, DECODE_ROWS, v, ldv, o, d, w->alpha, 1); /* O = alpha O + P V */
+}
+
+/* One (unit, chunk) task: per kv head, the partial O (unnormalised), m and l of the unit's rows
+ * over the chunk's keys. */
 static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t u,
                        int64_t c, decode_scratch *w, float *partial)
 {
     const fa_problem *p = &kp->attn;
-    const int64_t d = p->head_dim, rt = u % plan->row_tiles, hk = (u / plan->row_tiles) % p->heads_kv;
-    const int64_t b = u / (plan->row_tiles * p->heads_kv), r0 = rt * DECODE_ROWS;
-    const int64_t rows = plan->rows - r0 < DECODE_ROWS ? plan->rows - r0 : DECODE_ROWS;
-    float *o = partial, *m = o + DECODE_ROWS * d, *l = m + DECODE_ROWS;
-    for (int64_t r = 0; r < rows; ++r) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
+    const int64_t d = p->head_dim;
+    int64_t b, r0, rows;
+    unit_rows(plan, u, &b, &r0, &rows);
+    for (int64_t hk = 0; hk < p->heads_kv; ++hk) {
+        float *o = partial + hk * plan->head_floats, *m = o + plan->tile_rows * d, *l = m + plan->tile_rows;
+        memset(o, 0, (size_t)(rows * d) * sizeof(float));
+        for (int64_t r = 0; r < rows; ++r) {
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+        }
     }
-    memset(o, 0, (size_t)(rows * d) * sizeof(float));
     int64_t lo, hi;
     chunk_range(kp, plan, b, c, &lo, &hi);
     const int64_t keys = sequence_keys(kp, b);
     int64_t seen_lo = INT64_MAX, seen_hi = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-        int64_t i, h;
-        tile_row(plan, hk, r0 + r, &i, &h);
+    for (int64_t r = 0; r < rows; ++r) { /* a row's keys depend on its query position only */
+        const int64_t i = (r0 + r) / plan->group;
         w->ranges[r] = fa_visible_keys(i, p->seqlen_q, keys, keys, p->causal, p->window_left, p->window_right);
         if (w->ranges[r].hi <= w->ranges[r].lo) continue;
         if (w->ranges[r].lo < seen_lo) seen_lo = w->ranges[r].lo;
@@ -170,26 +248,20 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     if (seen_lo > lo) lo = seen_lo;
     if (seen_hi < hi) hi = seen_hi;
     if (hi <= lo) return;
-    for (int64_t r = 0; r < rows; ++r) {
-        int64_t i, h;
-        tile_row(plan, hk, r0 + r, &i, &h);
-        fa_cpu_load_transposed(&p->q, b, i, h, 1, w->qt + r, DECODE_ROWS);
-    }
+    for (int64_t hk = 0; hk < p->heads_kv; ++hk)
+        for (int64_t r = 0; r < rows; ++r) {
+            int64_t i, h;
+            tile_row(plan, hk, r0 + r, &i, &h);
+            fa_cpu_load_transposed(&p->q, b, i, h, 1, w->qt + hk * DECODE_ROWS * d + r, DECODE_ROWS);
+        }
     for (int64_t j0 = lo; j0 < hi; j0 += DECODE_KEYS) {
         const int64_t n = hi - j0 < DECODE_KEYS ? hi - j0 : DECODE_KEYS;
-        int64_t ldk, ldv;
-        const float *k = load_keys(kp, &p->k, kern, b, j0, n, hk, w->k, &ldk);
-        const float *v = load_keys(kp, &p->v, kern, b, j0, n, hk, w->v, &ldv);
-        kern->gemm(n, rows, d, k, ldk, 1, w->qt, DECODE_ROWS, w->st, DECODE_ROWS, NULL, 0); /* S^T = K Q^T */
-        for (int64_t x = 0; x < n; ++x) {
-            float *col = w->st + x * DECODE_ROWS;
-            const int64_t j = j0 + x;
-            for (int64_t r = 0; r < rows; ++r)
-                col[r] = j >= w->ranges[r].lo && j < w->ranges[r].hi ? col[r] * p->scale : -INFINITY;
+        if (heads_adjacent(&p->k)) {
+            stage_rows(kp, &p->k, kern, b, j0, n, w->k_stage);
+            stage_rows(kp, &p->v, kern, b, j0, n, w->v_stage);
         }
-        fa_cpu_softmax_step(kern, 1.0f, rows, n, w->st, DECODE_ROWS, m, l, w->tile_max, w->shift, w->alpha,
-                            w->tile_sum);
-        kern->gemm(rows, d, n, w->st, 1, DECODE_ROWS, v, ldv, o, d, w->alpha, 1); /* O = alpha O + P V */
+        for (int64_t hk = 0; hk < p->heads_kv; ++hk)
+            head_step(kp, kern, plan, b, hk, rows, j0, n, w, partial + hk * plan->head_floats);
     }
 }
 
@@ -199,31 +271,34 @@ static void merge_unit(const fa_kv_problem *kp, const decode_plan *plan, int64_t
                        float *acc)
 {
     const fa_problem *p = &kp->attn;
-    const int64_t d = p->head_dim, rt = u % plan->row_tiles, hk = (u / plan->row_tiles) % p->heads_kv;
-    const int64_t b = u / (plan->row_tiles * p->heads_kv), r0 = rt * DECODE_ROWS;
-    const int64_t rows = plan->rows - r0 < DECODE_ROWS ? plan->rows - r0 : DECODE_ROWS;
+    const int64_t d = p->head_dim;
+    int64_t b, r0, rows;
+    unit_rows(plan, u, &b, &r0, &rows);
     const float *first = partials + (size_t)(u * plan->splits) * plan->partial_floats;
-    for (int64_t r = 0; r < rows; ++r) {
-        float top = -INFINITY, sum = 0.0f;
-        for (int64_t c = 0; c < plan->splits; ++c) {
-            const float m = first[c * plan->partial_floats + DECODE_ROWS * d + r];
-            if (m > top) top = m;
+    for (int64_t hk = 0; hk < p->heads_kv; ++hk)
+        for (int64_t r = 0; r < rows; ++r) {
+            float top = -INFINITY, sum = 0.0f;
+            for (int64_t c = 0; c < plan->splits; ++c) {
+                const float *o = first + c * plan->partial_floats + hk * plan->head_floats;
+                const float m = o[plan->tile_rows * d + r];
+                if (m > top) top = m;
+            }
+            memset(acc, 0, (size_t)d * sizeof(float));
+            for (int64_t c = 0; top != -INFINITY && c < plan->splits; ++c) {
+                const float *o = first + c * plan->partial_floats + hk * plan->head_floats;
+                const float *m = o + plan->tile_rows * d, *l = m + plan->tile_rows;
+                if (m[r] == -INFINITY) continue;
+                const float weight = expf(m[r] - top);
+                sum += weight * l[r];
+                for (int64_t x = 0; x < d; ++x) acc[x] += weight * o[r * d + x];
+            }
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            for (int64_t x = 0; x < d; ++x) acc[x] *= inv;
+            int64_t i, h;
+            tile_row(plan, hk, r0 + r, &i, &h);
+            fa_cpu_store_rows(&p->out, b, i, h, 1, acc, d);
+            if (p->lse) p->lse[fa_lse_index(p, b, h, i)] = sum > 0.0f ? top + logf(sum) : -INFINITY;
         }
-        memset(acc, 0, (size_t)d * sizeof(float));
-        for (int64_t c = 0; top != -INFINITY && c < plan->splits; ++c) {
-            const float *o = first + c * plan->partial_floats, *m = o + DECODE_ROWS * d, *l = m + DECODE_ROWS;
-            if (m[r] == -INFINITY) continue;
-            const float weight = expf(m[r] - top);
-            sum += weight * l[r];
-            for (int64_t x = 0; x < d; ++x) acc[x] += weight * o[r * d + x];
-        }
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        for (int64_t x = 0; x < d; ++x) acc[x] *= inv;
-        int64_t i, h;
-        tile_row(plan, hk, r0 + r, &i, &h);
-        fa_cpu_store_rows(&p->out, b, i, h, 1, acc, d);
-        if (p->lse) p->lse[fa_lse_index(p, b, h, i)] = sum > 0.0f ? top + logf(sum) : -INFINITY;
-    }
 }
 
 fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
@@ -233,7 +308,7 @@ fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     const decode_plan plan = make_plan(p);
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t tasks = plan.units * plan.splits;
-    const size_t per_thread = scratch_bytes(p->head_dim);
+    const size_t per_thread = scratch_bytes(p);
     float *partials = fa_host_alloc((size_t)tasks * plan.partial_floats * sizeof(float));
     char *scratch = fa_host_alloc(per_thread * (size_t)threads);
     if (!partials || !scratch) {
@@ -251,7 +326,7 @@ fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
         const int me = 0;
 #endif
         decode_scratch w;
-        scratch_carve(scratch + (size_t)me * per_thread, p->head_dim, &w);
+        scratch_carve(scratch + (size_t)me * per_thread, p, &w);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; ++t)
             chunk_task(kp, s->kernels, &plan, t / plan.splits, t % plan.splits, &w,

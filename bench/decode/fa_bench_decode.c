@@ -1,0 +1,247 @@
+/* fa-bench-decode: the KV-cache decode path and packed variable-length batches on the CPU, with
+ * their yardsticks measured in the same run:
+ *  - read bandwidth: the best rate of summing a large array (2 threads, like the decode);
+ *  - decode (fa_forward_kvcache, batch 1, heads_q 32, heads_kv 8, d 128, one new token appended per
+ *    step): bytes of K and V read per step / step time, as a fraction of that bandwidth, and
+ *    tokens/s of one attention layer;
+ *  - a varlen training step (forward + backward) on a packed batch of lengths drawn from 64..2048,
+ *    against the sum of the per-sequence dense runs and against the padded batch.
+ * Usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--only decode|varlen] [--clock wall|cpu]. The machine's rates drift, so
+ * only ratios within one run mean much. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench_clock.h"
+#include "flashattn.h"
+
+static double now(void) { return bench_seconds(); }
+
+#define CHECK(expr)                                                                                \
+    do {                                                                                           \
+        fa_status st_ = (expr);                                                                    \
+        if (st_ != FA_SUCCESS) {                                                                   \
+            fprintf(stderr, "%s: %s: %s\n", #expr, fa_status_string(st_), fa_last_error());        \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void *alloc_filled(size_t bytes)
+{
+    unsigned char *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    for (size_t i = 0; i < bytes; ++i) p[i] = (unsigned char)(i * 2654435761u >> 26) & 0x3b; /* small finite values */
+    return p;
+}
+
+/* Median seconds of calls of fn, repeated for at least min_time (at least 3 times). */
+typedef void (*bench_fn)(void *arg);
+static double time_median(bench_fn fn, void *arg, double min_time)
+{
+    double t[64];
+    int n = 0;
+    fn(arg); /* warm-up */
+    const double start = now();
+    while (n < 64 && (n < 3 || now() - start < min_time)) {
+        const double t0 = now();
+        fn(arg);
+        t[n++] = now() - t0;
+    }
+    for (int i = 1; i < n; ++i)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; --j) {
+            const double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return t[n / 2];
+}
+
+/* ---- read bandwidth --------------------------------------------------------------------------- */
+typedef struct sum_arg { const float *x; size_t n; int threads; double result; } sum_arg;
+
+static void array_sum(void *arg)
+{
+    sum_arg *a = arg;
+    double total = 0.0;
+#pragma omp parallel for num_threads(a->threads) reduction(+ : total) schedule(static)
+    for (size_t block = 0; block < a->n / 64; ++block) {
+        float acc[16] = {0};
+        const float *x = a->x + block * 64;
+        for (int i = 0; i < 64; i += 16)
+            for (int j = 0; j < 16; ++j) acc[j] += x[i + j];
+        float s = 0.0f;
+        for (int j = 0; j < 16; ++j) s += acc[j];
+        total += s;
+    }
+    a->result = total;
+}
+
+/* ---- decode ----------------------------------------------------------------------------------- */
+typedef struct decode_arg {
+    fa_context *ctx;
+    fa_attention_desc desc;
+    fa_tensor q, k_new, v_new, out;
+    fa_kv_cache cache;
+    float *lse;
+} decode_arg;
+
+static void decode_step(void *arg)
+{
+    decode_arg *a = arg;
+    CHECK(fa_forward_kvcache(a->ctx, &a->desc, &a->q, &a->cache, &a->k_new, &a->v_new, &a->out, a->lse));
+}
+
+static void bench_decode(fa_context *ctx, fa_dtype dtype, int64_t keys, double bandwidth, double min_time)
+{
+    const int64_t hq = 32, hk = 8, d = 128;
+    const size_t es = dtype == FA_DTYPE_F32 ? 4 : 2;
+    const size_t cache_bytes = (size_t)(keys * hk * d) * es;
+    static int32_t cached[1];
+    cached[0] = (int32_t)(keys - 1); /* + the appended token = keys */
+    decode_arg a;
+    memset(&a, 0, sizeof a);
+    a.ctx = ctx;
+    fa_attention_desc_init(&a.desc);
+    a.desc.causal = 1;
+    void *kc = alloc_filled(cache_bytes), *vc = alloc_filled(cache_bytes);
+    void *q = alloc_filled((size_t)(hq * d) * es), *out = alloc_filled((size_t)(hq * d) * es);
+    void *kn = alloc_filled((size_t)(hk * d) * es), *vn = alloc_filled((size_t)(hk * d) * es);
+    a.lse = malloc((size_t)hq * sizeof(float));
+    a.q = (fa_tensor){q, dtype, 1, 1, hq, d, 0, 0, 0};
+    a.out = (fa_tensor){out, dtype, 1, 1, hq, d, 0, 0, 0};
+    a.k_new = (fa_tensor){kn, dtype, 1, 1, hk, d, 0, 0, 0};
+    a.v_new = (fa_tensor){vn, dtype, 1, 1, hk, d, 0, 0, 0};
+    a.cache.k = (fa_tensor){kc, dtype, 1, keys, hk, d, 0, 0, 0};
+    a.cache.v = (fa_tensor){vc, dtype, 1, keys, hk, d, 0, 0, 0};
+    a.cache.cache_seqlens = cached;
+    const double t = time_median(decode_step, &a, min_time);
+    const double rate = 2.0 * (double)cache_bytes / t / 1e9;
+    printf("decode  %-4s cache %6lld  %8.3f ms  K+V %7.1f MB  %6.2f GB/s  %.2f of bandwidth  %8.0f tokens/s per layer"
+           " (%6.1f for 32 layers)\n",
+           dtype == FA_DTYPE_F32 ? "f32" : "f16", (long long)keys, t * 1e3, 2.0 * (double)cache_bytes / 1e6, rate,
+           rate / bandwidth, 1.0 / t, 1.0 / t / 32.0);
+    free(kc);
+    free(vc);
+    free(q);
+    free(out);
+    free(kn);
+    free(vn);
+    free(a.lse);
+}
+
+/* ---- varlen training step --------------------------------------------------------------------- */
+typedef struct train_arg {
+    fa_context *ctx;
+    fa_attention_desc desc;
+    fa_tensor q, k, v, out, dout, dq, dk, dv;
+    float *lse;
+} train_arg;
+
+static void train_step(void *arg)
+{
+    train_arg *a = arg;
+    CHECK(fa_forward(a->ctx, &a->desc, &a->q, &a->k, &a->v, &a->out, a->lse));
+    CHECK(fa_backward(a->ctx, &a->desc, &a->q, &a->k, &a->v, &a->out, &a->dout, a->lse, &a->dq, &a->dk, &a->dv));
+}
+
+/* One training step's tensors of batch x rows, over buffers big enough for the packed total. */
+static void train_tensors(train_arg *a, float *const *buf, int64_t batch, int64_t rows, int64_t heads, int64_t d)
+{
+    fa_tensor *t[8] = {&a->q, &a->k, &a->v, &a->out, &a->dout, &a->dq, &a->dk, &a->dv};
+    for (int i = 0; i < 8; ++i) *t[i] = (fa_tensor){buf[i], FA_DTYPE_F32, batch, rows, heads, d, 0, 0, 0};
+}
+
+static void bench_varlen(fa_context *ctx, int sequences, double min_time)
+{
+    const int64_t heads = 8, d = 64;
+    int32_t cu[17] = {0}, lens[16];
+    int64_t max_len = 0;
+    uint64_t s = 12345;
+    for (int b = 0; b < sequences; ++b) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        lens[b] = 64 + (int32_t)((s >> 33) % (2048 - 64 + 1));
+        cu[b + 1] = cu[b] + lens[b];
+        if (lens[b] > max_len) max_len = lens[b];
+    }
+    const int64_t total = cu[sequences], padded_rows = sequences * max_len;
+    float *buf[8];
+    for (int i = 0; i < 8; ++i) buf[i] = alloc_filled((size_t)(padded_rows * heads * d) * sizeof(float));
+    float *lse = malloc((size_t)(padded_rows * heads) * sizeof(float));
+    train_arg a;
+    memset(&a, 0, sizeof a);
+    a.ctx = ctx;
+    a.lse = lse;
+    fa_attention_desc_init(&a.desc);
+    a.desc.causal = 1;
+
+    const fa_varlen varlen = {sequences, cu, cu, max_len, max_len};
+    a.desc.varlen = &varlen;
+    train_tensors(&a, buf, 1, total, heads, d);
+    const double packed = time_median(train_step, &a, min_time);
+
+    a.desc.varlen = NULL;
+    double per_sequence = 0.0;
+    for (int b = 0; b < sequences; ++b) {
+        train_tensors(&a, buf, 1, lens[b], heads, d);
+        per_sequence += time_median(train_step, &a, min_time / sequences);
+    }
+
+    a.desc.seqlens_k = lens; /* padded: every query row computed, keys past each length masked */
+    train_tensors(&a, buf, sequences, max_len, heads, d);
+    const double padded = time_median(train_step, &a, min_time);
+
+    printf("varlen  %d sequences (64..2048, total %lld, max %lld), heads %lld, d %lld, causal, fwd+bwd:\n"
+           "        packed %.1f ms, sum of per-sequence runs %.1f ms (packed / sum %.3f), padded batch %.1f ms "
+           "(packed / padded %.3f)\n",
+           sequences, (long long)total, (long long)max_len, (long long)heads, (long long)d, packed * 1e3,
+           per_sequence * 1e3, packed / per_sequence, padded * 1e3, packed / padded);
+    for (int i = 0; i < 8; ++i) free(buf[i]);
+    free(lse);
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 2, quick = 0, decode = 1, varlen = 1;
+    double min_time = 0.5;
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--min-time") && i + 1 < argc) min_time = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--clock") && i + 1 < argc) bench_use_cpu_clock = !strcmp(argv[++i], "cpu");
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+            ++i;
+            decode = !strcmp(argv[i], "decode");
+            varlen = !strcmp(argv[i], "varlen");
+        }
+        else {
+            puts("usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--only decode|varlen]\n"
+                 "                       [--clock wall|cpu]  (cpu: process CPU time / threads, for a loaded machine)");
+            return strcmp(argv[i], "--help") ? 1 : 0;
+        }
+    }
+    fa_context *ctx;
+    CHECK(fa_context_create(FA_BACKEND_CPU, 0, &ctx));
+    CHECK(fa_context_set_num_threads(ctx, threads));
+    bench_cpu_threads = threads;
+    printf("%s\n", fa_context_info(ctx));
+
+    sum_arg sum = {NULL, (size_t)1 << (quick ? 25 : 27), threads, 0.0}; /* 128 MiB or 512 MiB of floats */
+    float *x = alloc_filled(sum.n * sizeof(float));
+    sum.x = x;
+    const double bandwidth = (double)(sum.n * sizeof(float)) / time_median(array_sum, &sum, min_time) / 1e9;
+    free(x);
+    printf("read bandwidth (array sum, %d threads): %.2f GB/s\n", threads, bandwidth);
+
+    static const int64_t cache_lengths[] = {4096, 16384, 32768};
+    for (int dt = 0; decode && dt < 2; ++dt)
+        for (int i = 0; i < (quick ? 1 : 3); ++i)
+            bench_decode(ctx, dt ? FA_DTYPE_F16 : FA_DTYPE_F32, cache_lengths[i], bandwidth, min_time);
+    if (varlen) bench_varlen(ctx, quick ? 3 : 8, min_time);
+    fa_context_destroy(ctx);
+    return 0;
+}
