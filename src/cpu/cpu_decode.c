@@ -195,16 +195,9 @@ static void head_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const
     const fa_problem *p = &kp->attn;
     const int64_t d = p->head_dim;
     float *o = partial, *m = o + plan->tile_rows * d, *l = m + plan->tile_rows;
-    int64_t ldk, ldv;
-    const float *k, *v;
-    if (heads_adjacent(&p->k)) {
-        k = w->k_stage + hk * d;
-        v = w->v_stage + hk * d;
-        ldk = ldv = p->heads_kv * d;
-    } else {
-        k = load_rows(kp, &p->k, kern, b, j0, n, hk, w->k, &ldk);
-        v = load_rows(kp, &p->v, kern, b, j0, n, hk, w->v, &ldv);
-    }
+    int64_t ldk = p->heads_kv * d, ldv = ldk; /* K and V may differ in layout: each on its own */
+    const float *k = heads_adjacent(&p->k) ? w->k_stage + hk * d : load_rows(kp, &p->k, kern, b, j0, n, hk, w->k, &ldk);
+    const float *v = heads_adjacent(&p->v) ? w->v_stage + hk * d : load_rows(kp, &p->v, kern, b, j0, n, hk, w->v, &ldv);
     kern->gemm(n, rows, d, k, ldk, 1, w->qt + hk * DECODE_ROWS * d, DECODE_ROWS, w->st, DECODE_ROWS, NULL,
                0); /* S^T = K Q^T */
     for (int64_t x = 0; x < n; ++x) {
@@ -256,10 +249,8 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
         }
     for (int64_t j0 = lo; j0 < hi; j0 += DECODE_KEYS) {
         const int64_t n = hi - j0 < DECODE_KEYS ? hi - j0 : DECODE_KEYS;
-        if (heads_adjacent(&p->k)) {
-            stage_rows(kp, &p->k, kern, b, j0, n, w->k_stage);
-            stage_rows(kp, &p->v, kern, b, j0, n, w->v_stage);
-        }
+        if (heads_adjacent(&p->k)) stage_rows(kp, &p->k, kern, b, j0, n, w->k_stage);
+        if (heads_adjacent(&p->v)) stage_rows(kp, &p->v, kern, b, j0, n, w->v_stage);
         for (int64_t hk = 0; hk < p->heads_kv; ++hk)
             head_step(kp, kern, plan, b, hk, rows, j0, n, w, partial + hk * plan->head_floats);
     }
