@@ -24,7 +24,7 @@
 #include "cpu_backend.h"
 #include "cpu_tile.h"
 
-#define DECODE_ROWS 64        /* query rows per tile and kv head */
+#define DECODE_ROWS 64        /* query rows per tile and kv head (at most 64: one bit each in a mask) */
 #define DECODE_KEYS 32        /* keys per online-softmax step: K and V of all heads stay in L2 */
 #define DECODE_TASKS 128      /* tasks a split aims at: 4 per thread on 32 threads */
 #define DECODE_MIN_CHUNK 256  /* keys: shorter chunks cost more in merging than they share */
@@ -200,14 +200,39 @@ static void head_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const
     const float *v = heads_adjacent(&p->v) ? w->v_stage + hk * d : load_rows(kp, &p->v, kern, b, j0, n, hk, w->v, &ldv);
     kern->gemm(n, rows, d, k, ldk, 1, w->qt + hk * DECODE_ROWS * d, DECODE_ROWS, w->st, DECODE_ROWS, NULL,
                0); /* S^T = K Q^T */
+    /* Masked scores become -inf. A NaN score a row sees (NaN in its query or in the key) cannot go
+     * through the vector exp, which clamps its argument: the row is marked instead, and its l
+     * becomes NaN after the step, which the merge turns into a NaN row and lse as fa_forward does. */
+    uint64_t poisoned = 0;
     for (int64_t x = 0; x < n; ++x) {
         float *col = w->st + x * DECODE_ROWS;
         const int64_t j = j0 + x;
-        for (int64_t r = 0; r < rows; ++r)
-            col[r] = j >= w->ranges[r].lo && j < w->ranges[r].hi ? col[r] * p->scale : -INFINITY;
+        for (int64_t r = 0; r < rows; ++r) {
+            const float score = col[r];
+            const int seen = j >= w->ranges[r].lo && j < w->ranges[r].hi;
+            if (seen && score != score) poisoned |= (uint64_t)1 << r;
+            col[r] = seen && score == score ? score * p->scale : -INFINITY;
+        }
     }
     fa_cpu_softmax_step(kern, 1.0f, rows, n, w->st, DECODE_ROWS, m, l, w->tile_max, w->shift, w->alpha, w->tile_sum);
-    kern->gemm(rows, d, n, w->st, 1, DECODE_ROWS, v, ldv, o, d, w->alpha, 1); /* O = alpha O + P V */
+    for (int64_t r = 0; poisoned && r < rows; ++r)
+        if (poisoned >> r & 1) l[r] = NAN;
+    int seen_by_all = 1;
+    for (int64_t r = 0; r < rows && seen_by_all; ++r) seen_by_all = w->ranges[r].lo <= j0 && w->ranges[r].hi >= j0 + n;
+    if (seen_by_all) {
+        kern->gemm(rows, d, n, w->st, 1, DECODE_ROWS, v, ldv, o, d, w->alpha, 1); /* O = alpha O + P V */
+        return;
+    }
+    /* P is 0 at the keys a row cannot see, but 0 x NaN is NaN: where rows see different parts of
+     * the tile (causal edge, window), each row multiplies only its own keys, so a NaN in V
+     * reaches exactly the rows that see it. A row that sees none of the tile keeps O (alpha 1). */
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t lo = w->ranges[r].lo > j0 ? w->ranges[r].lo : j0;
+        const int64_t hi = w->ranges[r].hi < j0 + n ? w->ranges[r].hi : j0 + n;
+        if (hi > lo)
+            kern->gemm(1, d, hi - lo, w->st + (lo - j0) * DECODE_ROWS + r, 1, DECODE_ROWS, v + (lo - j0) * ldv, ldv,
+                       o + r * d, d, w->alpha + r, 1);
+    }
 }
 
 /* One (unit, chunk) task: per kv head, the partial O (unnormalised), m and l of the unit's rows
@@ -269,13 +294,16 @@ static void merge_unit(const fa_kv_problem *kp, const decode_plan *plan, int64_t
     for (int64_t hk = 0; hk < p->heads_kv; ++hk)
         for (int64_t r = 0; r < rows; ++r) {
             float top = -INFINITY, sum = 0.0f;
+            int poisoned = 0; /* a chunk saw a NaN score: the row is NaN, lse too */
             for (int64_t c = 0; c < plan->splits; ++c) {
                 const float *o = first + c * plan->partial_floats + hk * plan->head_floats;
-                const float m = o[plan->tile_rows * d + r];
+                const float m = o[plan->tile_rows * d + r], l = o[plan->tile_rows * (d + 1) + r];
                 if (m > top) top = m;
+                if (l != l) poisoned = 1;
             }
             memset(acc, 0, (size_t)d * sizeof(float));
-            for (int64_t c = 0; top != -INFINITY && c < plan->splits; ++c) {
+            if (poisoned) top = sum = NAN;
+            for (int64_t c = 0; !poisoned && top != -INFINITY && c < plan->splits; ++c) {
                 const float *o = first + c * plan->partial_floats + hk * plan->head_floats;
                 const float *m = o + plan->tile_rows * d, *l = m + plan->tile_rows;
                 if (m[r] == -INFINITY) continue;
@@ -283,12 +311,12 @@ static void merge_unit(const fa_kv_problem *kp, const decode_plan *plan, int64_t
                 sum += weight * l[r];
                 for (int64_t x = 0; x < d; ++x) acc[x] += weight * o[r * d + x];
             }
-            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            const float inv = poisoned ? NAN : sum > 0.0f ? 1.0f / sum : 0.0f;
             for (int64_t x = 0; x < d; ++x) acc[x] *= inv;
             int64_t i, h;
             tile_row(plan, hk, r0 + r, &i, &h);
             fa_cpu_store_rows(&p->out, b, i, h, 1, acc, d);
-            if (p->lse) p->lse[fa_lse_index(p, b, h, i)] = sum > 0.0f ? top + logf(sum) : -INFINITY;
+            if (p->lse) p->lse[fa_lse_index(p, b, h, i)] = poisoned ? NAN : sum > 0.0f ? top + logf(sum) : -INFINITY;
         }
 }
 

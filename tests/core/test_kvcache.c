@@ -32,22 +32,28 @@ typedef struct kv_case {
     fa_dtype dtype;
     int heads_outer; /* bit 0 for K, bit 1 for V: layout [slots, heads_kv, slot_len, d] instead of
                         [slots, slot_len, heads_kv, d] */
+    int nan_in;      /* 1: K, 2: V: key nan_key of sequence 0 (cached or new) has a NaN in head 0, column 3 */
+    int32_t nan_key;
 } kv_case;
 
 static const kv_case cases[] = {
-    {"contiguous_decode_gqa8", 2, 8, 1, 64, 1, 1, 0, 700, {0, 600}, 1, -1, -1, FA_DTYPE_F32, 0},
-    {"contiguous_q16_window", 3, 4, 2, 32, 16, 0, 0, 300, {1, 17, 300}, 1, 20, -1, FA_DTYPE_F32, 0},
-    {"paged_1", 2, 8, 1, 16, 4, 4, 1, 40, {5, 30}, 1, -1, -1, FA_DTYPE_F32, 0},
-    {"paged_3_noncausal", 3, 4, 4, 40, 2, 2, 3, 120, {0, 7, 100}, 0, -1, -1, FA_DTYPE_F32, 0},
-    {"paged_16_long", 2, 16, 2, 128, 1, 1, 16, 2048, {1000, 2047}, 1, -1, -1, FA_DTYPE_F32, 0},
-    {"paged_256_window", 2, 8, 1, 64, 8, 0, 256, 5120, {300, 5000}, 1, 100, 0, FA_DTYPE_F32, 0},
-    {"contiguous_f16_32_8", 1, 32, 8, 128, 1, 1, 0, 4096, {4000}, 1, -1, -1, FA_DTYPE_F16, 0},
-    {"more_queries_than_keys", 2, 2, 1, 16, 16, 0, 0, 8, {3, 0}, 1, -1, -1, FA_DTYPE_F32, 0},
-    {"contiguous_bf16_heads_outer", 2, 8, 2, 64, 3, 2, 0, 600, {599 - 2, 33}, 1, -1, -1, FA_DTYPE_BF16, 3},
-    {"paged_5_f16_heads_outer", 2, 6, 3, 32, 1, 1, 5, 400, {333, 8}, 0, 50, -1, FA_DTYPE_F16, 3},
-    {"contiguous_v_heads_outer", 2, 8, 2, 32, 2, 1, 0, 300, {280, 40}, 1, -1, -1, FA_DTYPE_F32, 2},
-    {"paged_7_k_heads_outer_f16", 2, 4, 2, 32, 1, 2, 7, 350, {300, 3}, 1, -1, -1, FA_DTYPE_F16, 1},
-    {"paged_16_bf16", 3, 4, 2, 48, 2, 1, 16, 512, {100, 0, 400}, 1, -1, -1, FA_DTYPE_BF16, 0},
+    {"contiguous_decode_gqa8", 2, 8, 1, 64, 1, 1, 0, 700, {0, 600}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0},
+    {"contiguous_q16_window", 3, 4, 2, 32, 16, 0, 0, 300, {1, 17, 300}, 1, 20, -1, FA_DTYPE_F32, 0, 0, 0},
+    {"paged_1", 2, 8, 1, 16, 4, 4, 1, 40, {5, 30}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0},
+    {"paged_3_noncausal", 3, 4, 4, 40, 2, 2, 3, 120, {0, 7, 100}, 0, -1, -1, FA_DTYPE_F32, 0, 0, 0},
+    {"paged_16_long", 2, 16, 2, 128, 1, 1, 16, 2048, {1000, 2047}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0},
+    {"paged_256_window", 2, 8, 1, 64, 8, 0, 256, 5120, {300, 5000}, 1, 100, 0, FA_DTYPE_F32, 0, 0, 0},
+    {"contiguous_f16_32_8", 1, 32, 8, 128, 1, 1, 0, 4096, {4000}, 1, -1, -1, FA_DTYPE_F16, 0, 0, 0},
+    {"more_queries_than_keys", 2, 2, 1, 16, 16, 0, 0, 8, {3, 0}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0},
+    {"contiguous_bf16_heads_outer", 2, 8, 2, 64, 3, 2, 0, 600, {599 - 2, 33}, 1, -1, -1, FA_DTYPE_BF16, 3, 0, 0},
+    {"paged_5_f16_heads_outer", 2, 6, 3, 32, 1, 1, 5, 400, {333, 8}, 0, 50, -1, FA_DTYPE_F16, 3, 0, 0},
+    {"contiguous_v_heads_outer", 2, 8, 2, 32, 2, 1, 0, 300, {280, 40}, 1, -1, -1, FA_DTYPE_F32, 2, 0, 0},
+    {"paged_7_k_heads_outer_f16", 2, 4, 2, 32, 1, 2, 7, 350, {300, 3}, 1, -1, -1, FA_DTYPE_F16, 1, 0, 0},
+    {"paged_16_bf16", 3, 4, 2, 48, 2, 1, 16, 512, {100, 0, 400}, 1, -1, -1, FA_DTYPE_BF16, 0, 0, 0},
+    /* NaN propagation as fa_forward's (docs/ROBUSTNESS.md): only the rows that see the key. */
+    {"nan_v_new_causal_edge", 1, 4, 2, 32, 6, 6, 0, 300, {250}, 1, -1, -1, FA_DTYPE_F32, 0, 2, 253},
+    {"nan_k_cached_window", 2, 4, 1, 32, 8, 0, 16, 320, {200, 20}, 1, 40, -1, FA_DTYPE_F32, 0, 1, 155},
+    {"nan_v_cached_window_f16", 1, 8, 2, 64, 4, 1, 0, 300, {290}, 1, 16, -1, FA_DTYPE_F16, 0, 2, 276},
 };
 
 /* f32 <-> element of dtype (f32 or f16), round to nearest even. */
@@ -194,6 +200,12 @@ static void run_setup(kv_run *r, const kv_case *c)
                 store(r->v_cache, cache_index(c, r, 1, s / r->slot_len, s % r->slot_len, h, x), c->dtype, NAN);
             }
     free(used);
+    if (c->nan_in && c->nan_key < c->cached[0]) {
+        int64_t slot, row;
+        slot_of(c, r, 0, c->nan_key, &slot, &row);
+        store(c->nan_in == 1 ? r->k_cache : r->v_cache, cache_index(c, r, c->nan_in - 1, slot, row, 0, 3), c->dtype,
+              NAN);
+    }
     r->k_expect = malloc(r->cache_n * esize(c->dtype));
     r->v_expect = malloc(r->cache_n * esize(c->dtype));
     memcpy(r->k_expect, r->k_cache, r->cache_n * esize(c->dtype));
@@ -201,6 +213,9 @@ static void run_setup(kv_run *r, const kv_case *c)
     if (c->seqlen_new) {
         r->k_new = filled(r->new_n, c->dtype, 14);
         r->v_new = filled(r->new_n, c->dtype, 15);
+        if (c->nan_in && c->nan_key >= c->cached[0])
+            store(c->nan_in == 1 ? r->k_new : r->v_new, (size_t)((c->nan_key - c->cached[0]) * c->heads_kv * d + 3),
+                  c->dtype, NAN);
         for (int64_t b = 0; b < c->batch; ++b)
             for (int64_t t = 0; t < c->seqlen_new; ++t) {
                 int64_t slot, row;
@@ -295,12 +310,15 @@ static double compare_sequence(fa_context *ctx, const kv_case *c, const kv_run *
     assert_int_equal(fa_forward(ctx, &desc, &tq, &tk, &tv, &tout, lse), FA_SUCCESS);
     for (size_t e = 0; e < qrow; ++e) {
         const double want = load(out, e, c->dtype), got = load(r->out, q_off + e, c->dtype);
-        const double err = fabs(got - want) / (fabs(want) > 1.0 ? fabs(want) : 1.0);
+        const double err = isnan(want) || isnan(got) ? (isnan(want) && isnan(got) ? 0.0 : INFINITY)
+                                                     : fabs(got - want) / (fabs(want) > 1.0 ? fabs(want) : 1.0);
         worst = worse(worst, err);
     }
     for (int64_t e = 0; e < c->heads_q * c->seqlen_q; ++e) {
         const double want = lse[e], got = r->lse[b * c->heads_q * c->seqlen_q + e];
-        const double err = isinf(want) ? (got == want ? 0.0 : INFINITY) : fabs(got - want) / fmax(1.0, fabs(want));
+        const double err = isinf(want) || isnan(want) || isnan(got)
+                               ? (got == want || (isnan(got) && isnan(want)) ? 0.0 : INFINITY)
+                               : fabs(got - want) / fmax(1.0, fabs(want));
         worst = worse(worst, err);
     }
     free(k);
@@ -331,6 +349,13 @@ static void run_case(const kv_case *c)
     for (int64_t b = 0; b < c->batch; ++b) worst = worse(worst, compare_sequence(ctx, c, r, b));
     printf("  %-24s vs fa_forward on the gathered keys: max error %.2e (tolerance %.0e)\n", c->name, worst, tol);
     assert_true(worst <= tol);
+    if (c->nan_in) { /* the NaN reached some rows of sequence 0, and not all of them */
+        size_t nans = 0;
+        const size_t per_sequence = (size_t)(c->seqlen_q * c->heads_q * c->head_dim);
+        for (size_t e = 0; e < per_sequence; ++e) nans += isnan(load(r->out, e, c->dtype));
+        printf("  %-24s NaN in %zu of %zu outputs of sequence 0\n", c->name, nans, per_sequence);
+        assert_true(nans > 0 && nans < per_sequence);
+    }
     for (int t = 1; t < 3; ++t) { /* bit-identical across 1, 2, 3 threads */
         assert_memory_equal(runs[t].out, r->out, r->q_n * esize(c->dtype));
         assert_memory_equal(runs[t].lse, r->lse, (size_t)(c->batch * c->heads_q * c->seqlen_q) * sizeof(float));
@@ -395,8 +420,8 @@ static const bad_kv bad_cases[] = {
 static void test_bad_inputs(void **state)
 {
     (void)state;
-    static const kv_case contiguous = {"bad", 2, 4, 2, 16, 2, 1, 0, 20, {3, 10}, 1, -1, -1, FA_DTYPE_F32, 0};
-    static const kv_case paged = {"bad_paged", 2, 4, 2, 16, 2, 1, 4, 20, {3, 10}, 1, -1, -1, FA_DTYPE_F32, 0};
+    static const kv_case contiguous = {"bad", 2, 4, 2, 16, 2, 1, 0, 20, {3, 10}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0};
+    static const kv_case paged = {"bad_paged", 2, 4, 2, 16, 2, 1, 4, 20, {3, 10}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0};
     fa_context *ctx;
     assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
     for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; ++i) {
