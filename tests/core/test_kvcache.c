@@ -20,6 +20,7 @@
 #include "test_arrays.h"
 
 #define MAX_BATCH 4
+#define QUICK_MAX_CACHE (1 << 20) /* elements: larger caches are skipped under FA_TEST_QUICK=1 (valgrind) */
 
 typedef struct kv_case {
     const char *name;
@@ -367,7 +368,17 @@ static void run_case(const kv_case *c)
 static void test_cases(void **state)
 {
     (void)state;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) run_case(&cases[i]);
+    const char *quick = getenv("FA_TEST_QUICK");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        const kv_case *c = &cases[i];
+        const int64_t slots = c->page_size ? c->batch * (c->capacity / c->page_size) + 3 : c->batch;
+        const int64_t slot_len = c->page_size ? c->page_size : c->capacity;
+        if (quick && strcmp(quick, "1") == 0 && slots * slot_len * c->heads_kv * c->head_dim > QUICK_MAX_CACHE) {
+            printf("  %-24s skipped under FA_TEST_QUICK=1 (cache above %d elements)\n", c->name, QUICK_MAX_CACHE);
+            continue;
+        }
+        run_case(c);
+    }
 }
 
 /* ---- bad inputs ----------------------------------------------------------------------------- */
