@@ -54,6 +54,7 @@ static const kv_case cases[] = {
     /* NaN propagation as fa_forward's (docs/ROBUSTNESS.md): only the rows that see the key. */
     {"nan_v_new_causal_edge", 1, 4, 2, 32, 6, 6, 0, 300, {250}, 1, -1, -1, FA_DTYPE_F32, 0, 2, 253},
     {"nan_k_cached_window", 2, 4, 1, 32, 8, 0, 16, 320, {200, 20}, 1, 40, -1, FA_DTYPE_F32, 0, 1, 155},
+    {"nan_k_decode_inside_tile", 1, 8, 2, 64, 1, 1, 0, 600, {500}, 1, -1, -1, FA_DTYPE_F32, 0, 1, 240},
     {"nan_v_cached_window_f16", 1, 8, 2, 64, 4, 1, 0, 300, {290}, 1, 16, -1, FA_DTYPE_F16, 0, 2, 276},
 };
 
