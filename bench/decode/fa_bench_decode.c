@@ -1,13 +1,16 @@
 /* fa-bench-decode: the KV-cache decode path and packed variable-length batches on the CPU, with
  * their yardsticks measured in the same run:
- *  - read bandwidth: the best rate of summing a large array (2 threads, like the decode);
  *  - decode (fa_forward_kvcache, batch 1, heads_q 32, heads_kv 8, d 128, one new token appended per
- *    step): bytes of K and V read per step / step time, as a fraction of that bandwidth, and
- *    tokens/s of one attention layer;
+ *    step): bytes of K and V read per step / step time, as a fraction of the read bandwidth of a
+ *    large-array sum on the same threads, and tokens/s of one attention layer (and of 32 layers,
+ *    the attention part of a llama.cpp-style tokens/s figure);
  *  - a varlen training step (forward + backward) on a packed batch of lengths drawn from 64..2048,
- *    against the sum of the per-sequence dense runs and against the padded batch.
- * Usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--only decode|varlen] [--clock wall|cpu]. The machine's rates drift, so
- * only ratios within one run mean much. */
+ *    against the per-sequence dense runs one after another and against the padded batch.
+ * Each comparison runs its variants in interleaved rounds and keeps each one's best round (the
+ * median of its calls in that round), so that drift and other load on the machine hit all of them
+ * alike; only the ratios mean much.
+ * Usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5] [--only decode|varlen]
+ *                        [--clock wall|cpu] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -78,6 +81,17 @@ static double time_median(bench_fn fn, void *arg, double min_time)
     return t[n / 2];
 }
 
+/* The best median of each variant over interleaved rounds, each round min_time / rounds long. */
+static void time_rounds(int rounds, int count, const bench_fn *fns, void *const *args, double min_time, double *best)
+{
+    for (int v = 0; v < count; ++v) best[v] = INFINITY;
+    for (int r = 0; r < rounds; ++r)
+        for (int v = 0; v < count; ++v) {
+            const double t = time_median(fns[v], args[v], min_time / rounds / count);
+            if (t < best[v]) best[v] = t;
+        }
+}
+
 /* ---- read bandwidth --------------------------------------------------------------------------- */
 typedef struct sum_arg { const float *x; size_t n; int threads; double result; } sum_arg;
 
@@ -113,7 +127,7 @@ static void decode_step(void *arg)
     CHECK(fa_forward_kvcache(a->ctx, &a->desc, &a->q, &a->cache, &a->k_new, &a->v_new, &a->out, a->lse));
 }
 
-static void bench_decode(fa_context *ctx, fa_dtype dtype, int64_t keys, double bandwidth, double min_time)
+static void bench_decode(fa_context *ctx, fa_dtype dtype, int64_t keys, sum_arg *sum, int rounds, double min_time)
 {
     const int64_t hq = 32, hk = 8, d = 128;
     const size_t es = dtype == FA_DTYPE_F32 ? 4 : 2;
@@ -136,12 +150,16 @@ static void bench_decode(fa_context *ctx, fa_dtype dtype, int64_t keys, double b
     a.cache.k = (fa_tensor){kc, dtype, 1, keys, hk, d, 0, 0, 0};
     a.cache.v = (fa_tensor){vc, dtype, 1, keys, hk, d, 0, 0, 0};
     a.cache.cache_seqlens = cached;
-    const double t = time_median(decode_step, &a, min_time);
+    const bench_fn fns[2] = {array_sum, decode_step};
+    void *args[2] = {sum, &a};
+    double best[2];
+    time_rounds(rounds, 2, fns, args, 2.0 * min_time, best);
+    const double t = best[1], bandwidth = (double)(sum->n * sizeof(float)) / best[0] / 1e9;
     const double rate = 2.0 * (double)cache_bytes / t / 1e9;
-    printf("decode  %-4s cache %6lld  %8.3f ms  K+V %7.1f MB  %6.2f GB/s  %.2f of bandwidth  %8.0f tokens/s per layer"
-           " (%6.1f for 32 layers)\n",
+    printf("decode  %-4s cache %6lld  %8.3f ms  K+V %7.1f MB  %6.2f GB/s  array sum %6.2f GB/s  ratio %.2f  "
+           "%7.0f tokens/s per layer (%6.1f for 32 layers)\n",
            dtype == FA_DTYPE_F32 ? "f32" : "f16", (long long)keys, t * 1e3, 2.0 * (double)cache_bytes / 1e6, rate,
-           rate / bandwidth, 1.0 / t, 1.0 / t / 32.0);
+           bandwidth, rate / bandwidth, 1.0 / t, 1.0 / t / 32.0);
     free(kc);
     free(vc);
     free(q);
@@ -173,7 +191,25 @@ static void train_tensors(train_arg *a, float *const *buf, int64_t batch, int64_
     for (int i = 0; i < 8; ++i) *t[i] = (fa_tensor){buf[i], FA_DTYPE_F32, batch, rows, heads, d, 0, 0, 0};
 }
 
-static void bench_varlen(fa_context *ctx, int sequences, double min_time)
+/* The dense runs of each sequence on its own, one after another: what packing must not exceed. */
+typedef struct per_sequence_arg {
+    train_arg step;
+    float *const *buf;
+    const int32_t *lens;
+    int sequences;
+    int64_t heads, d;
+} per_sequence_arg;
+
+static void per_sequence_steps(void *arg)
+{
+    per_sequence_arg *a = arg;
+    for (int b = 0; b < a->sequences; ++b) {
+        train_tensors(&a->step, a->buf, 1, a->lens[b], a->heads, a->d);
+        train_step(&a->step);
+    }
+}
+
+static void bench_varlen(fa_context *ctx, int sequences, int rounds, double min_time)
 {
     const int64_t heads = 8, d = 64;
     int32_t cu[17] = {0}, lens[16];
@@ -189,46 +225,43 @@ static void bench_varlen(fa_context *ctx, int sequences, double min_time)
     float *buf[8];
     for (int i = 0; i < 8; ++i) buf[i] = alloc_values((size_t)(padded_rows * heads * d), FA_DTYPE_F32);
     float *lse = malloc((size_t)(padded_rows * heads) * sizeof(float));
-    train_arg a;
-    memset(&a, 0, sizeof a);
-    a.ctx = ctx;
-    a.lse = lse;
-    fa_attention_desc_init(&a.desc);
-    a.desc.causal = 1;
+    train_arg packed, padded;
+    memset(&packed, 0, sizeof packed);
+    packed.ctx = ctx;
+    packed.lse = lse;
+    fa_attention_desc_init(&packed.desc);
+    packed.desc.causal = 1;
+    padded = packed;
+    per_sequence_arg each = {packed, buf, lens, sequences, heads, d};
 
     const fa_varlen varlen = {sequences, cu, cu, max_len, max_len};
-    a.desc.varlen = &varlen;
-    train_tensors(&a, buf, 1, total, heads, d);
-    const double packed = time_median(train_step, &a, min_time);
+    packed.desc.varlen = &varlen;
+    train_tensors(&packed, buf, 1, total, heads, d);
+    padded.desc.seqlens_k = lens; /* every padded query row computed, keys past each length masked */
+    train_tensors(&padded, buf, sequences, max_len, heads, d);
 
-    a.desc.varlen = NULL;
-    double per_sequence = 0.0;
-    for (int b = 0; b < sequences; ++b) {
-        train_tensors(&a, buf, 1, lens[b], heads, d);
-        per_sequence += time_median(train_step, &a, min_time / sequences);
-    }
-
-    a.desc.seqlens_k = lens; /* padded: every query row computed, keys past each length masked */
-    train_tensors(&a, buf, sequences, max_len, heads, d);
-    const double padded = time_median(train_step, &a, min_time);
-
+    const bench_fn fns[3] = {train_step, per_sequence_steps, train_step};
+    void *args[3] = {&packed, &each, &padded};
+    double best[3];
+    time_rounds(rounds, 3, fns, args, 3.0 * min_time, best);
     printf("varlen  %d sequences (64..2048, total %lld, max %lld), heads %lld, d %lld, causal, fwd+bwd:\n"
-           "        packed %.1f ms, sum of per-sequence runs %.1f ms (packed / sum %.3f), padded batch %.1f ms "
+           "        packed %.1f ms, per-sequence runs %.1f ms (packed / per-sequence %.3f), padded batch %.1f ms "
            "(packed / padded %.3f)\n",
-           sequences, (long long)total, (long long)max_len, (long long)heads, (long long)d, packed * 1e3,
-           per_sequence * 1e3, packed / per_sequence, padded * 1e3, packed / padded);
+           sequences, (long long)total, (long long)max_len, (long long)heads, (long long)d, best[0] * 1e3,
+           best[1] * 1e3, best[0] / best[1], best[2] * 1e3, best[0] / best[2]);
     for (int i = 0; i < 8; ++i) free(buf[i]);
     free(lse);
 }
 
 int main(int argc, char **argv)
 {
-    int threads = 2, quick = 0, decode = 1, varlen = 1;
+    int threads = 2, quick = 0, decode = 1, varlen = 1, rounds = 5;
     double min_time = 0.5;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--min-time") && i + 1 < argc) min_time = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--clock") && i + 1 < argc) bench_use_cpu_clock = !strcmp(argv[++i], "cpu");
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
             ++i;
@@ -236,8 +269,9 @@ int main(int argc, char **argv)
             varlen = !strcmp(argv[i], "varlen");
         }
         else {
-            puts("usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--only decode|varlen]\n"
-                 "                       [--clock wall|cpu]  (cpu: process CPU time / threads, for a loaded machine)");
+            puts("usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5] [--only decode|varlen]\n"
+                 "                       [--clock wall|cpu]  (cpu: process CPU time / threads, for a loaded machine)\n"
+                 "  --min-time: seconds per variant of each comparison, spread over the rounds");
             return strcmp(argv[i], "--help") ? 1 : 0;
         }
     }
@@ -247,18 +281,22 @@ int main(int argc, char **argv)
     bench_cpu_threads = threads;
     printf("%s\n", fa_context_info(ctx));
 
-    sum_arg sum = {NULL, (size_t)1 << (quick ? 25 : 27), threads, 0.0}; /* 128 MiB or 512 MiB of floats */
-    float *x = alloc_values(sum.n, FA_DTYPE_F32);
-    sum.x = x;
-    const double bandwidth = (double)(sum.n * sizeof(float)) / time_median(array_sum, &sum, min_time) / 1e9;
-    free(x);
-    printf("read bandwidth (array sum, %d threads): %.2f GB/s\n", threads, bandwidth);
-
-    static const int64_t cache_lengths[] = {4096, 16384, 32768};
-    for (int dt = 0; decode && dt < 2; ++dt)
-        for (int i = 0; i < (quick ? 1 : 3); ++i)
-            bench_decode(ctx, dt ? FA_DTYPE_F16 : FA_DTYPE_F32, cache_lengths[i], bandwidth, min_time);
-    if (varlen) bench_varlen(ctx, quick ? 3 : 8, min_time);
+    if (rounds < 1 || min_time <= 0.0) {
+        fprintf(stderr, "--rounds and --min-time must be positive\n");
+        return 1;
+    }
+    if (decode) {
+        /* 128 MiB (512 MiB without --quick) of floats: far beyond the last-level cache */
+        sum_arg sum = {NULL, (size_t)1 << (quick ? 25 : 27), threads, 0.0};
+        float *x = alloc_values(sum.n, FA_DTYPE_F32);
+        sum.x = x;
+        static const int64_t cache_lengths[] = {4096, 16384, 32768};
+        for (int dt = 0; dt < 2; ++dt)
+            for (int i = 0; i < (quick ? 1 : 3); ++i)
+                bench_decode(ctx, dt ? FA_DTYPE_F16 : FA_DTYPE_F32, cache_lengths[i], &sum, rounds, min_time);
+        free(x);
+    }
+    if (varlen) bench_varlen(ctx, quick ? 3 : 8, rounds, min_time);
     fa_context_destroy(ctx);
     return 0;
 }

@@ -2,15 +2,17 @@
  * rows against a long (possibly paged) cache.
  * - GQA packing: the query rows of one kv head's group (group heads x seqlen_q positions, up to
  *   DECODE_ROWS) form one tile, so each kv head's keys and values are read once per call, not
- *   once per query head. A task walks its keys tile by tile and, for each key tile, every kv
- *   head in turn: the cache's [.., heads_kv, d] rows are then read front to back, a stream the
- *   prefetchers follow (one head at a time would jump heads_kv * d elements per key).
+ *   once per query head. A task walks its keys tile by tile; each key tile of every kv head is
+ *   staged front to back from the cache's [.., heads_kv, d] rows (a stream the prefetchers
+ *   follow) while the next tile is prefetched, S^T = K Q^T is a gemm_nt per kv head, and one
+ *   online-softmax step covers the rows of all kv heads (full vectors with few rows per head).
  * - Split-KV: when (batch, row tile) units are too few to keep the threads busy, each
  *   sequence's keys are cut into chunks; each (unit, chunk) task computes a partial (O, m, l)
- *   per kv head with the online softmax, and the partials are merged by their maxima in
- *   increasing chunk order. The split is computed from the shape and the sequence lengths only, never from the
+ *   with the online softmax, and the partials are merged by their maxima in increasing chunk
+ *   order. The split is computed from the shape and the sequence lengths only, never from the
  *   thread count, so results are bit-identical for any number of threads.
  * - Paged caches are read through the block table, a run of keys per page.
+ * - NaN inputs propagate as in fa_forward (docs/ROBUSTNESS.md).
  * Every buffer is allocated before the cache is written, so a failure leaves the cache intact. */
 #include <math.h>
 #include <string.h>
@@ -24,7 +26,7 @@
 #include "cpu_backend.h"
 #include "cpu_tile.h"
 
-#define DECODE_ROWS 64        /* query rows per tile and kv head (at most 64: one bit each in a mask) */
+#define DECODE_ROWS 64        /* query rows per tile and kv head */
 #define DECODE_KEYS 32        /* keys per online-softmax step: K and V of all heads stay in L2 */
 #define DECODE_TASKS 128      /* tasks a split aims at: 4 per thread on 32 threads */
 #define DECODE_MIN_CHUNK 256  /* keys: shorter chunks cost more in merging than they share */
@@ -33,8 +35,7 @@ typedef struct decode_plan {
     int64_t group, rows, tile_rows, row_tiles, units;
     int64_t splits; /* most chunks a sequence is cut into */
     int64_t chunks; /* partials kept per unit: the most chunks of any sequence of this call */
-    size_t head_floats;    /* one kv head's partial: O [tile_rows x d], m, l [tile_rows] */
-    size_t partial_floats; /* one (unit, chunk): heads_kv partials */
+    size_t partial_floats; /* one (unit, chunk): O [heads_kv x rows x d], m, l [heads_kv x rows] */
 } decode_plan;
 
 static decode_plan make_plan(const fa_problem *p)
@@ -46,8 +47,7 @@ static decode_plan make_plan(const fa_problem *p)
     plan.row_tiles = (plan.rows + plan.tile_rows - 1) / plan.tile_rows;
     plan.units = p->batch * plan.row_tiles;
     plan.splits = plan.units >= DECODE_TASKS ? 1 : (DECODE_TASKS + plan.units - 1) / plan.units;
-    plan.head_floats = (size_t)(plan.tile_rows * (p->head_dim + 2));
-    plan.partial_floats = (size_t)p->heads_kv * plan.head_floats;
+    plan.partial_floats = (size_t)(p->heads_kv * plan.tile_rows * (p->head_dim + 2));
     return plan;
 }
 
@@ -97,37 +97,40 @@ static void append_new(const fa_kv_problem *kp)
         }
 }
 
-/* Per-thread memory: the row tile's query rows of every kv head, one key tile (K and
- * V, when they are not read in place), the scores S^T, the softmax vectors, the merge's row and the rows' key ranges. */
+/* Per-thread memory: the row tile's query rows of every kv head, one key tile (K and V, when they
+ * are not read in place), the scores S^T of every kv head's rows, the softmax vectors, the
+ * NaN marks, the merge's row and the rows' key ranges. */
 typedef struct decode_scratch {
     float *q, *st, *k, *v, *k_stage, *v_stage, *tile_max, *shift, *alpha, *tile_sum, *acc;
+    unsigned char *poisoned;
     fa_key_range *ranges;
 } decode_scratch;
 
 static size_t scratch_bytes(const fa_problem *p)
 {
-    const int64_t d = p->head_dim;
-    const size_t floats = (size_t)(p->heads_kv * DECODE_ROWS * d + DECODE_KEYS * DECODE_ROWS +
-                                   2 * DECODE_KEYS * d + 2 * DECODE_KEYS * p->heads_kv * d + 4 * DECODE_ROWS + d);
-    return (floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + 63) & ~(size_t)63;
+    const int64_t d = p->head_dim, cols = p->heads_kv * DECODE_ROWS;
+    const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 2 * DECODE_KEYS * d +
+                                   2 * DECODE_KEYS * p->heads_kv * d + 4 * cols + d);
+    return (floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + (size_t)cols + 63) & ~(size_t)63;
 }
 
 static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
 {
-    const int64_t d = p->head_dim;
+    const int64_t d = p->head_dim, cols = p->heads_kv * DECODE_ROWS;
     float *f = (float *)base;
-    w->q = f; f += p->heads_kv * DECODE_ROWS * d;
-    w->st = f; f += DECODE_KEYS * DECODE_ROWS;
+    w->q = f; f += cols * d;
+    w->st = f; f += DECODE_KEYS * cols;
     w->k = f; f += DECODE_KEYS * d;
     w->v = f; f += DECODE_KEYS * d;
     w->k_stage = f; f += DECODE_KEYS * p->heads_kv * d;
     w->v_stage = f; f += DECODE_KEYS * p->heads_kv * d;
-    w->tile_max = f; f += DECODE_ROWS;
-    w->shift = f; f += DECODE_ROWS;
-    w->alpha = f; f += DECODE_ROWS;
-    w->tile_sum = f; f += DECODE_ROWS;
+    w->tile_max = f; f += cols;
+    w->shift = f; f += cols;
+    w->alpha = f; f += cols;
+    w->tile_sum = f; f += cols;
     w->acc = f; f += d;
     w->ranges = (fa_key_range *)f; /* f is 8-aligned: the float count above is even */
+    w->poisoned = (unsigned char *)(w->ranges + DECODE_ROWS);
 }
 
 /* Rows [j0, j0 + n) of sequence b, head h of a cache tensor as an f32 matrix: in place for f32
@@ -228,55 +231,81 @@ static int any_nan(const float *x, int64_t n)
     return found;
 }
 
-/* One online-softmax step of kv head hk's rows on the keys [j0, j0 + n). Scores are kept
- * transposed and compact, S^T[x * rows + r]; the scale is applied inside the exponential. */
-static void head_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t b,
-                      int64_t hk, int64_t rows, int64_t j0, int64_t n, decode_scratch *w, float *partial)
+/* Where a (unit, chunk) partial keeps its values: O rows, then m and l, column c = hk * rows + r. */
+typedef struct partial_view {
+    float *o, *m, *l;
+} partial_view;
+
+static partial_view partial_at(const fa_problem *p, const decode_plan *plan, float *partial)
+{
+    const int64_t cols = p->heads_kv * plan->tile_rows;
+    return (partial_view){partial, partial + cols * p->head_dim, partial + cols * (p->head_dim + 1)};
+}
+
+/* One online-softmax step of the unit's rows of every kv head on the keys [j0, j0 + n). The
+ * scores of all kv heads form one transposed tile S^T[x][hk * rows + r], so that the softmax
+ * vectors are full (a GQA group has few rows per kv head); the scale is applied inside the
+ * exponential. */
+static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64_t b, int64_t rows, int64_t j0,
+                      int64_t n, decode_scratch *w, partial_view out)
 {
     const fa_problem *p = &kp->attn;
-    const int64_t d = p->head_dim;
-    float *o = partial, *m = o + plan->tile_rows * d, *l = m + plan->tile_rows, *st = w->st;
-    int64_t ldk = p->heads_kv * d, ldv = ldk; /* K and V may differ in layout: each on its own */
-    const float *k = heads_adjacent(&p->k) ? w->k_stage + hk * d : load_rows(kp, &p->k, kern, b, j0, n, hk, w->k, &ldk);
-    const float *v = heads_adjacent(&p->v) ? w->v_stage + hk * d : load_rows(kp, &p->v, kern, b, j0, n, hk, w->v, &ldv);
-    kern->gemm_nt(n, rows, d, k, ldk, w->q + hk * DECODE_ROWS * d, d, st, rows); /* S^T = K Q^T */
+    const int64_t d = p->head_dim, cols = p->heads_kv * rows;
+    float *st = w->st;
+    for (int64_t hk = 0; hk < p->heads_kv; ++hk) {
+        int64_t ldk = p->heads_kv * d;
+        const float *kh =
+            heads_adjacent(&p->k) ? w->k_stage + hk * d : load_rows(kp, &p->k, kern, b, j0, n, hk, w->k, &ldk);
+        kern->gemm_nt(n, rows, d, kh, ldk, w->q + hk * DECODE_ROWS * d, d, st + hk * rows, cols); /* S^T = K Q^T */
+    }
     int seen_by_all = 1;
     for (int64_t r = 0; r < rows && seen_by_all; ++r) seen_by_all = w->ranges[r].lo <= j0 && w->ranges[r].hi >= j0 + n;
     /* Masked scores become -inf. A NaN score a row sees (NaN in its query or in the key) cannot go
      * through the vector exp, which clamps its argument: the row is marked instead, and its l
      * becomes NaN after the step, which the merge turns into a NaN row and lse as fa_forward does. */
-    uint64_t poisoned = 0;
-    if (!seen_by_all || any_nan(st, n * rows))
+    int any_poisoned = 0;
+    if (!seen_by_all || any_nan(st, n * cols)) {
+        memset(w->poisoned, 0, (size_t)cols);
         for (int64_t x = 0; x < n; ++x) {
-            float *col = st + x * rows;
+            float *col = st + x * cols;
             const int64_t j = j0 + x;
-            for (int64_t r = 0; r < rows; ++r) {
-                const int seen = j >= w->ranges[r].lo && j < w->ranges[r].hi;
-                if (seen && col[r] != col[r]) poisoned |= (uint64_t)1 << r;
-                if (!seen || col[r] != col[r]) col[r] = -INFINITY;
+            for (int64_t c = 0; c < cols; ++c) {
+                const fa_key_range range = w->ranges[c % rows];
+                const int seen = j >= range.lo && j < range.hi;
+                if (seen && col[c] != col[c]) w->poisoned[c] = 1, any_poisoned = 1;
+                if (!seen || col[c] != col[c]) col[c] = -INFINITY;
             }
         }
-    fa_cpu_softmax_step(kern, p->scale, rows, n, st, rows, m, l, w->tile_max, w->shift, w->alpha, w->tile_sum);
-    for (int64_t r = 0; poisoned && r < rows; ++r)
-        if (poisoned >> r & 1) l[r] = NAN;
-    if (seen_by_all) {
-        kern->gemm(rows, d, n, st, 1, rows, v, ldv, o, d, w->alpha, 1); /* O = alpha O + P V */
-        return;
     }
-    /* P is 0 at the keys a row cannot see, but 0 x NaN is NaN: where rows see different parts of
-     * the tile (causal edge, window), each row multiplies only its own keys, so a NaN in V
-     * reaches exactly the rows that see it. A row that sees none of the tile keeps O (alpha 1). */
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t lo = w->ranges[r].lo > j0 ? w->ranges[r].lo : j0;
-        const int64_t hi = w->ranges[r].hi < j0 + n ? w->ranges[r].hi : j0 + n;
-        if (hi > lo)
-            kern->gemm(1, d, hi - lo, st + (lo - j0) * rows + r, 1, rows, v + (lo - j0) * ldv, ldv, o + r * d, d,
-                       w->alpha + r, 1);
+    fa_cpu_softmax_step(kern, p->scale, cols, n, st, cols, out.m, out.l, w->tile_max, w->shift, w->alpha,
+                        w->tile_sum);
+    for (int64_t c = 0; any_poisoned && c < cols; ++c)
+        if (w->poisoned[c]) out.l[c] = NAN;
+    for (int64_t hk = 0; hk < p->heads_kv; ++hk) {
+        int64_t ldv = p->heads_kv * d;
+        const float *vh =
+            heads_adjacent(&p->v) ? w->v_stage + hk * d : load_rows(kp, &p->v, kern, b, j0, n, hk, w->v, &ldv);
+        float *o = out.o + hk * rows * d;
+        const float *ph = st + hk * rows, *alpha = w->alpha + hk * rows;
+        if (seen_by_all) {
+            kern->gemm(rows, d, n, ph, 1, cols, vh, ldv, o, d, alpha, 1); /* O = alpha O + P V */
+            continue;
+        }
+        /* P is 0 at the keys a row cannot see, but 0 x NaN is NaN: where rows see different parts
+         * of the tile (causal edge, window), each row multiplies only its own keys, so a NaN in V
+         * reaches exactly the rows that see it. A row that sees none of the tile keeps O (alpha 1). */
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t lo = w->ranges[r].lo > j0 ? w->ranges[r].lo : j0;
+            const int64_t hi = w->ranges[r].hi < j0 + n ? w->ranges[r].hi : j0 + n;
+            if (hi > lo)
+                kern->gemm(1, d, hi - lo, ph + (lo - j0) * cols + r, 1, cols, vh + (lo - j0) * ldv, ldv, o + r * d, d,
+                           alpha + r, 1);
+        }
     }
 }
 
-/* One (unit, chunk) task: per kv head, the partial O (unnormalised), m and l of the unit's rows
- * over the chunk's keys. */
+/* One (unit, chunk) task: the partial O (unnormalised), m and l of the unit's rows of every kv
+ * head over the chunk's keys. */
 static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t u,
                        int64_t c, decode_scratch *w, float *partial)
 {
@@ -284,13 +313,12 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     const int64_t d = p->head_dim;
     int64_t b, r0, rows;
     unit_rows(plan, u, &b, &r0, &rows);
-    for (int64_t hk = 0; hk < p->heads_kv; ++hk) {
-        float *o = partial + hk * plan->head_floats, *m = o + plan->tile_rows * d, *l = m + plan->tile_rows;
-        memset(o, 0, (size_t)(rows * d) * sizeof(float));
-        for (int64_t r = 0; r < rows; ++r) {
-            m[r] = -INFINITY;
-            l[r] = 0.0f;
-        }
+    const partial_view out = partial_at(p, plan, partial);
+    const int64_t cols = p->heads_kv * rows;
+    memset(out.o, 0, (size_t)(cols * d) * sizeof(float));
+    for (int64_t x = 0; x < cols; ++x) {
+        out.m[x] = -INFINITY;
+        out.l[x] = 0.0f;
     }
     int64_t lo, hi;
     chunk_range(kp, plan, b, c, &lo, &hi);
@@ -314,46 +342,44 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
         }
     for (int64_t j0 = lo; j0 < hi; j0 += DECODE_KEYS) {
         const int64_t n = hi - j0 < DECODE_KEYS ? hi - j0 : DECODE_KEYS;
-        const int64_t next = j0 + n, next_n = hi - next < DECODE_KEYS ? hi - next : DECODE_KEYS;
         if (heads_adjacent(&p->k)) stage_rows(kp, &p->k, kern, b, j0, n, w->k_stage);
         if (heads_adjacent(&p->v)) stage_rows(kp, &p->v, kern, b, j0, n, w->v_stage);
-        for (int64_t hk = 0; hk < p->heads_kv; ++hk) {
-            prefetch_rows(kp, &p->k, b, next, next_n, hk); /* nothing past the chunk (next_n <= 0) */
+        const int64_t next = j0 + n, next_n = hi - next < DECODE_KEYS ? hi - next : DECODE_KEYS;
+        for (int64_t hk = 0; hk < p->heads_kv; ++hk) { /* nothing past the chunk (next_n <= 0) */
+            prefetch_rows(kp, &p->k, b, next, next_n, hk);
             prefetch_rows(kp, &p->v, b, next, next_n, hk);
-            head_step(kp, kern, plan, b, hk, rows, j0, n, w, partial + hk * plan->head_floats);
         }
+        tile_step(kp, kern, b, rows, j0, n, w, out);
     }
 }
 
 /* The unit's chunks merged in increasing chunk order: O = sum_c e^(m_c - M) O_c / l with
  * l = sum_c e^(m_c - M) l_c, lse = M + log l. */
-static void merge_unit(const fa_kv_problem *kp, const decode_plan *plan, int64_t u, const float *partials,
-                       float *acc)
+static void merge_unit(const fa_kv_problem *kp, const decode_plan *plan, int64_t u, float *partials, float *acc)
 {
     const fa_problem *p = &kp->attn;
     const int64_t d = p->head_dim;
     int64_t b, r0, rows;
     unit_rows(plan, u, &b, &r0, &rows);
-    const float *first = partials + (size_t)(u * plan->chunks) * plan->partial_floats;
+    float *first = partials + (size_t)(u * plan->chunks) * plan->partial_floats;
     for (int64_t hk = 0; hk < p->heads_kv; ++hk)
         for (int64_t r = 0; r < rows; ++r) {
+            const int64_t col = hk * rows + r;
             float top = -INFINITY, sum = 0.0f;
             int poisoned = 0; /* a chunk saw a NaN score: the row is NaN, lse too */
             for (int64_t c = 0; c < plan->chunks; ++c) {
-                const float *o = first + c * plan->partial_floats + hk * plan->head_floats;
-                const float m = o[plan->tile_rows * d + r], l = o[plan->tile_rows * (d + 1) + r];
-                if (m > top) top = m;
-                if (l != l) poisoned = 1;
+                const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
+                if (in.m[col] > top) top = in.m[col];
+                if (in.l[col] != in.l[col]) poisoned = 1;
             }
             memset(acc, 0, (size_t)d * sizeof(float));
             if (poisoned) top = sum = NAN;
             for (int64_t c = 0; !poisoned && top != -INFINITY && c < plan->chunks; ++c) {
-                const float *o = first + c * plan->partial_floats + hk * plan->head_floats;
-                const float *m = o + plan->tile_rows * d, *l = m + plan->tile_rows;
-                if (m[r] == -INFINITY) continue;
-                const float weight = expf(m[r] - top);
-                sum += weight * l[r];
-                for (int64_t x = 0; x < d; ++x) acc[x] += weight * o[r * d + x];
+                const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
+                if (in.m[col] == -INFINITY) continue;
+                const float weight = expf(in.m[col] - top);
+                sum += weight * in.l[col];
+                for (int64_t x = 0; x < d; ++x) acc[x] += weight * in.o[col * d + x];
             }
             const float inv = poisoned ? NAN : sum > 0.0f ? 1.0f / sum : 0.0f;
             for (int64_t x = 0; x < d; ++x) acc[x] *= inv;
