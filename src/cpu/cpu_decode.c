@@ -4,8 +4,9 @@
  *   DECODE_ROWS) form one tile, so each kv head's keys and values are read once per call, not
  *   once per query head. A task walks its keys tile by tile; each key tile of every kv head is
  *   staged front to back from the cache's [.., heads_kv, d] rows (a stream the prefetchers
- *   follow) while the next tile is prefetched, S^T = K Q^T is a gemm_nt per kv head, and one
- *   online-softmax step covers the rows of all kv heads (full vectors with few rows per head).
+ *   follow; software prefetch of the next tile measured slower), S^T = K Q^T is a gemm_nt per
+ *   kv head, and one online-softmax step covers the rows of all kv heads (full vectors with few
+ *   rows per head).
  * - Split-KV: when (batch, row tile) units are too few to keep the threads busy, each
  *   sequence's keys are cut into chunks; each (unit, chunk) task computes a partial (O, m, l)
  *   with the online softmax, and the partials are merged by their maxima in increasing chunk
@@ -174,31 +175,6 @@ static void unit_rows(const decode_plan *plan, int64_t u, int64_t *b, int64_t *r
     *rows = plan->rows - *r0 < plan->tile_rows ? plan->rows - *r0 : plan->tile_rows;
 }
 
-/* GCC drops calls to a function made only of __builtin_prefetch as if it had no effect, so the
- * hint is an asm statement. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define PREFETCH_L2(p) __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)(p)))
-#elif defined(__GNUC__) && defined(__aarch64__)
-#define PREFETCH_L2(p) __asm__ volatile("prfm pldl2keep, %0" : : "Q"(*(const char *)(p)))
-#else
-#define PREFETCH_L2(p) ((void)(p))
-#endif
-
-/* Keys [j0, j0 + n) of sequence b, head h of a cache tensor, requested into L2 one key tile ahead
- * of use, a head per step: the next tile streams in while this tile's products run, instead of
- * the staging copy waiting for memory after them. */
-static void prefetch_rows(const fa_kv_problem *kp, const fa_tensor *t, int64_t b, int64_t j0, int64_t n, int64_t h)
-{
-    const int64_t bytes = t->head_dim * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
-    for (int64_t x = 0; x < n; ++x) {
-        int64_t sb, ss;
-        key_slot(kp, b, j0 + x, &sb, &ss);
-        const char *row = fa_row_ptr(t, sb, ss, h);
-        for (int64_t at = 0; at < bytes; at += 64) PREFETCH_L2(row + at);
-        PREFETCH_L2(row + bytes - 1); /* the last line of a row that starts mid-line */
-    }
-}
-
 /* Whether a cache tensor's heads lie side by side in each row, so that a key tile of every head
  * is one run of rows (one block when contiguous). */
 static int heads_adjacent(const fa_tensor *t) { return t->stride_head == t->head_dim; }
@@ -344,11 +320,6 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
         const int64_t n = hi - j0 < DECODE_KEYS ? hi - j0 : DECODE_KEYS;
         if (heads_adjacent(&p->k)) stage_rows(kp, &p->k, kern, b, j0, n, w->k_stage);
         if (heads_adjacent(&p->v)) stage_rows(kp, &p->v, kern, b, j0, n, w->v_stage);
-        const int64_t next = j0 + n, next_n = hi - next < DECODE_KEYS ? hi - next : DECODE_KEYS;
-        for (int64_t hk = 0; hk < p->heads_kv; ++hk) { /* nothing past the chunk (next_n <= 0) */
-            prefetch_rows(kp, &p->k, b, next, next_n, hk);
-            prefetch_rows(kp, &p->v, b, next, next_n, hk);
-        }
         tile_step(kp, kern, b, rows, j0, n, w, out);
     }
 }
