@@ -180,6 +180,24 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
     return FA_SUCCESS;
 }
 
+/* The problem's sizes from q and the keys, with the dense lse and dropout layouts (check_varlen
+ * replaces them for packed batches). */
+static void set_sizes(fa_problem *p, const fa_tensor *q, int64_t heads_kv, int64_t seqlen_k, float *lse)
+{
+    p->batch = q->batch;
+    p->heads_q = q->heads;
+    p->heads_kv = heads_kv;
+    p->seqlen_q = q->seqlen;
+    p->seqlen_k = seqlen_k;
+    p->head_dim = q->head_dim;
+    p->dtype = q->dtype;
+    p->lse = lse;
+    p->lse_stride_head = p->seqlen_q;
+    p->lse_stride_batch = p->heads_q * p->seqlen_q;
+    p->dropout_rows = p->seqlen_q;
+    p->dropout_cols = p->seqlen_k;
+}
+
 fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
                               const fa_tensor *v, const fa_tensor *out, float *lse, fa_problem *p)
 {
@@ -195,18 +213,7 @@ fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q,
     if ((st = same_shape("v", v, "k", k)) || (st = same_shape("out", out, "q", q))) return st;
     if (q->heads % k->heads != 0)
         return INVALID("k: heads %lld does not divide q's heads %lld", (long long)k->heads, (long long)q->heads);
-    p->batch = q->batch;
-    p->heads_q = q->heads;
-    p->heads_kv = k->heads;
-    p->seqlen_q = q->seqlen;
-    p->seqlen_k = k->seqlen;
-    p->head_dim = q->head_dim;
-    p->dtype = q->dtype;
-    p->lse = lse;
-    p->lse_stride_head = p->seqlen_q;
-    p->lse_stride_batch = p->heads_q * p->seqlen_q;
-    p->dropout_rows = p->seqlen_q;
-    p->dropout_cols = p->seqlen_k;
+    set_sizes(p, q, k->heads, k->seqlen, lse);
     return check_desc(desc, p);
 }
 
@@ -289,15 +296,7 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
     if (desc->dropout_p != 0.0f)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->dropout_p: the KV-cache path is forward-only inference, "
                                                     "without dropout");
-    p->batch = q->batch;
-    p->heads_q = q->heads;
-    p->heads_kv = cache->k.heads;
-    p->seqlen_q = q->seqlen;
-    p->head_dim = q->head_dim;
-    p->dtype = q->dtype;
-    p->lse = lse;
-    p->lse_stride_head = p->seqlen_q;
-    p->lse_stride_batch = p->heads_q * p->seqlen_q;
+    set_sizes(p, q, cache->k.heads, p->seqlen_k, lse);
     kp->cache_seqlens = cache->cache_seqlens;
     return check_desc(desc, p);
 }
