@@ -82,13 +82,48 @@ const size_t fa_test_case_count = sizeof fa_test_cases / sizeof fa_test_cases[0]
  * are skipped under FA_TEST_QUICK=1. */
 #define QUICK_MAX_WORK 1000000.0
 
+/* 1 if `name` is one of the comma-separated names in `list`. */
+static int name_listed(const char *list, const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        p += len + (end != NULL);
+    }
+    return 0;
+}
+
 int fa_case_selected(const fa_test_case *c)
 {
+    const char *only = getenv("FA_TEST_CASES");
+    if (only && *only && !name_listed(only, c->name)) return 0;
     const char *quick = getenv("FA_TEST_QUICK");
     if (!quick || strcmp(quick, "1") != 0) return 1;
     const oracle_shape *s = &c->shape;
     const double work = (double)s->batch * s->heads_q * s->seqlen_q * s->seqlen_k * s->head_dim;
     return work <= QUICK_MAX_WORK;
+}
+
+const char *fa_case_filter_unknown(void)
+{
+    static char unknown[128];
+    const char *only = getenv("FA_TEST_CASES");
+    if (!only) return NULL;
+    for (const char *p = only; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        int known = 0;
+        for (size_t i = 0; i < fa_test_case_count && !known; ++i)
+            known = strlen(fa_test_cases[i].name) == len && strncmp(fa_test_cases[i].name, p, len) == 0;
+        if (!known) {
+            snprintf(unknown, sizeof unknown, "%.*s", (int)(len < 100 ? len : 100), p);
+            return unknown;
+        }
+        p += len + (end != NULL);
+    }
+    return NULL;
 }
 
 /* ---- tolerances ------------------------------------------------------------------------------

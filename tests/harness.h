@@ -56,9 +56,12 @@ void fa_case_describe(const fa_test_case *c, fa_dtype dtype, char *text, size_t 
 const char *fa_dtype_label(fa_dtype dtype);
 
 /* FA_TEST_QUICK=1 in the environment (for sanitizer and valgrind runs) skips the larger cases
- * (and tests/core/test_memory, whose size is the point of it):
- * this returns 0 for them. Otherwise it returns 1 for every case. */
+ * (and tests/core/test_memory, whose size is the point of it); FA_TEST_CASES=name,name,... runs
+ * only the cases named. This returns 0 for the cases skipped, 1 otherwise. */
 int fa_case_selected(const fa_test_case *c);
+/* The first name in FA_TEST_CASES that is not in the table, or NULL (a typo must not silently
+ * select nothing). */
+const char *fa_case_filter_unknown(void);
 
 /* Runs forward and (if backward) backward of c on ctx in dtype; fills errors.
  * Returns FA_SUCCESS or the status the library returned. */

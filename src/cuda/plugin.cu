@@ -34,6 +34,7 @@ typedef struct fa_gpu_state {
     int64_t smem_bytes; /* shared memory per block the kernels may use (opt-in maximum) */
     fa_gpu_family family; /* kernels for f16/bf16, from FLASHATTN_GPU_KERNELS at open */
     bool matrix_cores;    /* HIP: the device has MFMA (gfx908, gfx90a) */
+    bool sync_launches;   /* FLASHATTN_GPU_SYNC=1: wait after every launch, name the kernel that failed */
     char info[512];
     /* Workspace reused across calls (grows only): delta of the backward, and device copies of
      * the host-side masks (seqlens_k, block mask). Stream-ordered: set_stream drains it first. */
@@ -123,6 +124,8 @@ static fa_status gpu_open(int device, void **state)
     s->ordinal = g_devices[device];
     const char *requested = getenv("FLASHATTN_GPU_KERNELS");
     s->family = fa_gpu_parse_family(requested);
+    const char *sync = getenv("FLASHATTN_GPU_SYNC");
+    s->sync_launches = sync && strcmp(sync, "1") == 0;
     if (s->family == FA_GPU_FAMILY_INVALID) {
         free(s);
         return FA_ERR(FA_ERROR_INVALID_VALUE, "FLASHATTN_GPU_KERNELS: \"%s\" is not one of generic, tc, fma", requested);
@@ -366,7 +369,8 @@ static fa_status build_params(fa_gpu_state *s, const fa_problem *p, size_t reser
 }
 
 /* Launches kernel on the context's stream: `warps` warps per block, `smem` bytes of dynamic
- * shared memory. */
+ * shared memory. With FLASHATTN_GPU_SYNC=1 it waits for the kernel, so that a fault is reported
+ * by the launch that caused it (`what` names the kernel) rather than by a later call. */
 static fa_status launch_warps(fa_gpu_state *s, fa_gpu_kernel kernel, dim3 grid, int warps, size_t smem,
                               const fa_gpu_params *k, const char *what)
 {
@@ -374,8 +378,15 @@ static fa_status launch_warps(fa_gpu_state *s, fa_gpu_kernel kernel, dim3 grid, 
     if (smem > 48 * 1024)
         FA_TRY(fa_gpu_func_set_attribute((const void *)kernel, FA_GPU_FUNC_ATTR_MAX_DYNAMIC_SMEM, (int)smem),
                "raise the shared-memory limit");
-    kernel<<<grid, (unsigned)(warps * s->props.warpSize), smem, s->stream>>>(*k);
-    FA_TRY(fa_gpu_get_last_error(), what);
+    const dim3 block((unsigned)(warps * s->props.warpSize));
+    FA_TRY(fa_gpu_launch(kernel, grid, block, smem, s->stream, *k), what);
+    if (s->sync_launches) {
+        const fa_gpu_error e = fa_gpu_stream_synchronize(s->stream);
+        if (e != fa_gpu_success)
+            return FA_ERR(FA_ERROR_BACKEND_FAILURE, "%s: %s faulted (grid %u x %u x %u, %u threads, %zu bytes of shared memory): %s (%s)",
+                          FA_GPU_VENDOR, what, grid.x, grid.y, grid.z, block.x, smem, fa_gpu_get_error_name(e),
+                          fa_gpu_get_error_string(e));
+    }
     return FA_SUCCESS;
 }
 

@@ -72,9 +72,10 @@ __device__ __forceinline__ bool stage_key_tile(const fa_gpu_params &p, const que
 template <int BUCKET, int TILE>
 __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params p)
 {
+    FA_GPU_REQUIRE_BLOCK(kThreads);
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
-    extern __shared__ float smem[];
+    FA_DYNAMIC_SMEM(float, smem);
     const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
     float *sq = smem, *sk = sq + TILE * ld, *sv = sk + TILE * ld;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
@@ -152,6 +153,7 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params p)
 /* Backward pre-pass: delta = rowsum(dO o O), one warp per row, grid-stride. */
 __global__ void __launch_bounds__(kThreads) row_delta(const fa_gpu_params p)
 {
+    FA_GPU_REQUIRE_BLOCK(kThreads);
     const int W = FA_WARP_SIZE;
     const int64_t total = p.batch * p.heads_q * p.seqlen_q;
     const int64_t warps = static_cast<int64_t>(gridDim.x) * FA_GENERIC_WARPS;
@@ -191,9 +193,10 @@ __device__ __forceinline__ element_grads recompute(const fa_gpu_params &p, float
 template <int BUCKET, int TILE>
 __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params p)
 {
+    FA_GPU_REQUIRE_BLOCK(kThreads);
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
-    extern __shared__ float smem[];
+    FA_DYNAMIC_SMEM(float, smem);
     const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
     float *sq = smem, *sdo = sq + TILE * ld, *sk = sdo + TILE * ld, *sv = sk + TILE * ld;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
@@ -258,9 +261,10 @@ __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params p)
 template <int BUCKET, int TILE>
 __global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params p)
 {
+    FA_GPU_REQUIRE_BLOCK(kThreads);
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
-    extern __shared__ float smem[];
+    FA_DYNAMIC_SMEM(float, smem);
     const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
     float *sk = smem, *sv = sk + TILE * ld, *sq = sv + TILE * ld, *sdo = sq + TILE * ld;
     float *slse = sdo + TILE * ld, *sdelta = slse + TILE;

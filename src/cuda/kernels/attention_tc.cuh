@@ -134,8 +134,9 @@ __device__ __forceinline__ void softmax_tile(const fa_gpu_params &p, const fa_ge
 template <class L, int W>
 __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) forward(const fa_gpu_params p)
 {
+    FA_GPU_REQUIRE_BLOCK(FA_TC_WARPS * L::kWarp);
     constexpr int BC = FA_TC_BLOCK_COLS(W), BR = FA_TC_BLOCK_ROWS;
-    extern __shared__ __align__(16) uint16_t fa_tc_smem[];
+    FA_DYNAMIC_SMEM(uint16_t, fa_tc_smem);
     uint16_t *sq = fa_tc_smem, *sk = sq + BR * W, *sv = sk + BC * W;
     const int warp = threadIdx.x / L::kWarp, lane = threadIdx.x % L::kWarp;
     const fa_generic::query_block qb = fa_generic::this_query_block<BR>(p);

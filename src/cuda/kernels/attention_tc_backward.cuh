@@ -55,8 +55,9 @@ __device__ __forceinline__ void store_rows(const fa_gpu_params &p, const fa_gpu_
 template <class L, int W>
 __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa_gpu_params p)
 {
+    FA_GPU_REQUIRE_BLOCK(FA_TC_WARPS * L::kWarp);
     constexpr int BK = FA_TC_BLOCK_ROWS, BQ = FA_TC_BACKWARD_QUERY_TILE;
-    extern __shared__ __align__(16) uint16_t fa_tc_smem[];
+    FA_DYNAMIC_SMEM(uint16_t, fa_tc_smem);
     uint16_t *sk = fa_tc_smem, *sv = sk + BK * W, *sq = sv + BK * W, *sdo = sq + BQ * W;
     float *slse = reinterpret_cast<float *>(sdo + BQ * W), *sdelta = slse + BQ;
     const int warp = threadIdx.x / L::kWarp, lane = threadIdx.x % L::kWarp;
@@ -115,8 +116,9 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
 template <class L, int W>
 __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dq(const fa_gpu_params p)
 {
+    FA_GPU_REQUIRE_BLOCK(FA_TC_WARPS * L::kWarp);
     constexpr int BR = FA_TC_BLOCK_ROWS, BC = FA_TC_BACKWARD_QUERY_TILE;
-    extern __shared__ __align__(16) uint16_t fa_tc_smem[];
+    FA_DYNAMIC_SMEM(uint16_t, fa_tc_smem);
     uint16_t *sq = fa_tc_smem, *sdo = sq + BR * W, *sk = sdo + BR * W, *sv = sk + BC * W;
     const int warp = threadIdx.x / L::kWarp, lane = threadIdx.x % L::kWarp;
     const fa_generic::query_block qb = fa_generic::this_query_block<BR>(p);
