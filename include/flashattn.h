@@ -67,6 +67,8 @@ FA_API fa_backend fa_context_backend(const fa_context *ctx); /* FA_BACKEND_AUTO 
 FA_API int fa_backend_available(fa_backend backend);
 FA_API fa_status fa_context_set_num_threads(fa_context *ctx, int n); /* CPU; 0 = OpenMP default */
 FA_API fa_status fa_context_set_stream(fa_context *ctx, void *stream); /* GPU backends; NULL = default */
+/* Waits for the context's queued work. GPU backends: also reports (and clears) a failed device-side
+ * check of a varlen or KV-cache call's tables, as FA_ERROR_INVALID_VALUE. */
 FA_API fa_status fa_synchronize(fa_context *ctx);
 
 /* Memory of the context's backend: host memory on CPU, device memory on GPUs. */
@@ -131,7 +133,9 @@ FA_API fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc,
  * Sequences of length 0 are allowed. Dropout draws the element of the padded layout,
  * e = ((b * heads_q + h) * max_seqlen_q + i) * max_seqlen_k + j, so a packed batch and the same
  * batch padded to [batch, max_seqlen_q] / [batch, max_seqlen_k] with seqlens_k give the same
- * results. Backends: CPU (GPU backends return FA_ERROR_NOT_SUPPORTED for now). */
+ * results. Every backend. On GPU backends the offsets are device memory and are checked on the
+ * device (no host synchronisation): wrong offsets make the call write nothing, and the next
+ * fa_synchronize returns FA_ERROR_INVALID_VALUE naming them. */
 
 /* Gradients by recomputation (Algorithm 4). lse must be the one fa_forward returned for the same
  * inputs and desc (same dropout seed and offset). dk/dv sum over the query heads of a group. */
@@ -160,7 +164,10 @@ typedef struct fa_kv_cache {
  * dtype. A length or page check that fails returns FA_ERROR_INVALID_VALUE naming the sequence,
  * with nothing written to the cache or the outputs. Results are bit-identical across thread
  * counts: long caches are split into key chunks whose count depends on the shape only, merged by
- * lse in a fixed order. Backends: CPU (GPU backends return FA_ERROR_NOT_SUPPORTED for now). */
+ * lse in a fixed order. Every backend. On GPU backends block_table and cache_seqlens are device
+ * memory, checked on the device: a failed length or page check makes the call write nothing (not
+ * to the cache either), the call itself returns FA_SUCCESS, and the next fa_synchronize returns
+ * FA_ERROR_INVALID_VALUE naming the sequence. */
 FA_API fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
                                     const fa_kv_cache *cache, const fa_tensor *k_new, const fa_tensor *v_new,
                                     fa_tensor *out, float *lse);
