@@ -202,15 +202,7 @@ __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
             }
             l[rr] = l[rr] * alpha + fa_warp_sum(row_sum);
             m[rr] = m_new;
-            fa_warp_sync();
-            for (int t = 0; t < DPL; ++t) {
-                const int64_t x = lane + t * W;
-                if (x >= d) break;
-                float acc = o[rr][t] * alpha;
-                for (int64_t col = 0; col < cols; ++col) acc = fmaf(sp[col], sv[col * ld + x], acc);
-                o[rr][t] = acc;
-            }
-            fa_warp_sync(); /* sp is rewritten by the next row */
+            fa_generic::accumulate_pv<DPL>(o[rr], alpha, sp, sv, cols, d, ld, lane);
         }
     }
 

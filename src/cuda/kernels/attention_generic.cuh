@@ -33,6 +33,23 @@ __device__ __forceinline__ float dot_row(const float *a, const float *b, int64_t
     return acc;
 }
 
+/* One owned row's O += P V over a staged key tile: each lane its head-dim columns of o, rescaled
+ * by alpha, from the warp's probabilities sp[0..cols) (written by the whole warp before). */
+template <int DPL>
+__device__ __forceinline__ void accumulate_pv(float (&o)[DPL], float alpha, const float *sp, const float *sv,
+                                              int64_t cols, int64_t d, int64_t ld, int lane)
+{
+    fa_warp_sync();
+    for (int t = 0; t < DPL; ++t) {
+        const int64_t x = lane + t * FA_WARP_SIZE;
+        if (x >= d) break;
+        float acc = o[t] * alpha;
+        for (int64_t c = 0; c < cols; ++c) acc = fmaf(sp[c], sv[c * ld + x], acc);
+        o[t] = acc;
+    }
+    fa_warp_sync(); /* sp is rewritten by the next row */
+}
+
 /* The query tile a forward or dQ block owns: one block per (query tile, query head, batch), tiles
  * issued last to first so the longest causal rows start early. */
 struct query_block {
@@ -125,15 +142,7 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
             }
             l[rr] = l[rr] * alpha + fa_warp_sum(row_sum);
             m[rr] = m_new;
-            fa_warp_sync();
-            for (int t = 0; t < DPL; ++t) {
-                const int64_t x = lane + t * W;
-                if (x >= d) break;
-                float acc = o[rr][t] * alpha;
-                for (int64_t c = 0; c < cols; ++c) acc = fmaf(sp[c], sv[c * ld + x], acc);
-                o[rr][t] = acc;
-            }
-            fa_warp_sync(); /* sp is rewritten by the next row */
+            accumulate_pv<DPL>(o[rr], alpha, sp, sv, cols, d, ld, lane);
         }
     }
 
