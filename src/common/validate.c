@@ -75,6 +75,59 @@ static fa_status same_shape(const char *name, const fa_tensor *t, const char *re
     return FA_SUCCESS;
 }
 
+/* The packed layout's shape rules (the offsets' values are checked by fa_validate_varlen_offsets,
+ * where the backend's memory is host memory). */
+static fa_status check_varlen(const fa_attention_desc *desc, fa_problem *p)
+{
+    const fa_varlen *vl = desc->varlen;
+    if (vl->batch <= 0) return INVALID("desc->varlen->batch: %lld is not positive", (long long)vl->batch);
+    if (!vl->cu_seqlens_q) return INVALID("desc->varlen->cu_seqlens_q: is NULL");
+    if (!vl->cu_seqlens_k) return INVALID("desc->varlen->cu_seqlens_k: is NULL");
+    if (vl->max_seqlen_q <= 0 || vl->max_seqlen_k <= 0)
+        return INVALID("desc->varlen->max_seqlen_q, max_seqlen_k: %lld, %lld must be positive",
+                       (long long)vl->max_seqlen_q, (long long)vl->max_seqlen_k);
+    if (p->batch != 1)
+        return INVALID("q: batch %lld must be 1 with desc->varlen (sequences are packed along seqlen)",
+                       (long long)p->batch);
+    if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL with desc->varlen (use cu_seqlens_k)");
+    p->varlen = *vl;
+    p->lse_stride_batch = 0;
+    p->lse_stride_head = p->seqlen_q; /* [heads_q, total_q] */
+    p->dropout_rows = vl->max_seqlen_q;
+    p->dropout_cols = vl->max_seqlen_k;
+    return FA_SUCCESS;
+}
+
+static fa_status check_offsets(const char *name, const int32_t *cu, int64_t batch, int64_t max_len,
+                               const char *max_name, int64_t total, const char *total_name)
+{
+    if (cu[0] != 0) return INVALID("desc->varlen->%s[0]: %d, the first offset must be 0", name, cu[0]);
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t len = (int64_t)cu[b + 1] - cu[b];
+        if (len < 0)
+            return INVALID("desc->varlen->%s[%lld]: %d is below the previous offset %d (sequence %lld)", name,
+                           (long long)(b + 1), cu[b + 1], cu[b], (long long)b);
+        if (len > max_len)
+            return INVALID("desc->varlen->%s: sequence %lld has %lld rows, more than %s %lld", name, (long long)b,
+                           (long long)len, max_name, (long long)max_len);
+    }
+    if (cu[batch] != total)
+        return INVALID("desc->varlen->%s[%lld]: %d differs from the %lld rows of %s", name, (long long)batch,
+                       cu[batch], (long long)total, total_name);
+    return FA_SUCCESS;
+}
+
+fa_status fa_validate_varlen_offsets(const fa_problem *p)
+{
+    const fa_varlen *vl = &p->varlen;
+    fa_status st = check_offsets("cu_seqlens_q", vl->cu_seqlens_q, vl->batch, vl->max_seqlen_q, "max_seqlen_q",
+                                 p->seqlen_q, "q");
+    if (st == FA_SUCCESS)
+        st = check_offsets("cu_seqlens_k", vl->cu_seqlens_k, vl->batch, vl->max_seqlen_k, "max_seqlen_k",
+                           p->seqlen_k, "k");
+    return st;
+}
+
 static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
 {
     if (!desc) return INVALID("desc: is NULL");
@@ -89,22 +142,31 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
                 return INVALID("desc->seqlens_k[%lld]: %d is outside [0, %lld]", (long long)b, desc->seqlens_k[b],
                                (long long)p->seqlen_k);
     }
+    /* The extents the block mask's grid and the dropout index cover: the padded layout's. */
+    int64_t grid_batch = p->batch, grid_q = p->seqlen_q, grid_k = p->seqlen_k;
+    if (desc->varlen) {
+        fa_status st = check_varlen(desc, p);
+        if (st) return st;
+        grid_batch = p->varlen.batch;
+        grid_q = p->varlen.max_seqlen_q;
+        grid_k = p->varlen.max_seqlen_k;
+    }
     const fa_block_mask *bm = desc->block_mask;
     if (bm) {
         if (!bm->mask) return INVALID("desc->block_mask->mask: is NULL");
         if (bm->block_q <= 0 || bm->block_k <= 0)
             return INVALID("desc->block_mask: block sizes %d x %d must be positive", bm->block_q, bm->block_k);
-        const int64_t rows = (p->seqlen_q + bm->block_q - 1) / bm->block_q;
-        const int64_t cols = (p->seqlen_k + bm->block_k - 1) / bm->block_k;
+        const int64_t rows = (grid_q + bm->block_q - 1) / bm->block_q;
+        const int64_t cols = (grid_k + bm->block_k - 1) / bm->block_k;
         if (bm->rows != rows || bm->cols != cols)
             return INVALID("desc->block_mask: %lld x %lld blocks, expected %lld x %lld for seqlens %lld, %lld",
                            (long long)bm->rows, (long long)bm->cols, (long long)rows, (long long)cols,
-                           (long long)p->seqlen_q, (long long)p->seqlen_k);
+                           (long long)grid_q, (long long)grid_k);
     }
     int64_t elements;
     if (desc->dropout_p > 0.0f &&
-        !(fa_checked_mul(p->batch, p->heads_q, &elements) && fa_checked_mul(elements, p->seqlen_q, &elements) &&
-          fa_checked_mul(elements, p->seqlen_k, &elements)))
+        !(fa_checked_mul(grid_batch, p->heads_q, &elements) && fa_checked_mul(elements, grid_q, &elements) &&
+          fa_checked_mul(elements, grid_k, &elements)))
         return INVALID("desc->dropout_p: the attention matrix has more than 2^63 elements to index");
     p->scale = desc->softmax_scale != 0.0f ? desc->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
     p->causal = desc->causal != 0;
@@ -116,6 +178,24 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
     p->dropout_offset = desc->dropout_offset;
     p->block_mask = bm;
     return FA_SUCCESS;
+}
+
+/* The problem's sizes from q and the keys, with the dense lse and dropout layouts (check_varlen
+ * replaces them for packed batches). */
+static void set_sizes(fa_problem *p, const fa_tensor *q, int64_t heads_kv, int64_t seqlen_k, float *lse)
+{
+    p->batch = q->batch;
+    p->heads_q = q->heads;
+    p->heads_kv = heads_kv;
+    p->seqlen_q = q->seqlen;
+    p->seqlen_k = seqlen_k;
+    p->head_dim = q->head_dim;
+    p->dtype = q->dtype;
+    p->lse = lse;
+    p->lse_stride_head = p->seqlen_q;
+    p->lse_stride_batch = p->heads_q * p->seqlen_q;
+    p->dropout_rows = p->seqlen_q;
+    p->dropout_cols = p->seqlen_k;
 }
 
 fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
@@ -133,14 +213,7 @@ fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q,
     if ((st = same_shape("v", v, "k", k)) || (st = same_shape("out", out, "q", q))) return st;
     if (q->heads % k->heads != 0)
         return INVALID("k: heads %lld does not divide q's heads %lld", (long long)k->heads, (long long)q->heads);
-    p->batch = q->batch;
-    p->heads_q = q->heads;
-    p->heads_kv = k->heads;
-    p->seqlen_q = q->seqlen;
-    p->seqlen_k = k->seqlen;
-    p->head_dim = q->head_dim;
-    p->dtype = q->dtype;
-    p->lse = lse;
+    set_sizes(p, q, k->heads, k->seqlen, lse);
     return check_desc(desc, p);
 }
 
@@ -159,5 +232,101 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
         (st = same_shape("dk", dk, "k", k)) || (st = same_shape("dv", dv, "v", v)))
         return st;
     p->lse = (float *)lse;
+    return FA_SUCCESS;
+}
+
+fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q, const fa_kv_cache *cache,
+                              const fa_tensor *k_new, const fa_tensor *v_new, const fa_tensor *out, float *lse,
+                              fa_kv_problem *kp)
+{
+    memset(kp, 0, sizeof *kp);
+    fa_problem *p = &kp->attn;
+    fa_status st;
+    if ((st = check_tensor("q", q, &p->q)) || (st = check_tensor("out", out, &p->out)) ||
+        (st = same_shape("out", out, "q", q)))
+        return st;
+    if (!cache) return INVALID("cache: is NULL");
+    if ((st = check_tensor("cache->k", &cache->k, &p->k)) || (st = check_tensor("cache->v", &cache->v, &p->v)) ||
+        (st = same_shape("cache->v", &cache->v, "cache->k", &cache->k)))
+        return st;
+    if (cache->k.dtype != q->dtype) return INVALID("cache->k: dtype differs from q");
+    if (cache->k.head_dim != q->head_dim)
+        return INVALID("cache->k: head_dim %lld differs from q's %lld", (long long)cache->k.head_dim,
+                       (long long)q->head_dim);
+    if (q->heads % cache->k.heads != 0)
+        return INVALID("cache->k: heads %lld does not divide q's heads %lld", (long long)cache->k.heads,
+                       (long long)q->heads);
+    if (!cache->cache_seqlens) return INVALID("cache->cache_seqlens: is NULL");
+    if (cache->block_table) {
+        if (cache->max_pages_per_seq <= 0)
+            return INVALID("cache->max_pages_per_seq: %lld is not positive", (long long)cache->max_pages_per_seq);
+        int64_t capacity, entries;
+        if (!fa_checked_mul(cache->max_pages_per_seq, cache->k.seqlen, &capacity) ||
+            !fa_checked_mul(cache->max_pages_per_seq, q->batch, &entries) || capacity > INT32_MAX)
+            return INVALID("cache->max_pages_per_seq: %lld pages of %lld tokens exceed 2^31 tokens per sequence",
+                           (long long)cache->max_pages_per_seq, (long long)cache->k.seqlen);
+        kp->page_size = cache->k.seqlen;
+        kp->num_pages = cache->k.batch;
+        kp->max_pages_per_seq = cache->max_pages_per_seq;
+        kp->block_table = cache->block_table;
+        p->seqlen_k = capacity;
+    } else {
+        if (cache->k.batch != q->batch)
+            return INVALID("cache->k: batch %lld differs from q's %lld (contiguous cache)", (long long)cache->k.batch,
+                           (long long)q->batch);
+        p->seqlen_k = cache->k.seqlen;
+    }
+    if ((k_new == NULL) != (v_new == NULL)) return INVALID("k_new, v_new: give both or neither");
+    if (k_new) {
+        if ((st = check_tensor("k_new", k_new, &kp->k_new)) || (st = check_tensor("v_new", v_new, &kp->v_new)) ||
+            (st = same_shape("v_new", v_new, "k_new", k_new)))
+            return st;
+        if (k_new->batch != q->batch || k_new->heads != cache->k.heads || k_new->head_dim != q->head_dim)
+            return INVALID("k_new: shape [%lld, %lld, %lld, %lld] must be [batch %lld, seqlen_new, heads_kv %lld, %lld]",
+                           (long long)k_new->batch, (long long)k_new->seqlen, (long long)k_new->heads,
+                           (long long)k_new->head_dim, (long long)q->batch, (long long)cache->k.heads,
+                           (long long)q->head_dim);
+        if (k_new->dtype != q->dtype) return INVALID("k_new: dtype differs from q");
+        kp->seqlen_new = k_new->seqlen;
+    }
+    if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL for the KV cache (use cache->cache_seqlens)");
+    if (desc->varlen) return INVALID("desc->varlen: must be NULL for the KV cache");
+    if (desc->block_mask)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->block_mask: the KV-cache path has no block masks");
+    if (desc->dropout_p != 0.0f)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->dropout_p: the KV-cache path is forward-only inference, "
+                                                    "without dropout");
+    set_sizes(p, q, cache->k.heads, p->seqlen_k, lse);
+    kp->cache_seqlens = cache->cache_seqlens;
+    return check_desc(desc, p);
+}
+
+fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)
+{
+    const int64_t capacity = kp->attn.seqlen_k;
+    for (int64_t b = 0; b < kp->attn.batch; ++b) {
+        const int64_t cached = kp->cache_seqlens[b], total = cached + kp->seqlen_new;
+        if (cached < 0)
+            return INVALID("cache->cache_seqlens[%lld]: %lld is negative (sequence %lld)", (long long)b,
+                           (long long)cached, (long long)b);
+        if (total > capacity) {
+            if (kp->block_table)
+                return INVALID("cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens (%lld cached + %lld new), "
+                               "more than its %lld pages of %lld", (long long)b, (long long)b, (long long)total,
+                               (long long)cached, (long long)kp->seqlen_new, (long long)kp->max_pages_per_seq,
+                               (long long)kp->page_size);
+            return INVALID("cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens (%lld cached + %lld new), more "
+                           "than the capacity %lld", (long long)b, (long long)b, (long long)total, (long long)cached,
+                           (long long)kp->seqlen_new, (long long)capacity);
+        }
+        if (!kp->block_table) continue;
+        const int64_t pages = (total + kp->page_size - 1) / kp->page_size;
+        for (int64_t x = 0; x < pages; ++x) {
+            const int32_t page = kp->block_table[b * kp->max_pages_per_seq + x];
+            if (page < 0 || page >= kp->num_pages)
+                return INVALID("cache->block_table[%lld][%lld]: page %d of sequence %lld is outside [0, %lld)",
+                               (long long)b, (long long)x, page, (long long)b, (long long)kp->num_pages);
+        }
+    }
     return FA_SUCCESS;
 }

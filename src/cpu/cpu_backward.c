@@ -58,13 +58,13 @@ static void *backward_scratch_alloc(backward_scratch *w, int64_t br, int64_t bc,
 static void load_query_side(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t b,
                             int64_t h, const fa_cpu_rows *rows, int64_t br, backward_scratch *w)
 {
-    const int64_t base = (b * p->heads_q + h) * p->seqlen_q + rows->i0;
+    const int64_t base = (b * p->heads_q + h) * p->seqlen_q + rows->i0, lse_base = fa_lse_index(p, b, h, rows->i0);
     w->q_rows = fa_cpu_view_rows(&p->q, kern, b, rows->i0, h, rows->count, w->q, &w->ldq);
     w->dout_rows = fa_cpu_view_rows(&p->dout, kern, b, rows->i0, h, rows->count, w->dout, &w->lddo);
     fa_cpu_load_transposed(&p->q, b, rows->i0, h, rows->count, w->qt, br);
     fa_cpu_load_transposed(&p->dout, b, rows->i0, h, rows->count, w->dout_t, br);
     for (int64_t r = 0; r < rows->count; ++r) {
-        w->shift[r] = p->lse[base + r] == -INFINITY ? INFINITY : p->lse[base + r];
+        w->shift[r] = p->lse[lse_base + r] == -INFINITY ? INFINITY : p->lse[lse_base + r];
         w->delta[r] = delta[base + r];
     }
 }
@@ -226,6 +226,7 @@ static int backward_is_fused(const fa_problem *p, int64_t *dq_buffer_floats)
 
 fa_status fa_cpu_backward(void *state, const fa_problem *p)
 {
+    if (p->varlen.batch) return fa_cpu_varlen_run(state, p, 1);
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);

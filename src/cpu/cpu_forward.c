@@ -62,29 +62,6 @@ static void *forward_scratch_alloc(forward_scratch *w, int64_t group, int64_t br
     return base;
 }
 
-/* Online-softmax step for one key tile whose raw scores are in w->st (cols x rows): new running
- * max m, the shift for the exponential, the rescale factor of the accumulated output, and the
- * running sum l. */
-static void softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t rows, int64_t cols,
-                         forward_scratch *w, float *m, float *l, int64_t ld)
-{
-    kern->col_max(w->st, ld, cols, rows, w->tile_max);
-    for (int64_t r = 0; r < rows; ++r) {
-        const float tile_max = w->tile_max[r] * scale_in_exp; /* -inf stays -inf (scale > 0) */
-        const float m_new = m[r] > tile_max ? m[r] : tile_max;
-        if (m_new == -INFINITY) { /* nothing visible in this row so far: P = 0, O stays 0 */
-            w->shift[r] = INFINITY;
-            w->alpha[r] = 1.0f;
-            continue;
-        }
-        w->shift[r] = m_new;
-        w->alpha[r] = expf(m[r] - m_new); /* 0 on the first visible tile */
-        m[r] = m_new;
-    }
-    kern->exp_cols(w->st, ld, cols, rows, scale_in_exp, w->shift, w->tile_sum);
-    for (int64_t r = 0; r < rows; ++r) l[r] = l[r] * w->alpha[r] + w->tile_sum[r];
-}
-
 static void query_tile_begin(const fa_problem *p, const fa_cpu_nan_inputs *nan, int64_t br, int64_t b, int64_t h,
                              int64_t i0, query_tile *t)
 {
@@ -112,7 +89,7 @@ static void query_tile_end(const fa_problem *p, int64_t b, int64_t h, query_tile
             for (int64_t c = 0; c < d; ++c) t->o[r * d + c] = NAN;
             lse = NAN;
         }
-        if (p->lse) p->lse[(b * p->heads_q + h) * p->seqlen_q + i0 + r] = lse;
+        if (p->lse) p->lse[fa_lse_index(p, b, h, i0 + r)] = lse;
     }
     fa_cpu_store_rows(&p->out, b, i0, h, t->rows.count, t->o, d);
 }
@@ -178,7 +155,8 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     const float *k = c->k + (key0 - c->j0) * c->ldk, *v = c->v + (key0 - c->j0) * c->ldv;
     kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0); /* S^T = K Q^T */
     if (vis != FA_TILE_FULL || !c->fold) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
-    softmax_step(kern, c->scale_in_exp, count, keys, w, t->m + r0, t->l + r0, br);
+    fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max, w->shift,
+                        w->alpha, w->tile_sum);
     if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, br);
     if (c->nan->k) fa_cpu_mark_nan_keys(p, c->b, c->hk, rows.range, rows.i0, count, key0, keys, t->poison + r0);
     const float *v_used = c->v_clean ? c->v_clean + (key0 - c->j0) * d : v;
@@ -243,6 +221,7 @@ static int64_t query_group(const fa_problem *p, int64_t q_tiles, int threads)
 
 fa_status fa_cpu_forward(void *state, const fa_problem *p)
 {
+    if (p->varlen.batch) return fa_cpu_varlen_run(state, p, 0);
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);

@@ -16,6 +16,7 @@
 
 #include "common/half.h"
 #include "flashattn.h"
+#include "gpu_tests.h"
 #include "harness.h"
 
 typedef struct gpu_fixture { fa_backend backend; fa_context *ctx; } gpu_fixture;
@@ -50,7 +51,7 @@ static int gpu_required(void)
     return require && strcmp(require, "1") == 0;
 }
 
-static fa_context *context_or_skip(void **state)
+fa_context *context_or_skip(void **state)
 {
     gpu_fixture *f = *state;
     if (!f->ctx) {
@@ -85,8 +86,8 @@ static void test_case_table_f16(void **state) { run_table(state, FA_DTYPE_F16); 
 static void test_case_table_bf16(void **state) { run_table(state, FA_DTYPE_BF16); }
 
 /* Host values to and from a device tensor of dtype (f32, f16 or bf16). */
-static size_t dtype_size(fa_dtype dtype) { return dtype == FA_DTYPE_F32 ? 4 : 2; }
-static void *to_dtype(const float *x, size_t n, fa_dtype dtype)
+size_t dtype_size(fa_dtype dtype) { return dtype == FA_DTYPE_F32 ? 4 : 2; }
+void *to_dtype(const float *x, size_t n, fa_dtype dtype)
 {
     void *out = malloc(n * dtype_size(dtype));
     assert_non_null(out);
@@ -97,7 +98,7 @@ static void *to_dtype(const float *x, size_t n, fa_dtype dtype)
     }
     return out;
 }
-static float from_dtype(const void *x, size_t i, fa_dtype dtype)
+float from_dtype(const void *x, size_t i, fa_dtype dtype)
 {
     if (dtype == FA_DTYPE_F32) return ((const float *)x)[i];
     if (dtype == FA_DTYPE_F16) return fa_f16_to_f32(((const uint16_t *)x)[i]);
@@ -308,7 +309,8 @@ static void test_unavailable_is_explained(void **state)
     cmocka_unit_test_setup_teardown(test_dropout_mask_matches_cpu_bf16, setup, teardown),           \
     cmocka_unit_test_setup_teardown(test_nan_in_padded_keys_f32, setup, teardown),                  \
     cmocka_unit_test_setup_teardown(test_nan_in_padded_keys_f16, setup, teardown),                  \
-    cmocka_unit_test_setup_teardown(test_nan_in_padded_keys_bf16, setup, teardown)
+    cmocka_unit_test_setup_teardown(test_nan_in_padded_keys_bf16, setup, teardown),                 \
+    GPU_VARLEN_KVCACHE_TESTS(setup, teardown)
 
 /* Exit status 77 tells meson the test was skipped. */
 enum { EXIT_SKIPPED = 77 };

@@ -21,6 +21,10 @@
  *             arguments in [-87.3, 88]; below -87.3 (results under FLT_MIN) ISA kernels may flush
  *             to zero.
  *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
+ *   gemm_nt:  C(i,j) = sum over p of a[i*lda + p] * b[j*ldb + p]  (A B^T, both operands' rows
+ *             contiguous; C written, not accumulated). For the decode's S^T = K Q^T with few
+ *             query rows, where gemm would fill a few lanes of its 2W columns: the ISA kernels
+ *             sum each element in the lanes of a vector, then across them, in a fixed order.
  * Results are deterministic: the same inputs give the same bits on every call and thread. */
 #ifndef FA_CPU_KERNELS_H
 #define FA_CPU_KERNELS_H
@@ -35,6 +39,8 @@ typedef struct fa_cpu_kernels {
     void (*col_max)(const float *x, int64_t ld, int64_t rows, int64_t cols, float *out);
     void (*exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift, float *sum);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
+    void (*gemm_nt)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float *c, int64_t ldc);
     /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
     int64_t mr, nr, tile_step;
 } fa_cpu_kernels;

@@ -32,6 +32,8 @@
     vmulq_f32(y, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23)))
 #define VZERO_BELOW(y, x, lo) vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), vcltq_f32(x, lo)))
 #define VLOAD_F16(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
+#define VHSUM(v) vaddvq_f32(v)
+#define NT_NR 4
 
 static inline float32x4_t neon_load_first(const float *p, int n)
 {
@@ -50,4 +52,4 @@ static inline void neon_store_first(float *p, int n, float32x4_t v)
 #include "../vector_kernels.h"
 
 const fa_cpu_kernels fa_cpu_kernels_neon = {"neon", neon_gemm, neon_col_max, neon_exp_cols, neon_f16_to_f32,
-                                            MR, 2 * W, 16};
+                                            neon_gemm_nt, MR, 2 * W, 16};

@@ -41,4 +41,16 @@ static void ref_f16_to_f32(const uint16_t *src, float *dst, int64_t n)
     for (int64_t i = 0; i < n; ++i) dst[i] = fa_f16_to_f32(src[i]);
 }
 
-const fa_cpu_kernels fa_cpu_kernels_ref = {"ref", ref_gemm, ref_col_max, ref_exp_cols, ref_f16_to_f32, 1, 1, 16};
+static void ref_gemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                        float *c, int64_t ldc)
+{
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < k; ++p) acc += a[i * lda + p] * b[j * ldb + p];
+            c[i * ldc + j] = acc;
+        }
+}
+
+const fa_cpu_kernels fa_cpu_kernels_ref = {"ref", ref_gemm, ref_col_max, ref_exp_cols, ref_f16_to_f32, ref_gemm_nt,
+                                           1, 1, 16};

@@ -29,6 +29,15 @@
     _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))
 #define VZERO_BELOW(y, x, lo) _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y)
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VHSUM(v) avx2_hsum(v)
+#define NT_NR 2 /* 8 accumulators, 2 + 1 operands: 11 of the 16 ymm registers */
+
+static inline float avx2_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 
 static const int32_t avx2_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 #define VMASK(n) _mm256_loadu_si256((const __m256i *)(avx2_mask_table + 8 - (n)))
@@ -36,4 +45,4 @@ static const int32_t avx2_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0
 #include "../vector_kernels.h"
 
 const fa_cpu_kernels fa_cpu_kernels_avx2 = {"avx2", avx2_gemm, avx2_col_max, avx2_exp_cols, avx2_f16_to_f32,
-                                            MR, 2 * W, 16};
+                                            avx2_gemm_nt, MR, 2 * W, 16};

@@ -28,8 +28,10 @@
 #define VSCALE2(y, n) _mm512_scalef_ps(y, n)
 #define VZERO_BELOW(y, x, lo) _mm512_maskz_mov_ps((__mmask16)~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), y)
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VHSUM(v) _mm512_reduce_add_ps(v)
+#define NT_NR 4
 
 #include "../vector_kernels.h"
 
 const fa_cpu_kernels fa_cpu_kernels_avx512 = {"avx512", avx512_gemm, avx512_col_max, avx512_exp_cols,
-                                              avx512_f16_to_f32, MR, 2 * W, 16};
+                                              avx512_f16_to_f32, avx512_gemm_nt, MR, 2 * W, 16};
