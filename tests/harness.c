@@ -2,6 +2,7 @@
  * through the public API on any backend, compared with the double-precision oracle run on the
  * same rounded inputs (so only the backend's own error is measured). */
 #include "harness.h"
+#include "test_arrays.h"
 
 #include <float.h>
 #include <math.h>
@@ -251,49 +252,6 @@ static double round_to_dtype(double x, fa_dtype dtype)
 
 static size_t dtype_bytes(fa_dtype dtype) { return dtype == FA_DTYPE_F32 ? 4 : 2; }
 
-/* Stores x, already representable in dtype, at element index of buf. */
-static void store_element(void *buf, size_t index, fa_dtype dtype, double x)
-{
-    if (dtype == FA_DTYPE_F32) {
-        ((float *)buf)[index] = (float)x;
-        return;
-    }
-    uint16_t bits;
-    if (dtype == FA_DTYPE_BF16) {
-        const float f = (float)x;
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        bits = (uint16_t)(u >> 16);
-    } else {
-        const uint16_t sign = signbit(x) ? 0x8000u : 0u;
-        const double a = fabs(x);
-        int e;
-        const double m = frexp(a, &e); /* a = m 2^e, m in [0.5, 1) */
-        if (a == 0.0) bits = sign;
-        else if (e - 1 >= -14) bits = (uint16_t)(sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((m * 2.0 - 1.0) * 1024.0));
-        else bits = (uint16_t)(sign | (uint16_t)ldexp(a, 24)); /* subnormal */
-    }
-    ((uint16_t *)buf)[index] = bits;
-}
-
-static double load_element(const void *buf, size_t index, fa_dtype dtype)
-{
-    if (dtype == FA_DTYPE_F32) return ((const float *)buf)[index];
-    const uint16_t bits = ((const uint16_t *)buf)[index];
-    if (dtype == FA_DTYPE_BF16) {
-        const uint32_t u = (uint32_t)bits << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    const double sign = bits & 0x8000u ? -1.0 : 1.0;
-    const int exp = (bits >> 10) & 0x1f;
-    const int man = bits & 0x3ff;
-    if (exp == 0x1f) return man ? NAN : sign * INFINITY;
-    if (exp == 0) return sign * ldexp(man, -24);
-    return sign * ldexp(1024 + man, exp - 25);
-}
-
 /* ---- tensors ----------------------------------------------------------------------------------- */
 /* A tensor's host image in the case's layout, and its copy in the context's memory. */
 typedef struct case_tensor {
@@ -349,7 +307,7 @@ static void pack_tensor(case_tensor *ct, const double *values)
         for (int64_t s = 0; s < t->seqlen; ++s)
             for (int64_t h = 0; h < t->heads; ++h)
                 for (int64_t x = 0; x < t->head_dim; ++x, ++n)
-                    store_element(ct->host, element_index(t, b, s, h, x), t->dtype, values[n]);
+                    test_store_element(ct->host, element_index(t, b, s, h, x), t->dtype, values[n]);
 }
 
 static void unpack_tensor(const case_tensor *ct, double *values)
@@ -359,7 +317,7 @@ static void unpack_tensor(const case_tensor *ct, double *values)
         for (int64_t s = 0; s < t->seqlen; ++s)
             for (int64_t h = 0; h < t->heads; ++h)
                 for (int64_t x = 0; x < t->head_dim; ++x, ++n)
-                    values[n] = load_element(ct->host, element_index(t, b, s, h, x), t->dtype);
+                    values[n] = test_load_element(ct->host, element_index(t, b, s, h, x), t->dtype);
 }
 
 /* Allocates the host image and the context copy. Inputs get values (NULL: outputs, which are
