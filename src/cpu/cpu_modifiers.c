@@ -1,3 +1,8 @@
+/* GCC keeps the selects of fast_tanh and the masking as branches (no vector loop) unless it may
+ * assume FP operations do not trap; the values computed are the same either way. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include "cpu_modifiers.h"
 
 #include <string.h>
@@ -37,22 +42,29 @@ void fa_cpu_modify_scores(const fa_problem *p, int64_t b, int64_t h, const fa_cp
     const int64_t n = rows->count, diag0 = rows->i0 + p->seqlen_k - p->seqlen_q;
     const float cap = p->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     const float slope = p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
-    if (cap > 0.0f || slope != 0.0f)
-        for (int64_t c = 0; c < cols; ++c) { /* query lanes: contiguous, vectorized */
-            float *keys = st + c * ld, *grad = cap_grad ? cap_grad + c * ld : NULL;
-            const float j = (float)(j0 + c);
-            for (int64_t r = 0; r < n; ++r) {
-                const float x = keys[r];
-                float s = x;
-                if (cap > 0.0f) {
-                    const float t = fast_tanh(x * inv_cap);
-                    s = cap * t;
-                    if (grad) grad[r] = 1.0f - t * t;
-                }
-                s -= slope * fabsf((float)(diag0 + r) - j);
-                keys[r] = x == -INFINITY ? x : s; /* masked stays masked */
+    /* One simple loop per modifier over the contiguous query lanes of a key column, with 32-bit
+     * indices (int64 -> float conversions do not vectorize before AVX-512), so each vectorizes. */
+    const int32_t count = (int32_t)n;
+    for (int64_t c = 0; c < cols; ++c) {
+        float *keys = st + c * ld;
+        if (cap > 0.0f && cap_grad) {
+            float *grad = cap_grad + c * ld;
+            for (int32_t r = 0; r < count; ++r) {
+                const float x = keys[r], t = fast_tanh(x * inv_cap);
+                grad[r] = 1.0f - t * t;
+                keys[r] = x == -INFINITY ? x : cap * t; /* masked stays masked */
+            }
+        } else if (cap > 0.0f) {
+            for (int32_t r = 0; r < count; ++r) {
+                const float x = keys[r], t = fast_tanh(x * inv_cap);
+                keys[r] = x == -INFINITY ? x : cap * t;
             }
         }
+        if (slope != 0.0f) { /* -inf minus a finite distance stays -inf */
+            const float offset = (float)(diag0 - (j0 + c));
+            for (int32_t r = 0; r < count; ++r) keys[r] -= slope * fabsf(offset + (float)r);
+        }
+    }
     if (!p->bias.data) return;
     for (int64_t r = 0; r < n; ++r) { /* one bias row per query: read along the keys */
         const void *row = fa_cpu_bias_row(&p->bias, b, h, rows->i0 + r);
