@@ -103,6 +103,17 @@ static void tile_gradients(const fa_problem *p, const fa_cpu_kernels *kern, int6
     if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->st, br);
 }
 
+/* The query tile of (b) from i0 and the keys of [j0, j0 + cols) its rows can see: [*lo, *hi),
+ * and how visible that span is (EMPTY when it is empty). */
+static fa_tile_visibility tile_span(const fa_problem *p, int64_t b, int64_t i0, int64_t br, int64_t j0, int64_t cols,
+                                    backward_scratch *w, fa_cpu_rows *rows, int64_t *lo, int64_t *hi)
+{
+    fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, rows);
+    *lo = rows->key_lo > j0 ? rows->key_lo : j0;
+    *hi = rows->key_hi < j0 + cols ? rows->key_hi : j0 + cols;
+    return *hi > *lo ? fa_cpu_tile_visibility(p, rows, *lo, *hi - *lo) : FA_TILE_EMPTY;
+}
+
 /* Where dQ_i of query head h accumulates in the fused path: the f32 dQ tensor itself, or a
  * per-thread buffer [group][Nq][d] for f16/bf16 dQ. */
 typedef struct dq_target {
@@ -136,12 +147,8 @@ static void key_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, const
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += br) {
             fa_cpu_rows rows;
-            fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, &rows);
-            /* Only the keys of this tile that these rows can see: [lo, hi). */
-            const int64_t lo = rows.key_lo > j0 ? rows.key_lo : j0;
-            const int64_t hi = rows.key_hi < j0 + cols ? rows.key_hi : j0 + cols;
-            if (hi <= lo) continue;
-            const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, lo, hi - lo);
+            int64_t lo, hi;
+            const fa_tile_visibility vis = tile_span(p, b, i0, br, j0, cols, w, &rows, &lo, &hi);
             if (vis == FA_TILE_EMPTY) continue;
             const float *k_lo = k + (lo - j0) * ldk;
             load_query_side(p, kern, delta, b, h, &rows, br, w);
@@ -233,12 +240,8 @@ static void bias_task(const fa_problem *p, const fa_cpu_kernels *kern, const flo
             for (int64_t h = h_lo; h < h_hi; ++h)
                 for (int64_t t = t_lo; t < t_hi; ++t) {
                     fa_cpu_rows rows;
-                    const int64_t i0 = t * br;
-                    fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, &rows);
-                    const int64_t lo = rows.key_lo > j0 ? rows.key_lo : j0;
-                    const int64_t hi = rows.key_hi < j0 + cols ? rows.key_hi : j0 + cols;
-                    if (hi <= lo) continue;
-                    const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, lo, hi - lo);
+                    int64_t lo, hi;
+                    const fa_tile_visibility vis = tile_span(p, b, t * br, br, j0, cols, w, &rows, &lo, &hi);
                     if (vis == FA_TILE_EMPTY) continue;
                     int64_t ldk, ldv;
                     const float *k = fa_cpu_view_rows(&p->k, kern, b, lo, h / group, hi - lo, w->k, &ldk);
