@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 2
+#define FA_VERSION_MINOR 3
 #define FA_VERSION_PATCH 0
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -103,6 +103,16 @@ typedef struct fa_varlen {
     int64_t max_seqlen_q, max_seqlen_k;         /* upper bounds of the per-sequence lengths */
 } fa_varlen;
 
+/* An additive score bias [batch, heads_q, seqlen_q, seqlen_k] (varlen: [batch, heads_q,
+ * max_seqlen_q, max_seqlen_k], indexed from each sequence's first row and key): element (b, h, i,
+ * j) at data[b * stride_batch + h * stride_head + i * stride_q + j], in the context's memory.
+ * Strides are in elements and >= 0; 0 broadcasts along that axis; the key stride is 1. */
+typedef struct fa_bias {
+    void *data;
+    fa_dtype dtype;
+    int64_t stride_batch, stride_head, stride_q;
+} fa_bias;
+
 typedef struct fa_attention_desc {
     size_t struct_size;                /* sizeof(fa_attention_desc), set by fa_attention_desc_init */
     float softmax_scale;               /* tau; 0 means 1/sqrt(head_dim) */
@@ -114,14 +124,23 @@ typedef struct fa_attention_desc {
     const fa_block_mask *block_mask;   /* NULL = dense; with varlen: per sequence, see below */
     /* Added in 0.2 (the fields above are the smallest struct_size accepted). */
     const fa_varlen *varlen;           /* NULL = the usual [batch, seqlen, ...] layout */
+    /* Added in 0.3: score modifiers, applied in this order to s = tau * q.k (see README "Score
+     * modifiers"); all default off. Masked scores stay masked. */
+    float softcap;                     /* > 0: s = softcap * tanh(s / softcap); 0 = off */
+    const float *alibi_slopes;         /* [heads_q] or [batch, heads_q] (alibi_per_batch = 1), fp32,
+                                          context's memory: s -= slope * |i + seqlen_k - seqlen_q - j| */
+    int alibi_per_batch;               /* 0 or 1 */
+    const float *sinks;                /* [heads_q] fp32 logits, context's memory: each row's softmax
+                                          denominator gains exp(sink_h) (in its max and its lse) */
+    const fa_bias *bias;               /* additive bias, last; NULL = none */
 } fa_attention_desc;
 
-/* struct_size = sizeof, scale 0, no masks, windows -1, no dropout, no varlen. */
+/* struct_size = sizeof, scale 0, no masks, windows -1, no dropout, no varlen, no modifiers. */
 FA_API void fa_attention_desc_init(fa_attention_desc *desc);
 
 /* O = softmax(tau * Q K^T, masked) V per (batch, query head); lse [batch, heads_q, seqlen_q] fp32,
  * natural log, in the tensors' memory space, may be NULL. Rows with no visible key give zeros
- * and lse = -INFINITY. k and v may have fewer heads than q (GQA/MQA). */
+ * and lse = -INFINITY (with desc->sinks: lse = sink_h). k and v may have fewer heads than q (GQA/MQA). */
 FA_API fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc,
                             const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                             fa_tensor *out, float *lse);
@@ -144,6 +163,16 @@ FA_API fa_status fa_backward(fa_context *ctx, const fa_attention_desc *desc,
                              const fa_tensor *out, const fa_tensor *dout, const float *lse,
                              fa_tensor *dq, fa_tensor *dk, fa_tensor *dv);
 
+/* fa_backward plus the gradients of the learnable score modifiers (fa_backward is this call with
+ * both NULL). dsinks: [heads_q] fp32 in the context's memory, needs desc->sinks; it sums over
+ * batches and rows. dbias: needs desc->bias, has its broadcast (the same strides zero; the others
+ * may differ but must not make two elements share memory), any dtype; a broadcast axis is summed
+ * in a fixed order (deterministic). Every element of dbias's extent is written. */
+FA_API fa_status fa_backward_ex(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
+                                const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                                const fa_tensor *dout, const float *lse, fa_tensor *dq, fa_tensor *dk,
+                                fa_tensor *dv, float *dsinks, const fa_bias *dbias);
+
 /* ---- KV-cache decode -------------------------------------------------------------------------- */
 typedef struct fa_kv_cache {
     fa_tensor k, v;               /* contiguous: [batch, capacity, heads_kv, d];
@@ -157,11 +186,11 @@ typedef struct fa_kv_cache {
 /* q [batch, seqlen_q, heads_q, d]. If k_new/v_new ([batch, seqlen_new, heads_kv, d]) are given they
  * are first written into the cache at positions cache_seqlens[b] .. + seqlen_new - 1 (through the
  * block table when paged); then q attends to the first cache_seqlens[b] + seqlen_new keys of
- * sequence b, with every option of the desc (scale, causal bottom-right, window, and the score modifiers once they exist).
+ * sequence b, with the desc's scale, causal (bottom-right) and window.
  * cache_seqlens is not modified. Forward only; dropout_p > 0 -> FA_ERROR_NOT_SUPPORTED.
  * lse: [batch, heads_q, seqlen_q] or NULL. desc->seqlens_k and desc->varlen must be NULL (the
- * lengths come from cache_seqlens); a block mask is FA_ERROR_NOT_SUPPORTED. Every tensor has q's
- * dtype. A length or page check that fails returns FA_ERROR_INVALID_VALUE naming the sequence,
+ * lengths come from cache_seqlens); a block mask or a score modifier (softcap, ALiBi, sinks,
+ * bias) is FA_ERROR_NOT_SUPPORTED. Every tensor has q's dtype. A length or page check that fails returns FA_ERROR_INVALID_VALUE naming the sequence,
  * with nothing written to the cache or the outputs. Results are bit-identical across thread
  * counts: long caches are split into key chunks whose count depends on the shape only, merged by
  * lse in a fixed order. Every backend. On GPU backends block_table and cache_seqlens are device

@@ -30,6 +30,17 @@ static fa_status read_desc(const fa_attention_desc *desc, fa_attention_desc *ful
 /* What the validated problem needs from the backend beyond forward/backward. */
 static fa_status check_features(const fa_backend_iface *iface, const fa_problem *p)
 {
+    if (fa_problem_has_modifiers(p)) {
+        if (!(iface->features & FA_BACKEND_SCORE_MODIFIERS))
+            return fa_set_error(FA_ERROR_NOT_SUPPORTED,
+                                "desc: the %s backend does not implement score modifiers (softcap, alibi_slopes, "
+                                "sinks, bias) yet", iface->name);
+        /* Values in device memory are the backend's to check (without a host sync). */
+        if (iface->features & FA_BACKEND_HOST_MEMORY) {
+            fa_status st = fa_validate_modifier_values(p);
+            if (st) return st;
+        }
+    }
     if (!p->varlen.batch) return FA_SUCCESS;
     if (!(iface->features & FA_BACKEND_VARLEN))
         return fa_set_error(FA_ERROR_NOT_SUPPORTED,
@@ -58,13 +69,20 @@ fa_status fa_backward(fa_context *ctx, const fa_attention_desc *desc, const fa_t
                       const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout, const float *lse,
                       fa_tensor *dq, fa_tensor *dk, fa_tensor *dv)
 {
+    return fa_backward_ex(ctx, desc, q, k, v, out, dout, lse, dq, dk, dv, NULL, NULL);
+}
+
+fa_status fa_backward_ex(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
+                         const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout, const float *lse,
+                         fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, float *dsinks, const fa_bias *dbias)
+{
     const fa_backend_iface *iface;
     void *state;
     fa_problem p;
     fa_attention_desc full;
     fa_status st = fa_context_backend_state(ctx, &iface, &state);
     if (st == FA_SUCCESS) st = read_desc(desc, &full);
-    if (st == FA_SUCCESS) st = fa_validate_backward(&full, q, k, v, out, dout, lse, dq, dk, dv, &p);
+    if (st == FA_SUCCESS) st = fa_validate_backward(&full, q, k, v, out, dout, lse, dq, dk, dv, dsinks, dbias, &p);
     if (st == FA_SUCCESS) st = check_features(iface, &p);
     if (st == FA_SUCCESS) st = iface->backward(state, &p);
     return st;

@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever fa_problem, fa_host_api or fa_backend_iface change layout. */
-#define FA_BACKEND_ABI_VERSION 2u
+#define FA_BACKEND_ABI_VERSION 3u
 
 /* A validated attention problem. Tensor strides are always explicit (never 0). */
 typedef struct fa_problem {
@@ -37,6 +37,15 @@ typedef struct fa_problem {
      * seqlen_q/seqlen_k are the total rows, lse is [heads_q, total_q] and the block mask's grid
      * is that of max_seqlen_q x max_seqlen_k. Offsets: the context's memory. */
     fa_varlen varlen;
+    /* Score modifiers (ABI 3), all off (0 / NULL) unless the backend has
+     * FA_BACKEND_SCORE_MODIFIERS. Alibi slope of (b, h): alibi_slopes[b * alibi_stride_batch + h].
+     * bias/dbias: data NULL when absent; dbias and dsinks (backward outputs) only in backward. */
+    float softcap;
+    const float *alibi_slopes;
+    int64_t alibi_stride_batch;
+    const float *sinks;
+    fa_bias bias, dbias;
+    float *dsinks;
 } fa_problem;
 
 /* fa_forward_kvcache's problem: attn.q, attn.out, attn.lse and the score options as in
@@ -54,6 +63,7 @@ typedef struct fa_kv_problem {
 /* fa_backend_iface.features */
 #define FA_BACKEND_HOST_MEMORY 1u      /* tensors and tables are host memory: the core reads tables */
 #define FA_BACKEND_VARLEN 2u           /* forward and backward accept fa_problem.varlen */
+#define FA_BACKEND_SCORE_MODIFIERS 4u  /* forward and backward apply softcap, ALiBi, sinks, bias */
 
 /* Services the core library offers to plugins (plugins never link the core). */
 typedef struct fa_host_api {

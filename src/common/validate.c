@@ -128,6 +128,103 @@ fa_status fa_validate_varlen_offsets(const fa_problem *p)
     return st;
 }
 
+/* A bias over extent {batch, heads, rows, keys}; key stride 1. */
+static fa_status check_bias(const char *name, const fa_bias *bias, const int64_t extent[4], fa_bias *out)
+{
+    if (!bias->data) return INVALID("%s->data: is NULL", name);
+    if (!valid_dtype(bias->dtype)) return INVALID("%s->dtype: unknown dtype %d", name, (int)bias->dtype);
+    if ((uintptr_t)bias->data % fa_dtype_size(bias->dtype) != 0)
+        return INVALID("%s->data: is not aligned to its %zu-byte elements", name, fa_dtype_size(bias->dtype));
+    const int64_t strides[3] = {bias->stride_batch, bias->stride_head, bias->stride_q};
+    static const char *const stride_names[3] = {"stride_batch", "stride_head", "stride_q"};
+    int64_t last = extent[3] - 1, term, bytes;
+    for (int i = 0; i < 3; ++i) {
+        if (strides[i] < 0)
+            return INVALID("%s->%s: %lld is negative (0 broadcasts)", name, stride_names[i], (long long)strides[i]);
+        if (!fa_checked_mul(extent[i] - 1, strides[i], &term) || !fa_checked_add(last, term, &last))
+            return INVALID("%s->%s: element offsets overflow 64 bits", name, stride_names[i]);
+    }
+    if (!fa_checked_add(last, 1, &last) || !fa_checked_mul(last, (int64_t)fa_dtype_size(bias->dtype), &bytes))
+        return INVALID("%s: element offsets overflow 64 bits", name);
+    *out = *bias;
+    return FA_SUCCESS;
+}
+
+/* dbias is written: it has the bias's broadcast axes, and no two of its elements share memory
+ * (its axes, sorted by stride, each step over the whole extent of the smaller ones). */
+static fa_status check_dbias(const fa_bias *dbias, const fa_bias *bias, const int64_t extent[4], fa_bias *out)
+{
+    fa_status st = check_bias("dbias", dbias, extent, out);
+    if (st) return st;
+    const int64_t strides[3] = {dbias->stride_batch, dbias->stride_head, dbias->stride_q};
+    const int64_t bias_strides[3] = {bias->stride_batch, bias->stride_head, bias->stride_q};
+    static const char *const stride_names[3] = {"stride_batch", "stride_head", "stride_q"};
+    int order[3], axes = 0;
+    for (int i = 0; i < 3; ++i) {
+        if ((strides[i] == 0) != (bias_strides[i] == 0))
+            return INVALID("dbias->%s: %lld where desc->bias->%s is %lld (dbias broadcasts where the bias does)",
+                           stride_names[i], (long long)strides[i], stride_names[i], (long long)bias_strides[i]);
+        if (strides[i] != 0 && extent[i] > 1) order[axes++] = i;
+    }
+    for (int a = 1; a < axes; ++a) /* insertion sort by stride */
+        for (int x = a; x > 0 && strides[order[x]] < strides[order[x - 1]]; --x) {
+            const int t = order[x];
+            order[x] = order[x - 1];
+            order[x - 1] = t;
+        }
+    int64_t span = extent[3]; /* elements covered by the axes so far */
+    for (int a = 0; a < axes; ++a) {
+        const int i = order[a];
+        if (strides[i] < span)
+            return INVALID("dbias->%s: %lld makes elements overlap (needs at least %lld)", stride_names[i],
+                           (long long)strides[i], (long long)span);
+        span = (extent[i] - 1) * strides[i] + span; /* no overflow: check_bias bounded the offsets */
+    }
+    return FA_SUCCESS;
+}
+
+/* Softcap, ALiBi, sinks and bias: their shapes and scalars (values in the context's memory are
+ * read by fa_validate_modifier_values, where that is host memory). bias_extent: {batch, heads_q,
+ * rows, keys} of the bias grid. */
+static fa_status check_modifiers(const fa_attention_desc *desc, fa_problem *p, const int64_t bias_extent[4])
+{
+    if (!(desc->softcap >= 0.0f) || isinf(desc->softcap))
+        return INVALID("desc->softcap: %g must be finite and >= 0 (0 = off)", (double)desc->softcap);
+    if (desc->alibi_per_batch != 0 && desc->alibi_per_batch != 1)
+        return INVALID("desc->alibi_per_batch: %d is not 0 or 1", desc->alibi_per_batch);
+    if (desc->alibi_per_batch && !desc->alibi_slopes)
+        return INVALID("desc->alibi_per_batch: is 1 but desc->alibi_slopes is NULL");
+    if ((uintptr_t)desc->alibi_slopes % sizeof(float) != 0)
+        return INVALID("desc->alibi_slopes: is not aligned to 4-byte floats");
+    if ((uintptr_t)desc->sinks % sizeof(float) != 0) return INVALID("desc->sinks: is not aligned to 4-byte floats");
+    if (desc->bias) {
+        fa_status st = check_bias("desc->bias", desc->bias, bias_extent, &p->bias);
+        if (st) return st;
+    }
+    p->softcap = desc->softcap;
+    p->alibi_slopes = desc->alibi_slopes;
+    p->alibi_stride_batch = desc->alibi_per_batch ? p->heads_q : 0;
+    p->sinks = desc->sinks;
+    return FA_SUCCESS;
+}
+
+int fa_problem_has_modifiers(const fa_problem *p)
+{
+    return p->softcap > 0.0f || p->alibi_slopes || p->sinks || p->bias.data;
+}
+
+fa_status fa_validate_modifier_values(const fa_problem *p)
+{
+    const int64_t slope_batches = p->alibi_stride_batch ? (p->varlen.batch ? p->varlen.batch : p->batch) : 1;
+    for (int64_t x = 0; p->alibi_slopes && x < slope_batches * p->heads_q; ++x)
+        if (!isfinite(p->alibi_slopes[x]))
+            return INVALID("desc->alibi_slopes[%lld]: %g is not finite", (long long)x, (double)p->alibi_slopes[x]);
+    for (int64_t h = 0; p->sinks && h < p->heads_q; ++h)
+        if (isnan(p->sinks[h]) || p->sinks[h] == INFINITY)
+            return INVALID("desc->sinks[%lld]: %g is NaN or +inf (-inf = no sink)", (long long)h, (double)p->sinks[h]);
+    return FA_SUCCESS;
+}
+
 static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
 {
     if (!desc) return INVALID("desc: is NULL");
@@ -168,6 +265,9 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
         !(fa_checked_mul(grid_batch, p->heads_q, &elements) && fa_checked_mul(elements, grid_q, &elements) &&
           fa_checked_mul(elements, grid_k, &elements)))
         return INVALID("desc->dropout_p: the attention matrix has more than 2^63 elements to index");
+    const int64_t bias_extent[4] = {grid_batch, p->heads_q, grid_q, grid_k};
+    fa_status st = check_modifiers(desc, p, bias_extent);
+    if (st) return st;
     p->scale = desc->softmax_scale != 0.0f ? desc->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
     p->causal = desc->causal != 0;
     p->window_left = desc->window_left;
@@ -220,7 +320,7 @@ fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q,
 fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
                                const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout,
                                const float *lse, const fa_tensor *dq, const fa_tensor *dk,
-                               const fa_tensor *dv, fa_problem *p)
+                               const fa_tensor *dv, float *dsinks, const fa_bias *dbias, fa_problem *p)
 {
     fa_status st = fa_validate_forward(desc, q, k, v, out, NULL, p);
     if (st) return st;
@@ -231,6 +331,16 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
     if ((st = same_shape("dout", dout, "q", q)) || (st = same_shape("dq", dq, "q", q)) ||
         (st = same_shape("dk", dk, "k", k)) || (st = same_shape("dv", dv, "v", v)))
         return st;
+    if (dsinks && !p->sinks) return INVALID("dsinks: given but desc->sinks is NULL (no sinks to differentiate)");
+    if ((uintptr_t)dsinks % sizeof(float) != 0) return INVALID("dsinks: is not aligned to 4-byte floats");
+    if (dbias) {
+        if (!p->bias.data) return INVALID("dbias: given but desc->bias is NULL (no bias to differentiate)");
+        const int64_t extent[4] = {p->varlen.batch ? p->varlen.batch : p->batch, p->heads_q,
+                                   p->varlen.batch ? p->varlen.max_seqlen_q : p->seqlen_q,
+                                   p->varlen.batch ? p->varlen.max_seqlen_k : p->seqlen_k};
+        if ((st = check_dbias(dbias, &p->bias, extent, &p->dbias))) return st;
+    }
+    p->dsinks = dsinks;
     p->lse = (float *)lse;
     return FA_SUCCESS;
 }
@@ -298,7 +408,11 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
                                                     "without dropout");
     set_sizes(p, q, cache->k.heads, p->seqlen_k, lse);
     kp->cache_seqlens = cache->cache_seqlens;
-    return check_desc(desc, p);
+    if ((st = check_desc(desc, p))) return st;
+    if (fa_problem_has_modifiers(p))
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc: the KV-cache path has no score modifiers (softcap, "
+                                                    "alibi_slopes, sinks, bias) yet");
+    return FA_SUCCESS;
 }
 
 fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)

@@ -12,6 +12,7 @@
 #include "../common/alloc.h"
 #include "../common/error.h"
 #include "cpu_backend.h"
+#include "cpu_modifiers.h"
 #include "cpu_nan.h"
 #include "cpu_tile.h"
 
@@ -67,9 +68,11 @@ static void query_tile_begin(const fa_problem *p, const fa_cpu_nan_inputs *nan, 
 {
     const int64_t rows_n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
     fa_cpu_rows_init(p, b, i0, rows_n, t->ranges, &t->rows);
+    /* A sink is a logit with no value: the running max and sum start from it. */
+    const float sink = fa_cpu_sink(p, h);
     for (int64_t r = 0; r < rows_n; ++r) {
-        t->m[r] = -INFINITY;
-        t->l[r] = 0.0f;
+        t->m[r] = sink;
+        t->l[r] = sink == -INFINITY ? 0.0f : 1.0f;
         t->poison[r] = nan->q && t->ranges[r].hi > t->ranges[r].lo && fa_cpu_row_has_nan(&p->q, b, i0 + r, h);
     }
     memset(t->o, 0, (size_t)(rows_n * p->head_dim) * sizeof(float));
@@ -101,6 +104,7 @@ typedef struct forward_task_ctx {
     const fa_cpu_nan_inputs *nan;
     int64_t br, b, h, hk;
     int fold;           /* exp(scale * s - m): the scale folded into the exponential (scale > 0) */
+    int modified;       /* softcap, ALiBi or bias: explicit scores (no folding) */
     float scale_in_exp;
     int64_t j0;         /* the key tile: keys j0.. */
     const float *k, *v, *v_clean; /* v_clean: V_j with NaN replaced by 0, or NULL */
@@ -155,6 +159,7 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     const float *k = c->k + (key0 - c->j0) * c->ldk, *v = c->v + (key0 - c->j0) * c->ldv;
     kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0); /* S^T = K Q^T */
     if (vis != FA_TILE_FULL || !c->fold) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
+    if (c->modified) fa_cpu_modify_scores(p, c->b, c->h, &rows, key0, keys, w->st, br, NULL);
     fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max, w->shift,
                         w->alpha, w->tile_sum);
     if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, br);
@@ -175,7 +180,8 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
 {
     const int64_t d = p->head_dim;
     forward_task_ctx c = {.p = p, .kern = kern, .nan = nan, .br = br, .b = b, .h = h,
-                          .hk = h / (p->heads_q / p->heads_kv), .fold = p->scale > 0.0f};
+                          .hk = h / (p->heads_q / p->heads_kv), .modified = fa_cpu_scores_modified(p)};
+    c.fold = p->scale > 0.0f && !c.modified;
     c.scale_in_exp = c.fold ? p->scale : 1.0f;
     int64_t tiles = 0, key_lo = INT64_MAX, key_hi = 0;
     for (; tiles < group && i0 + tiles * br < p->seqlen_q; ++tiles) {

@@ -11,6 +11,7 @@
 #include "../common/alloc.h"
 #include "../common/error.h"
 #include "cpu_backend.h"
+#include "cpu_modifiers.h"
 #include "cpu_tile.h"
 
 /* Rows [s0, s0 + rows) of every head of a batch-1 tensor, as a tensor of their own. */
@@ -41,6 +42,11 @@ static fa_problem sequence_problem(const fa_problem *p, int64_t b, int64_t q0, i
     }
     if (p->lse) s.lse = p->lse + q0; /* lse_stride_head stays total_q */
     s.dropout_batch0 = b;
+    /* the modifiers of sequence b: its slopes, its bias block indexed from its first row and key */
+    if (p->alibi_slopes) s.alibi_slopes = p->alibi_slopes + b * p->alibi_stride_batch;
+    if (p->bias.data) s.bias.data = fa_cpu_bias_row(&p->bias, b, 0, 0);
+    if (p->dbias.data) s.dbias.data = fa_cpu_bias_row(&p->dbias, b, 0, 0);
+    s.dsinks = NULL; /* summed over the whole packed batch by the caller */
     return s;
 }
 
@@ -59,6 +65,14 @@ fa_status fa_cpu_varlen_run(void *state, const fa_problem *p, int backward)
 {
     const int32_t *cq = p->varlen.cu_seqlens_q, *ck = p->varlen.cu_seqlens_k;
     fa_status st = FA_SUCCESS;
+    if (p->dbias.data) {
+        /* Sequences run one after another; a dbias shared by them would need their sum. */
+        if (!p->dbias.stride_batch)
+            return fa_set_error(FA_ERROR_NOT_SUPPORTED, "dbias: stride_batch 0 (one bias shared by the sequences) "
+                                "is not supported with desc->varlen on the cpu backend; give each sequence its own");
+        /* the padding of each sequence's block (rows and keys past its lengths) stays zero */
+        fa_cpu_zero_bias(&p->dbias, p->varlen.batch, p->heads_q, p->varlen.max_seqlen_q, p->varlen.max_seqlen_k);
+    }
     for (int64_t b = 0; b < p->varlen.batch && st == FA_SUCCESS; ++b) {
         const int64_t q0 = cq[b], len_q = cq[b + 1] - cq[b], k0 = ck[b], len_k = ck[b + 1] - ck[b];
         if (len_q > 0 && len_k > 0) {
@@ -68,10 +82,10 @@ fa_status fa_cpu_varlen_run(void *state, const fa_problem *p, int backward)
             st = zero_rows(&p->dq, q0, len_q);
             if (st == FA_SUCCESS) st = zero_rows(&p->dk, k0, len_k);
             if (st == FA_SUCCESS) st = zero_rows(&p->dv, k0, len_k);
-        } else { /* rows with no visible key: zeros and lse = -inf */
+        } else { /* rows with no visible key: zeros and lse = -inf (or the sink) */
             st = zero_rows(&p->out, q0, len_q);
             for (int64_t h = 0; p->lse && h < p->heads_q; ++h)
-                for (int64_t i = 0; i < len_q; ++i) p->lse[fa_lse_index(p, 0, h, q0 + i)] = -INFINITY;
+                for (int64_t i = 0; i < len_q; ++i) p->lse[fa_lse_index(p, 0, h, q0 + i)] = fa_cpu_sink(p, h); /* -inf, or the sink alone */
         }
     }
     return st;
