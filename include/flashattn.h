@@ -7,7 +7,12 @@
  *    one-line message (thread-local) that names the offending argument.
  *  - Handles are opaque; destroy functions accept NULL.
  *  - Tensors live in the memory of the context's backend (host memory for the CPU backend,
- *    device memory for GPU backends). Mask arrays (seqlens_k, block masks) are always host memory.
+ *    device memory for GPU backends). Mask arrays (seqlens_k, block masks) are always host memory;
+ *    varlen offsets and KV-cache tables live in the context's memory.
+ *  - Structs the library reads through a pointer and may grow (fa_attention_desc, fa_io_problem)
+ *    start with `size_t struct_size`: set it with their init function (it writes sizeof), then
+ *    change fields. The library reads only the fields that fit in struct_size and uses the
+ *    defaults for the rest; see README "ABI policy".
  */
 #ifndef FLASHATTN_H
 #define FLASHATTN_H
@@ -26,7 +31,7 @@ extern "C" {
 #endif
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 1
+#define FA_VERSION_MINOR 3
 #define FA_VERSION_PATCH 0
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -62,6 +67,8 @@ FA_API fa_backend fa_context_backend(const fa_context *ctx); /* FA_BACKEND_AUTO 
 FA_API int fa_backend_available(fa_backend backend);
 FA_API fa_status fa_context_set_num_threads(fa_context *ctx, int n); /* CPU; 0 = OpenMP default */
 FA_API fa_status fa_context_set_stream(fa_context *ctx, void *stream); /* GPU backends; NULL = default */
+/* Waits for the context's queued work. GPU backends: also reports (and clears) a failed device-side
+ * check of a varlen or KV-cache call's tables, as FA_ERROR_INVALID_VALUE. */
 FA_API fa_status fa_synchronize(fa_context *ctx);
 
 /* Memory of the context's backend: host memory on CPU, device memory on GPUs. */
@@ -86,24 +93,68 @@ typedef struct fa_block_mask {
     const uint8_t *mask;      /* host memory, row-major rows x cols; nonzero = attend */
 } fa_block_mask;
 
+/* Packed batch: q, out (and dq, dout) have batch = 1 and seqlen = total query tokens; k, v (and
+ * dk, dv) batch = 1 and seqlen = total key tokens. Sequence b owns rows
+ * [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q and [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k/v.
+ * The offset arrays live in the context's memory (device memory on GPU backends: no host sync). */
+typedef struct fa_varlen {
+    int64_t batch;
+    const int32_t *cu_seqlens_q, *cu_seqlens_k; /* [batch + 1], non-decreasing, first 0 */
+    int64_t max_seqlen_q, max_seqlen_k;         /* upper bounds of the per-sequence lengths */
+} fa_varlen;
+
+/* An additive score bias [batch, heads_q, seqlen_q, seqlen_k] (varlen: [batch, heads_q,
+ * max_seqlen_q, max_seqlen_k], indexed from each sequence's first row and key): element (b, h, i,
+ * j) at data[b * stride_batch + h * stride_head + i * stride_q + j], in the context's memory.
+ * Strides are in elements and >= 0; 0 broadcasts along that axis; the key stride is 1. */
+typedef struct fa_bias {
+    void *data;
+    fa_dtype dtype;
+    int64_t stride_batch, stride_head, stride_q;
+} fa_bias;
+
 typedef struct fa_attention_desc {
+    size_t struct_size;                /* sizeof(fa_attention_desc), set by fa_attention_desc_init */
     float softmax_scale;               /* tau; 0 means 1/sqrt(head_dim) */
     int causal;                        /* bottom-right aligned when seqlen_q != seqlen_k */
     int32_t window_left, window_right; /* sliding window, -1 = unbounded */
     const int32_t *seqlens_k;          /* [batch] valid keys per sequence, host memory; NULL = all */
     float dropout_p;                   /* in [0, 1) */
     uint64_t dropout_seed, dropout_offset;
-    const fa_block_mask *block_mask;   /* NULL = dense */
+    const fa_block_mask *block_mask;   /* NULL = dense; with varlen: per sequence, see below */
+    /* Added in 0.2 (the fields above are the smallest struct_size accepted). */
+    const fa_varlen *varlen;           /* NULL = the usual [batch, seqlen, ...] layout */
+    /* Added in 0.3: score modifiers, applied in this order to s = tau * q.k (see README "Score
+     * modifiers"); all default off. Masked scores stay masked. */
+    float softcap;                     /* > 0: s = softcap * tanh(s / softcap); 0 = off */
+    const float *alibi_slopes;         /* [heads_q] or [batch, heads_q] (alibi_per_batch = 1), fp32,
+                                          context's memory: s -= slope * |i + seqlen_k - seqlen_q - j| */
+    int alibi_per_batch;               /* 0 or 1 */
+    const float *sinks;                /* [heads_q] fp32 logits, context's memory: each row's softmax
+                                          denominator gains exp(sink_h) (in its max and its lse) */
+    const fa_bias *bias;               /* additive bias, last; NULL = none */
 } fa_attention_desc;
 
-FA_API void fa_attention_desc_init(fa_attention_desc *desc); /* scale 0, no masks, windows -1, no dropout */
+/* struct_size = sizeof, scale 0, no masks, windows -1, no dropout, no varlen, no modifiers. */
+FA_API void fa_attention_desc_init(fa_attention_desc *desc);
 
 /* O = softmax(tau * Q K^T, masked) V per (batch, query head); lse [batch, heads_q, seqlen_q] fp32,
  * natural log, in the tensors' memory space, may be NULL. Rows with no visible key give zeros
- * and lse = -INFINITY. k and v may have fewer heads than q (GQA/MQA). */
+ * and lse = -INFINITY (with desc->sinks: lse = sink_h). k and v may have fewer heads than q (GQA/MQA). */
 FA_API fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc,
                             const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                             fa_tensor *out, float *lse);
+
+/* Varlen (desc->varlen != NULL): lse is [heads_q, total_q] (FlashAttention-2's layout). Causal
+ * and window align bottom-right within each sequence (j <= i + len_k(b) - len_q(b));
+ * desc->seqlens_k must be NULL; a block mask has ceil(max_seqlen_q / block_q) x
+ * ceil(max_seqlen_k / block_k) blocks and applies to each sequence from its first row and key.
+ * Sequences of length 0 are allowed. Dropout draws the element of the padded layout,
+ * e = ((b * heads_q + h) * max_seqlen_q + i) * max_seqlen_k + j, so a packed batch and the same
+ * batch padded to [batch, max_seqlen_q] / [batch, max_seqlen_k] with seqlens_k give the same
+ * results. Every backend. On GPU backends the offsets are device memory and are checked on the
+ * device (no host synchronisation): wrong offsets make the call write nothing, and the next
+ * fa_synchronize returns FA_ERROR_INVALID_VALUE naming them. */
 
 /* Gradients by recomputation (Algorithm 4). lse must be the one fa_forward returned for the same
  * inputs and desc (same dropout seed and offset). dk/dv sum over the query heads of a group. */
@@ -111,6 +162,44 @@ FA_API fa_status fa_backward(fa_context *ctx, const fa_attention_desc *desc,
                              const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                              const fa_tensor *out, const fa_tensor *dout, const float *lse,
                              fa_tensor *dq, fa_tensor *dk, fa_tensor *dv);
+
+/* fa_backward plus the gradients of the learnable score modifiers (fa_backward is this call with
+ * both NULL). dsinks: [heads_q] fp32 in the context's memory, needs desc->sinks; it sums over
+ * batches and rows. dbias: needs desc->bias, has its broadcast (the same strides zero; the others
+ * may differ but must not make two elements share memory), any dtype; a broadcast axis is summed
+ * in a fixed order (deterministic). Every element of dbias's extent is written. */
+FA_API fa_status fa_backward_ex(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
+                                const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                                const fa_tensor *dout, const float *lse, fa_tensor *dq, fa_tensor *dk,
+                                fa_tensor *dv, float *dsinks, const fa_bias *dbias);
+
+/* ---- KV-cache decode -------------------------------------------------------------------------- */
+typedef struct fa_kv_cache {
+    fa_tensor k, v;               /* contiguous: [batch, capacity, heads_kv, d];
+                                     paged: [num_pages, page_size, heads_kv, d] (batch = num_pages,
+                                     seqlen = page_size), any page_size >= 1 */
+    const int32_t *block_table;   /* paged: [batch, max_pages_per_seq] page indices; NULL = contiguous */
+    int64_t max_pages_per_seq;
+    const int32_t *cache_seqlens; /* [batch] tokens already in the cache */
+} fa_kv_cache;                    /* block_table and cache_seqlens: context's memory */
+
+/* q [batch, seqlen_q, heads_q, d]. If k_new/v_new ([batch, seqlen_new, heads_kv, d]) are given they
+ * are first written into the cache at positions cache_seqlens[b] .. + seqlen_new - 1 (through the
+ * block table when paged); then q attends to the first cache_seqlens[b] + seqlen_new keys of
+ * sequence b, with the desc's scale, causal (bottom-right) and window.
+ * cache_seqlens is not modified. Forward only; dropout_p > 0 -> FA_ERROR_NOT_SUPPORTED.
+ * lse: [batch, heads_q, seqlen_q] or NULL. desc->seqlens_k and desc->varlen must be NULL (the
+ * lengths come from cache_seqlens); a block mask or a score modifier (softcap, ALiBi, sinks,
+ * bias) is FA_ERROR_NOT_SUPPORTED. Every tensor has q's dtype. A length or page check that fails returns FA_ERROR_INVALID_VALUE naming the sequence,
+ * with nothing written to the cache or the outputs. Results are bit-identical across thread
+ * counts: long caches are split into key chunks whose count depends on the shape only, merged by
+ * lse in a fixed order. Every backend. On GPU backends block_table and cache_seqlens are device
+ * memory, checked on the device: a failed length or page check makes the call write nothing (not
+ * to the cache either), the call itself returns FA_SUCCESS, and the next fa_synchronize returns
+ * FA_ERROR_INVALID_VALUE naming the sequence. */
+FA_API fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
+                                    const fa_kv_cache *cache, const fa_tensor *k_new, const fa_tensor *v_new,
+                                    fa_tensor *out, float *lse);
 
 /* ---- tiling ---------------------------------------------------------------------------------- */
 typedef struct fa_tiling { int64_t block_rows, block_cols; } fa_tiling; /* Br, Bc */
@@ -167,6 +256,7 @@ typedef enum fa_io_operand {
 } fa_io_operand;
 
 typedef struct fa_io_problem {
+    size_t struct_size;       /* sizeof(fa_io_problem), set by fa_io_problem_init */
     fa_io_algorithm algorithm;
     int64_t seqlen_q, seqlen_k, head_dim;
     int64_t batch_heads;      /* independent (batch, head) pairs; the RNG state is shared by all */
@@ -196,7 +286,8 @@ typedef struct fa_io_counts {
     int64_t tiles_visited;    /* inner-loop iterations that did work, summed over batch_heads */
 } fa_io_counts;
 
-/* FA_IO_FLASH, batch_heads 1, element_bytes 4, tiles 0 (paper's), density 1, no mask, no dropout. */
+/* struct_size = sizeof, FA_IO_FLASH, batch_heads 1, element_bytes 4, tiles 0 (paper's), density 1,
+ * no mask, no dropout. */
 FA_API void fa_io_problem_init(fa_io_problem *problem);
 /* The model: counts for one pass, from closed forms over the loop structure. */
 FA_API fa_status fa_io_estimate(const fa_io_problem *problem, fa_io_pass pass, fa_io_counts *counts);

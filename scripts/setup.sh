@@ -9,11 +9,13 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential pkg-config meson ninja-build   # toolchain
+  cmake                                          # CMake package files (meson cmake module) and their test
   libcmocka-dev librandom123-dev                 # tests: cmocka, Random123 (independent Philox)
   libopenblas-dev                                # bench: standard attention baseline
   hipcc libamdhip64-dev                          # HIP plugin (AMD), compiled only
   clang llvm libclang-rt-14-dev libomp-14-dev valgrind   # sanitizer, fuzzing, valgrind CI steps
   gnuplot-nox                                    # IO figures
+  python3-dev python3-venv                       # Python package (pip install ., scripts/ci-python.sh)
 )
 
 if [ "${FA_SETUP_NO_APT:-0}" != 1 ]; then

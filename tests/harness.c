@@ -2,6 +2,7 @@
  * through the public API on any backend, compared with the double-precision oracle run on the
  * same rounded inputs (so only the backend's own error is measured). */
 #include "harness.h"
+#include "test_arrays.h"
 
 #include <float.h>
 #include <math.h>
@@ -22,59 +23,76 @@
 
 const fa_test_case fa_test_cases[] = {
     /* sizes and head dims */
-    {"single_token_d16", {1, 1, 1, 1, 1, 16}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"seq7_d40", {2, 2, 2, 7, 7, 40}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"seq129_d72", {1, 2, 2, 129, 129, 72}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"seq65x97_d80", {1, 1, 1, 65, 97, 80}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"seq100_d96_gqa", {1, 2, 1, 100, 100, 96}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"seq50x70_d160", {1, 1, 1, 50, 70, 160}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"seq129_d256", {1, 1, 1, 129, 129, 256}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"seq1000_d16_causal", {1, 1, 1, 1000, 1000, 16}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"decode_1x1000_d128", {2, 2, 2, 1, 1000, 128}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"seq1000x7_d32", {1, 1, 1, 1000, 7, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"seq1000_d64_gqa_dropout_causal", {1, 4, 2, 1000, 1000, 64}, 0, 1, NO_WINDOW, 0, 0.1f, SEED_HI, OFFSET_HI, NO_BLOCKS, LAYOUT_PACKED},
-    {"seq1000_d128_window_pad", {2, 2, 2, 1000, 1000, 128}, 0, 0, 100, 50, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD},
-    {"seq1_d256", {1, 2, 2, 1, 1, 256}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
+    {"single_token_d16", {1, 1, 1, 1, 1, 16}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"seq7_d40", {2, 2, 2, 7, 7, 40}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"seq129_d72", {1, 2, 2, 129, 129, 72}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"seq65x97_d80", {1, 1, 1, 65, 97, 80}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"seq100_d96_gqa", {1, 2, 1, 100, 100, 96}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"seq50x70_d160", {1, 1, 1, 50, 70, 160}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"seq129_d256", {1, 1, 1, 129, 129, 256}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"seq1000_d16_causal", {1, 1, 1, 1000, 1000, 16}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"decode_1x1000_d128", {2, 2, 2, 1, 1000, 128}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"seq1000x7_d32", {1, 1, 1, 1000, 7, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"seq1000_d64_gqa_dropout_causal", {1, 4, 2, 1000, 1000, 64}, 0, 1, NO_WINDOW, 0, 0.1f, SEED_HI, OFFSET_HI, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"seq1000_d128_window_pad", {2, 2, 2, 1000, 1000, 128}, 0, 0, 100, 50, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD, 0},
+    {"seq1_d256", {1, 2, 2, 1, 1, 256}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
     /* layouts */
-    {"bhsd_d128", {2, 4, 4, 33, 45, 128}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD},
-    {"bhsd_gqa_causal_d64", {2, 4, 2, 40, 29, 64}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD},
-    {"padded_d48", {2, 3, 3, 21, 34, 48}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PADDED},
+    {"bhsd_d128", {2, 4, 4, 33, 45, 128}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD, 0},
+    {"bhsd_gqa_causal_d64", {2, 4, 2, 40, 29, 64}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD, 0},
+    {"padded_d48", {2, 3, 3, 21, 34, 48}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PADDED, 0},
     /* seqlen_q != seqlen_k, both ways, with causal (bottom-right; the first rows of the longer
      * query side see no key at all) */
-    {"causal_q_longer_d64", {2, 2, 2, 129, 33, 64}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"causal_k_longer_d64", {1, 2, 2, 33, 129, 64}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"causal_seq129_d32", {1, 3, 3, 129, 129, 32}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
+    {"causal_q_longer_d64", {2, 2, 2, 129, 33, 64}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"causal_k_longer_d64", {1, 2, 2, 33, 129, 64}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"causal_seq129_d32", {1, 3, 3, 129, 129, 32}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
     /* GQA and MQA */
-    {"gqa_8_2_d32", {2, 8, 2, 64, 64, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"mqa_8_1_d64", {1, 8, 1, 50, 77, 64}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
+    {"gqa_8_2_d32", {2, 8, 2, 64, 64, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"mqa_8_1_d64", {1, 8, 1, 50, 77, 64}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
     /* sliding windows */
-    {"window_left_d32", {1, 2, 2, 200, 200, 32}, 0, 0, 16, -1, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"window_right_d32", {1, 2, 2, 150, 170, 32}, 0, 0, -1, 8, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"window_both_d48", {1, 2, 2, 150, 130, 48}, 0, 0, 20, 5, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"window_zero_causal_d16", {1, 1, 1, 37, 37, 16}, 0, 1, 0, 0, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
+    {"window_left_d32", {1, 2, 2, 200, 200, 32}, 0, 0, 16, -1, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"window_right_d32", {1, 2, 2, 150, 170, 32}, 0, 0, -1, 8, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"window_both_d48", {1, 2, 2, 150, 130, 48}, 0, 0, 20, 5, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"window_zero_causal_d16", {1, 1, 1, 37, 37, 16}, 0, 1, 0, 0, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
     /* key padding: one sequence of length zero gives fully masked rows */
-    {"key_padding_d64", {4, 2, 2, 37, 61, 64}, 0, 0, NO_WINDOW, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"key_padding_causal_gqa", {3, 4, 2, 61, 45, 32}, 0, 1, NO_WINDOW, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD},
+    {"key_padding_d64", {4, 2, 2, 37, 61, 64}, 0, 0, NO_WINDOW, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"key_padding_causal_gqa", {3, 4, 2, 61, 45, 32}, 0, 1, NO_WINDOW, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD, 0},
     /* block masks, block sizes not dividing the sequence lengths */
-    {"block_random_3x17", {1, 2, 2, 129, 129, 64}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, BLOCK_MASK_RANDOM, 3, 17, LAYOUT_PACKED},
-    {"block_butterfly_17x3", {1, 2, 2, 100, 90, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, BLOCK_MASK_BUTTERFLY, 17, 3, LAYOUT_PACKED},
-    {"block_local_global_64", {1, 1, 1, 300, 300, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, BLOCK_MASK_LOCAL_GLOBAL, 64, 64, LAYOUT_PACKED},
-    {"block_random_causal_pad", {3, 2, 1, 70, 80, 40}, 0, 1, NO_WINDOW, 1, NO_DROPOUT, BLOCK_MASK_RANDOM, 17, 64, LAYOUT_PACKED},
+    {"block_random_3x17", {1, 2, 2, 129, 129, 64}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, BLOCK_MASK_RANDOM, 3, 17, LAYOUT_PACKED, 0},
+    {"block_butterfly_17x3", {1, 2, 2, 100, 90, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, BLOCK_MASK_BUTTERFLY, 17, 3, LAYOUT_PACKED, 0},
+    {"block_local_global_64", {1, 1, 1, 300, 300, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, BLOCK_MASK_LOCAL_GLOBAL, 64, 64, LAYOUT_PACKED, 0},
+    {"block_random_causal_pad", {3, 2, 1, 70, 80, 40}, 0, 1, NO_WINDOW, 1, NO_DROPOUT, BLOCK_MASK_RANDOM, 17, 64, LAYOUT_PACKED, 0},
     /* dropout */
-    {"dropout_0.1_d64", {2, 2, 2, 65, 65, 64}, 0, 0, NO_WINDOW, 0, 0.1f, 42, 0, NO_BLOCKS, LAYOUT_PACKED},
-    {"dropout_0.5_hi_seed_offset", {2, 2, 2, 47, 53, 32}, 0, 0, NO_WINDOW, 0, 0.5f, SEED_HI, OFFSET_HI, NO_BLOCKS, LAYOUT_PACKED},
-    {"dropout_0.5_causal_pad", {3, 2, 2, 45, 61, 40}, 0, 1, NO_WINDOW, 1, 0.5f, 7, OFFSET_HI, NO_BLOCKS, LAYOUT_BHSD},
-    {"dropout_0.1_window_gqa", {1, 4, 2, 90, 70, 32}, 0, 0, 10, 3, 0, 0.1f, SEED_HI, 12345, NO_BLOCKS, LAYOUT_PACKED},
-    {"dropout_0.5_butterfly", {1, 2, 2, 64, 64, 16}, 0, 0, NO_WINDOW, 0, 0.5f, 3, 0, BLOCK_MASK_BUTTERFLY, 3, 17, LAYOUT_PACKED},
-    {"dropout_0.1_local_global_mqa", {1, 4, 1, 80, 100, 48}, 0, 1, NO_WINDOW, 0, 0.1f, SEED_HI, OFFSET_HI, BLOCK_MASK_LOCAL_GLOBAL, 17, 3, LAYOUT_PACKED},
-    {"dropout_0.5_random_blocks", {2, 2, 2, 33, 33, 24}, 0, 0, NO_WINDOW, 1, 0.5f, SEED_HI, 1, BLOCK_MASK_RANDOM, 3, 3, LAYOUT_PACKED},
+    {"dropout_0.1_d64", {2, 2, 2, 65, 65, 64}, 0, 0, NO_WINDOW, 0, 0.1f, 42, 0, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"dropout_0.5_hi_seed_offset", {2, 2, 2, 47, 53, 32}, 0, 0, NO_WINDOW, 0, 0.5f, SEED_HI, OFFSET_HI, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"dropout_0.5_causal_pad", {3, 2, 2, 45, 61, 40}, 0, 1, NO_WINDOW, 1, 0.5f, 7, OFFSET_HI, NO_BLOCKS, LAYOUT_BHSD, 0},
+    {"dropout_0.1_window_gqa", {1, 4, 2, 90, 70, 32}, 0, 0, 10, 3, 0, 0.1f, SEED_HI, 12345, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"dropout_0.5_butterfly", {1, 2, 2, 64, 64, 16}, 0, 0, NO_WINDOW, 0, 0.5f, 3, 0, BLOCK_MASK_BUTTERFLY, 3, 17, LAYOUT_PACKED, 0},
+    {"dropout_0.1_local_global_mqa", {1, 4, 1, 80, 100, 48}, 0, 1, NO_WINDOW, 0, 0.1f, SEED_HI, OFFSET_HI, BLOCK_MASK_LOCAL_GLOBAL, 17, 3, LAYOUT_PACKED, 0},
+    {"dropout_0.5_random_blocks", {2, 2, 2, 33, 33, 24}, 0, 0, NO_WINDOW, 1, 0.5f, SEED_HI, 1, BLOCK_MASK_RANDOM, 3, 3, LAYOUT_PACKED, 0},
     /* custom softmax scale */
-    {"scale_0.3_d64", {1, 2, 2, 50, 50, 64}, 0.3f, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"scale_neg_0.5_causal", {1, 2, 2, 40, 40, 16}, -0.5f, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
+    {"scale_0.3_d64", {1, 2, 2, 50, 50, 64}, 0.3f, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"scale_neg_0.5_causal", {1, 2, 2, 40, 40, 16}, -0.5f, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
     /* fully masked rows from every source at once: causal with more queries than keys, a
      * zero-length sequence, a window that misses rows */
-    {"fully_masked_rows", {3, 2, 2, 40, 10, 32}, 0, 1, 2, -1, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED},
-    {"fully_masked_dropout", {3, 2, 2, 20, 9, 32}, 0, 1, NO_WINDOW, 1, 0.5f, 99, 5, BLOCK_MASK_RANDOM, 3, 2, LAYOUT_PACKED},
+    {"fully_masked_rows", {3, 2, 2, 40, 10, 32}, 0, 1, 2, -1, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"fully_masked_dropout", {3, 2, 2, 20, 9, 32}, 0, 1, NO_WINDOW, 1, 0.5f, 99, 5, BLOCK_MASK_RANDOM, 3, 2, LAYOUT_PACKED, 0},
+    /* score modifiers, alone and combined with every mask, dropout, GQA and layouts; batch x
+     * heads_kv >= 8 takes the fused backward, fewer the two-pass one */
+    {"softcap_d64", {2, 2, 2, 65, 65, 64}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, MOD_SOFTCAP},
+    {"alibi_causal_d32", {2, 4, 4, 70, 90, 32}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, MOD_ALIBI},
+    {"alibi_per_batch_gqa_pad", {3, 4, 2, 50, 60, 32}, 0, 0, NO_WINDOW, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD, MOD_ALIBI_PER_BATCH},
+    {"sinks_d64", {2, 2, 2, 65, 65, 64}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, MOD_SINKS},
+    {"sinks_fully_masked_rows", {3, 2, 2, 40, 10, 32}, 0, 1, 2, -1, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, MOD_SINKS},
+    {"bias_full_bhsd", {2, 2, 1, 45, 61, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD, MOD_BIAS},
+    {"bias_broadcast_window", {2, 2, 2, 60, 70, 48}, 0, 0, 10, 5, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, MOD_BIAS_BROADCAST},
+    {"mods_all_dropout_causal_pad", {3, 4, 2, 61, 45, 32}, 0, 1, NO_WINDOW, 1, 0.1f, SEED_HI, OFFSET_HI, NO_BLOCKS, LAYOUT_PADDED,
+     MOD_SOFTCAP | MOD_ALIBI_PER_BATCH | MOD_SINKS | MOD_BIAS},
+    {"mods_blocks_broadcast", {1, 2, 2, 100, 90, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, BLOCK_MASK_RANDOM, 17, 3, LAYOUT_PACKED,
+     MOD_SOFTCAP | MOD_ALIBI | MOD_SINKS | MOD_BIAS_BROADCAST},
+    {"mods_fused_backward_scale", {2, 8, 4, 100, 120, 32}, 0.3f, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED,
+     MOD_SOFTCAP | MOD_ALIBI | MOD_SINKS | MOD_BIAS},
+    {"mods_seq300_tiles_d64", {1, 2, 1, 300, 300, 64}, 0, 1, 200, -1, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED,
+     MOD_SOFTCAP | MOD_ALIBI | MOD_SINKS | MOD_BIAS_BROADCAST},
 };
 const size_t fa_test_case_count = sizeof fa_test_cases / sizeof fa_test_cases[0];
 
@@ -82,13 +100,48 @@ const size_t fa_test_case_count = sizeof fa_test_cases / sizeof fa_test_cases[0]
  * are skipped under FA_TEST_QUICK=1. */
 #define QUICK_MAX_WORK 1000000.0
 
+/* 1 if `name` is one of the comma-separated names in `list`. */
+static int name_listed(const char *list, const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        p += len + (end != NULL);
+    }
+    return 0;
+}
+
 int fa_case_selected(const fa_test_case *c)
 {
+    const char *only = getenv("FA_TEST_CASES");
+    if (only && *only && !name_listed(only, c->name)) return 0;
     const char *quick = getenv("FA_TEST_QUICK");
     if (!quick || strcmp(quick, "1") != 0) return 1;
     const oracle_shape *s = &c->shape;
     const double work = (double)s->batch * s->heads_q * s->seqlen_q * s->seqlen_k * s->head_dim;
     return work <= QUICK_MAX_WORK;
+}
+
+const char *fa_case_filter_unknown(void)
+{
+    static char unknown[128];
+    const char *only = getenv("FA_TEST_CASES");
+    if (!only) return NULL;
+    for (const char *p = only; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        int known = 0;
+        for (size_t i = 0; i < fa_test_case_count && !known; ++i)
+            known = strlen(fa_test_cases[i].name) == len && strncmp(fa_test_cases[i].name, p, len) == 0;
+        if (!known) {
+            snprintf(unknown, sizeof unknown, "%.*s", (int)(len < 100 ? len : 100), p);
+            return unknown;
+        }
+        p += len + (end != NULL);
+    }
+    return NULL;
 }
 
 /* ---- tolerances ------------------------------------------------------------------------------
@@ -128,11 +181,12 @@ const char *fa_dtype_label(fa_dtype dtype)
 
 int fa_case_passes(const fa_case_errors *e, fa_dtype dtype, int backward, char *why, size_t why_size)
 {
-    const struct { const char *name; double error, scale; } q[5] = {
+    const struct { const char *name; double error, scale; } q[7] = {
         {"out", e->out, e->out_scale}, {"lse", e->lse, e->lse_scale}, {"dq", e->dq, e->dq_scale},
-        {"dk", e->dk, e->dk_scale},    {"dv", e->dv, e->dv_scale},
+        {"dk", e->dk, e->dk_scale},    {"dv", e->dv, e->dv_scale},    {"dsinks", e->dsinks, e->dsinks_scale},
+        {"dbias", e->dbias, e->dbias_scale},
     };
-    const int count = backward ? 5 : 2;
+    const int count = backward ? 7 : 2;
     const double tol = fa_case_tolerance(dtype);
     int ok = 1;
     size_t used = 0;
@@ -159,12 +213,12 @@ void fa_case_describe(const fa_test_case *c, fa_dtype dtype, char *text, size_t 
         snprintf(blocks, sizeof blocks, " blocks=%s(%dx%d)", mask_names[c->block_mask], c->block_q, c->block_k);
     snprintf(text, size,
              "%s [%s] b%lld hq%lld hkv%lld sq%lld sk%lld d%lld scale=%g%s wl=%d wr=%d%s p=%g seed=%llu "
-             "offset=%llu%s%s",
+             "offset=%llu%s%s modifiers=0x%x",
              c->name, fa_dtype_label(dtype), (long long)s->batch, (long long)s->heads_q, (long long)s->heads_kv,
              (long long)s->seqlen_q, (long long)s->seqlen_k, (long long)s->head_dim, (double)c->softmax_scale,
              c->causal ? " causal" : "", c->window_left, c->window_right, c->key_padding ? " key_padding" : "",
              (double)c->dropout_p, (unsigned long long)c->dropout_seed, (unsigned long long)c->dropout_offset,
-             blocks, layout_names[c->layout]);
+             blocks, layout_names[c->layout], c->modifiers);
 }
 
 /* ---- inputs ------------------------------------------------------------------------------------ */
@@ -215,49 +269,6 @@ static double round_to_dtype(double x, fa_dtype dtype)
 }
 
 static size_t dtype_bytes(fa_dtype dtype) { return dtype == FA_DTYPE_F32 ? 4 : 2; }
-
-/* Stores x, already representable in dtype, at element index of buf. */
-static void store_element(void *buf, size_t index, fa_dtype dtype, double x)
-{
-    if (dtype == FA_DTYPE_F32) {
-        ((float *)buf)[index] = (float)x;
-        return;
-    }
-    uint16_t bits;
-    if (dtype == FA_DTYPE_BF16) {
-        const float f = (float)x;
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        bits = (uint16_t)(u >> 16);
-    } else {
-        const uint16_t sign = signbit(x) ? 0x8000u : 0u;
-        const double a = fabs(x);
-        int e;
-        const double m = frexp(a, &e); /* a = m 2^e, m in [0.5, 1) */
-        if (a == 0.0) bits = sign;
-        else if (e - 1 >= -14) bits = (uint16_t)(sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((m * 2.0 - 1.0) * 1024.0));
-        else bits = (uint16_t)(sign | (uint16_t)ldexp(a, 24)); /* subnormal */
-    }
-    ((uint16_t *)buf)[index] = bits;
-}
-
-static double load_element(const void *buf, size_t index, fa_dtype dtype)
-{
-    if (dtype == FA_DTYPE_F32) return ((const float *)buf)[index];
-    const uint16_t bits = ((const uint16_t *)buf)[index];
-    if (dtype == FA_DTYPE_BF16) {
-        const uint32_t u = (uint32_t)bits << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    const double sign = bits & 0x8000u ? -1.0 : 1.0;
-    const int exp = (bits >> 10) & 0x1f;
-    const int man = bits & 0x3ff;
-    if (exp == 0x1f) return man ? NAN : sign * INFINITY;
-    if (exp == 0) return sign * ldexp(man, -24);
-    return sign * ldexp(1024 + man, exp - 25);
-}
 
 /* ---- tensors ----------------------------------------------------------------------------------- */
 /* A tensor's host image in the case's layout, and its copy in the context's memory. */
@@ -314,7 +325,7 @@ static void pack_tensor(case_tensor *ct, const double *values)
         for (int64_t s = 0; s < t->seqlen; ++s)
             for (int64_t h = 0; h < t->heads; ++h)
                 for (int64_t x = 0; x < t->head_dim; ++x, ++n)
-                    store_element(ct->host, element_index(t, b, s, h, x), t->dtype, values[n]);
+                    test_store_element(ct->host, element_index(t, b, s, h, x), t->dtype, values[n]);
 }
 
 static void unpack_tensor(const case_tensor *ct, double *values)
@@ -324,7 +335,7 @@ static void unpack_tensor(const case_tensor *ct, double *values)
         for (int64_t s = 0; s < t->seqlen; ++s)
             for (int64_t h = 0; h < t->heads; ++h)
                 for (int64_t x = 0; x < t->head_dim; ++x, ++n)
-                    values[n] = load_element(ct->host, element_index(t, b, s, h, x), t->dtype);
+                    values[n] = test_load_element(ct->host, element_index(t, b, s, h, x), t->dtype);
 }
 
 /* Allocates the host image and the context copy. Inputs get values (NULL: outputs, which are
@@ -406,6 +417,12 @@ typedef struct case_buffers {
     uint8_t *mask;
     case_tensor tq, tk, tv, tout, tdout, tdq, tdk, tdv;
     float *lse_dev, *lse_host;
+    /* score modifiers: host arrays the oracle reads, their copies in the context's memory */
+    float *slopes, *sinks, *dsinks_host;
+    void *bias_host, *dbias_host;
+    double *dsinks_ref, *dbias_ref;
+    void *slopes_dev, *sinks_dev, *bias_dev, *dsinks_dev, *dbias_dev;
+    size_t bias_elements;
 } case_buffers;
 
 static void release_buffers(fa_context *ctx, case_buffers *m)
@@ -418,6 +435,11 @@ static void release_buffers(fa_context *ctx, case_buffers *m)
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i) tensor_release(ctx, tensors[i]);
     if (m->lse_dev) fa_free(ctx, m->lse_dev);
     free(m->lse_host);
+    void *host[] = {m->slopes, m->sinks, m->dsinks_host, m->bias_host, m->dbias_host, m->dsinks_ref, m->dbias_ref};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; ++i) free(host[i]);
+    void *dev[] = {m->slopes_dev, m->sinks_dev, m->bias_dev, m->dsinks_dev, m->dbias_dev};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; ++i)
+        if (dev[i]) fa_free(ctx, dev[i]);
 }
 
 static double *random_values(uint64_t *rng, size_t n, fa_dtype dtype)
@@ -454,6 +476,61 @@ static fa_status build_block_mask(const fa_test_case *c, uint64_t *rng, uint8_t 
     case BLOCK_MASK_NONE: break;
     }
     return FA_ERROR_INVALID_VALUE;
+}
+
+/* A host array's copy in the context's memory. */
+static fa_status upload(fa_context *ctx, const void *host, size_t bytes, void **dev)
+{
+    fa_status st = fa_malloc(ctx, bytes, dev);
+    return st == FA_SUCCESS ? fa_memcpy_h2d(ctx, *dev, host, bytes) : st;
+}
+
+/* The case's score modifiers: host arrays for the oracle (desc_host), device copies for the run
+ * (desc). The full bias pads its rows (stride_q = seqlen_k + 3) to test the stride. */
+static fa_status build_modifiers(fa_context *ctx, const fa_test_case *c, fa_dtype dtype, uint64_t *rng,
+                                 case_buffers *m, fa_attention_desc *desc_host, fa_attention_desc *desc,
+                                 fa_bias *bias_host, fa_bias *bias_dev)
+{
+    const oracle_shape *s = &c->shape;
+    fa_status st = FA_SUCCESS;
+    if (c->modifiers & MOD_SOFTCAP) desc_host->softcap = desc->softcap = 2.0f;
+    if (c->modifiers & (MOD_ALIBI | MOD_ALIBI_PER_BATCH)) {
+        const int per_batch = (c->modifiers & MOD_ALIBI_PER_BATCH) != 0;
+        const int64_t n = (per_batch ? s->batch : 1) * s->heads_q;
+        if (!(m->slopes = malloc((size_t)n * sizeof(float)))) return FA_ERROR_OUT_OF_MEMORY;
+        for (int64_t x = 0; x < n; ++x) /* 2^(-8 (h + 1) / heads), times (b + 1) per batch */
+            m->slopes[x] = ldexpf(1.0f, -8 * (int)(x % s->heads_q + 1) / (int)s->heads_q) * (float)(x / s->heads_q + 1);
+        if ((st = upload(ctx, m->slopes, (size_t)n * sizeof(float), &m->slopes_dev))) return st;
+        desc_host->alibi_slopes = m->slopes;
+        desc->alibi_slopes = m->slopes_dev;
+        desc_host->alibi_per_batch = desc->alibi_per_batch = per_batch;
+    }
+    if (c->modifiers & MOD_SINKS) {
+        if (!(m->sinks = malloc((size_t)s->heads_q * sizeof(float)))) return FA_ERROR_OUT_OF_MEMORY;
+        for (int64_t h = 0; h < s->heads_q; ++h) m->sinks[h] = (float)round_to_dtype(next_normal(rng), FA_DTYPE_BF16);
+        if ((st = upload(ctx, m->sinks, (size_t)s->heads_q * sizeof(float), &m->sinks_dev))) return st;
+        desc_host->sinks = m->sinks;
+        desc->sinks = m->sinks_dev;
+    }
+    if (c->modifiers & (MOD_BIAS | MOD_BIAS_BROADCAST)) {
+        const int full = (c->modifiers & MOD_BIAS) != 0;
+        const int64_t ld = full ? s->seqlen_k + 3 : s->seqlen_k;
+        *bias_host = (fa_bias){NULL, dtype, full ? s->heads_q * s->seqlen_q * ld : 0, (full ? s->seqlen_q : 1) * ld,
+                               full ? ld : 0};
+        const int64_t batches = full ? s->batch : 1, rows = full ? s->seqlen_q : 1;
+        m->bias_elements = (size_t)(batches * s->heads_q * rows * ld);
+        const size_t bytes = m->bias_elements * dtype_bytes(dtype);
+        if (!(m->bias_host = malloc(bytes)) || !(m->dbias_host = malloc(bytes))) return FA_ERROR_OUT_OF_MEMORY;
+        for (size_t x = 0; x < m->bias_elements; ++x)
+            test_store_element(m->bias_host, x, dtype, round_to_dtype(next_normal(rng), dtype));
+        if ((st = upload(ctx, m->bias_host, bytes, &m->bias_dev))) return st;
+        bias_host->data = m->bias_host;
+        *bias_dev = *bias_host;
+        bias_dev->data = m->bias_dev;
+        desc_host->bias = bias_host;
+        desc->bias = bias_dev;
+    }
+    return st;
 }
 
 #define TRY(expr)                                                                                  \
@@ -500,6 +577,11 @@ fa_status fa_run_case(fa_context *ctx, const fa_test_case *c, fa_dtype dtype, in
         desc.block_mask = &bm;
     }
 
+    /* The oracle reads the modifiers' arrays on the host; the backend gets their copies. */
+    fa_attention_desc desc_host = desc;
+    fa_bias bias_host, bias_dev;
+    TRY(build_modifiers(ctx, c, dtype, &rng, &m, &desc_host, &desc, &bias_host, &bias_dev));
+
     TRY_ALLOC(m.q = random_values(&rng, q_count, dtype));
     TRY_ALLOC(m.k = random_values(&rng, kv_count, dtype));
     TRY_ALLOC(m.v = random_values(&rng, kv_count, dtype));
@@ -522,7 +604,7 @@ fa_status fa_run_case(fa_context *ctx, const fa_test_case *c, fa_dtype dtype, in
 
     TRY(fa_forward(ctx, &desc, &m.tq.t, &m.tk.t, &m.tv.t, &m.tout.t, m.lse_dev));
     TRY(fa_synchronize(ctx));
-    oracle_forward(s, &desc, m.q, m.k, m.v, m.out_ref, m.lse_ref);
+    oracle_forward(s, &desc_host, m.q, m.k, m.v, m.out_ref, m.lse_ref);
     TRY(tensor_download(ctx, &m.tout, m.got));
     errors->out = fmax(max_error(m.out_ref, m.got, q_count, &errors->out_scale), gap_error(&m.tout));
     TRY(fa_memcpy_d2h(ctx, m.lse_host, m.lse_dev, lse_count * sizeof(float)));
@@ -542,10 +624,48 @@ fa_status fa_run_case(fa_context *ctx, const fa_test_case *c, fa_dtype dtype, in
     TRY(tensor_upload(ctx, &m.tdq, NULL));
     TRY(tensor_upload(ctx, &m.tdk, NULL));
     TRY(tensor_upload(ctx, &m.tdv, NULL));
-    TRY(fa_backward(ctx, &desc, &m.tq.t, &m.tk.t, &m.tv.t, &m.tout.t, &m.tdout.t, m.lse_dev, &m.tdq.t, &m.tdk.t,
-                    &m.tdv.t));
+    /* dbias in the bias's layout, filled with all-ones bytes so an element never written shows */
+    fa_bias dbias_dev;
+    size_t dbias_count = 0;
+    const size_t bias_bytes = m.bias_elements * dtype_bytes(dtype);
+    if (m.bias_dev) {
+        memset(m.dbias_host, 0xff, bias_bytes);
+        TRY(upload(ctx, m.dbias_host, bias_bytes, &m.dbias_dev));
+        dbias_dev = bias_dev;
+        dbias_dev.data = m.dbias_dev;
+        fa_bias packed;
+        oracle_dbias_shape(s, &desc_host, &packed, &dbias_count);
+        TRY_ALLOC(m.dbias_ref = malloc(dbias_count * sizeof(double)));
+    }
+    if (m.sinks) {
+        TRY_ALLOC(m.dsinks_ref = malloc((size_t)s->heads_q * sizeof(double)));
+        TRY_ALLOC(m.dsinks_host = malloc((size_t)s->heads_q * sizeof(float)));
+        TRY(fa_malloc(ctx, (size_t)s->heads_q * sizeof(float), &m.dsinks_dev));
+    }
+    TRY(fa_backward_ex(ctx, &desc, &m.tq.t, &m.tk.t, &m.tv.t, &m.tout.t, &m.tdout.t, m.lse_dev, &m.tdq.t, &m.tdk.t,
+                       &m.tdv.t, m.dsinks_dev, m.dbias_dev ? &dbias_dev : NULL));
     TRY(fa_synchronize(ctx));
-    oracle_backward(s, &desc, m.q, m.k, m.v, m.dout, m.dq_ref, m.dk_ref, m.dv_ref);
+    oracle_backward_ex(s, &desc_host, m.q, m.k, m.v, m.dout, m.dq_ref, m.dk_ref, m.dv_ref, m.dsinks_ref, m.dbias_ref);
+    if (m.dsinks_dev) {
+        TRY(fa_memcpy_d2h(ctx, m.dsinks_host, m.dsinks_dev, (size_t)s->heads_q * sizeof(float)));
+        for (int64_t h = 0; h < s->heads_q; ++h) m.got[h] = m.dsinks_host[h];
+        errors->dsinks = max_error(m.dsinks_ref, m.got, (size_t)s->heads_q, &errors->dsinks_scale);
+    }
+    if (m.dbias_dev) { /* the packed oracle result against the strided one (rows padded by 3) */
+        TRY(fa_memcpy_d2h(ctx, m.dbias_host, m.dbias_dev, bias_bytes));
+        const int64_t rows = bias_host.stride_q ? s->seqlen_q : 1, heads = s->heads_q;
+        const int64_t batches = bias_host.stride_batch ? s->batch : 1;
+        double *got = malloc(dbias_count * sizeof(double));
+        TRY_ALLOC(got);
+        for (int64_t b = 0, n = 0; b < batches; ++b)
+            for (int64_t h = 0; h < heads; ++h)
+                for (int64_t i = 0; i < rows; ++i)
+                    for (int64_t j = 0; j < s->seqlen_k; ++j, ++n)
+                        got[n] = test_load_element(m.dbias_host, (size_t)(b * bias_host.stride_batch +
+                                                   h * bias_host.stride_head + i * bias_host.stride_q + j), dtype);
+        errors->dbias = max_error(m.dbias_ref, got, dbias_count, &errors->dbias_scale);
+        free(got);
+    }
     TRY(tensor_download(ctx, &m.tdq, m.got));
     errors->dq = fmax(max_error(m.dq_ref, m.got, q_count, &errors->dq_scale), gap_error(&m.tdq));
     TRY(tensor_download(ctx, &m.tdk, m.got));

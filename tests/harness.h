@@ -16,6 +16,17 @@ typedef enum case_layout {
 } case_layout;
 typedef enum case_block_mask { BLOCK_MASK_NONE, BLOCK_MASK_RANDOM, BLOCK_MASK_BUTTERFLY, BLOCK_MASK_LOCAL_GLOBAL } case_block_mask;
 
+/* Score modifiers of a case (bits). ALiBi slopes are the usual geometric ones (per batch: scaled
+ * by batch); sinks and bias values are seeded normals, the bias in the case's dtype. */
+enum case_modifier {
+    MOD_SOFTCAP = 1,          /* softcap 2: unit-normal scores reach the tanh's bend */
+    MOD_ALIBI = 2,            /* [heads_q] slopes */
+    MOD_ALIBI_PER_BATCH = 4,  /* [batch, heads_q] slopes */
+    MOD_SINKS = 8,            /* and dsinks in the backward */
+    MOD_BIAS = 16,            /* full [batch, heads_q, seqlen_q, seqlen_k] bias, padded rows; and dbias */
+    MOD_BIAS_BROADCAST = 32   /* [1, heads_q, 1, seqlen_k] bias: dbias sums batches and rows */
+};
+
 typedef struct fa_test_case {
     const char *name;
     oracle_shape shape;
@@ -28,6 +39,7 @@ typedef struct fa_test_case {
     case_block_mask block_mask;
     int32_t block_q, block_k;
     case_layout layout;
+    unsigned modifiers;  /* enum case_modifier bits */
 } fa_test_case;
 
 extern const fa_test_case fa_test_cases[];
@@ -36,9 +48,9 @@ extern const size_t fa_test_case_count;
 typedef struct fa_case_errors {
     /* max abs error against the oracle; INFINITY for NaN, a missed -inf, or a write into the gaps
      * of a LAYOUT_PADDED output */
-    double out, lse, dq, dk, dv;
+    double out, lse, dq, dk, dv, dsinks, dbias; /* dsinks, dbias: 0 when the case has none */
     /* max(1, max |oracle value|) of each quantity: f16/bf16 tolerances scale with it */
-    double out_scale, lse_scale, dq_scale, dk_scale, dv_scale;
+    double out_scale, lse_scale, dq_scale, dk_scale, dv_scale, dsinks_scale, dbias_scale;
 } fa_case_errors;
 
 /* Tolerance on max abs error for unit-normal inputs: f32 1e-4 (the foundation issue's bound);
@@ -56,9 +68,12 @@ void fa_case_describe(const fa_test_case *c, fa_dtype dtype, char *text, size_t 
 const char *fa_dtype_label(fa_dtype dtype);
 
 /* FA_TEST_QUICK=1 in the environment (for sanitizer and valgrind runs) skips the larger cases
- * (and tests/core/test_memory, whose size is the point of it):
- * this returns 0 for them. Otherwise it returns 1 for every case. */
+ * (and tests/core/test_memory, whose size is the point of it); FA_TEST_CASES=name,name,... runs
+ * only the cases named. This returns 0 for the cases skipped, 1 otherwise. */
 int fa_case_selected(const fa_test_case *c);
+/* The first name in FA_TEST_CASES that is not in the table, or NULL (a typo must not silently
+ * select nothing). */
+const char *fa_case_filter_unknown(void);
 
 /* Runs forward and (if backward) backward of c on ctx in dtype; fills errors.
  * Returns FA_SUCCESS or the status the library returned. */

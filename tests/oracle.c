@@ -4,6 +4,7 @@
 #include "oracle.h"
 
 #include <Random123/philox.h>
+#include "test_arrays.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,18 +42,44 @@ int oracle_dropout_keep(const oracle_shape *s, const fa_attention_desc *desc, in
     return !(u < (double)desc->dropout_p);
 }
 
-/* One query row of one (batch, head): the softmax probabilities P (0 where invisible) and the
- * dropout factors (0 or 1/(1-p)). Returns the natural-log normaliser, -INFINITY when no key is
- * visible (then P is all zero). */
+/* Index of bias element (b, h, i, j) of a bias or dbias description. */
+static size_t bias_index(const fa_bias *bias, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    return (size_t)(b * bias->stride_batch + h * bias->stride_head + i * bias->stride_q + j);
+}
+
+/* The score of a visible (i, j) from x = tau * q.k: softcap, ALiBi, bias, in that order.
+ * *dx (may be NULL) receives d score / d x (the softcap's derivative). */
+static double modified_score(const oracle_shape *s, const fa_attention_desc *desc, int64_t b, int64_t h, int64_t i,
+                             int64_t j, double x, double *dx)
+{
+    double score = x, slope = 0.0;
+    if (dx) *dx = 1.0;
+    if (desc->softcap > 0.0f) {
+        const double cap = desc->softcap, t = tanh(x / cap);
+        score = cap * t;
+        if (dx) *dx = 1.0 - t * t;
+    }
+    if (desc->alibi_slopes) slope = desc->alibi_slopes[(desc->alibi_per_batch ? b * s->heads_q : 0) + h];
+    score -= slope * fabs((double)(i + s->seqlen_k - s->seqlen_q - j));
+    if (desc->bias) score += test_load_element(desc->bias->data, bias_index(desc->bias, b, h, i, j), desc->bias->dtype);
+    return score;
+}
+
+/* One query row of one (batch, head): the softmax probabilities P (0 where invisible), the
+ * dropout factors (0 or 1/(1-p)) and d score / d (tau q.k) per key. Returns the natural-log
+ * normaliser (the sink included), -INFINITY when it is empty (then P is all zero). */
 static double softmax_row(const oracle_shape *s, const fa_attention_desc *desc, const double *q, const double *k,
-                          int64_t b, int64_t h, int64_t i, double *p_row, double *drop_row)
+                          int64_t b, int64_t h, int64_t i, double *p_row, double *drop_row, double *dx_row)
 {
     const int64_t hk = h / (s->heads_q / s->heads_kv);
     const int64_t d = s->head_dim;
     const double tau = resolved_scale(s, desc);
     const double *qi = q + ((b * s->seqlen_q + i) * s->heads_q + h) * d;
-    double row_max = -INFINITY;
+    const double sink = desc->sinks ? (double)desc->sinks[h] : -INFINITY;
+    double row_max = sink;
     for (int64_t j = 0; j < s->seqlen_k; ++j) {
+        dx_row[j] = 0.0;
         if (!oracle_visible(s, desc, b, i, j)) {
             p_row[j] = -INFINITY;
             continue;
@@ -60,11 +87,11 @@ static double softmax_row(const oracle_shape *s, const fa_attention_desc *desc, 
         const double *kj = k + ((b * s->seqlen_k + j) * s->heads_kv + hk) * d;
         double dot = 0.0;
         for (int64_t x = 0; x < d; ++x) dot += qi[x] * kj[x];
-        p_row[j] = tau * dot;
+        p_row[j] = modified_score(s, desc, b, h, i, j, tau * dot, &dx_row[j]);
         if (p_row[j] > row_max) row_max = p_row[j];
     }
     const double keep_scale = 1.0 / (1.0 - (double)desc->dropout_p);
-    double sum = 0.0;
+    double sum = row_max == -INFINITY ? 0.0 : exp(sink - row_max);
     for (int64_t j = 0; j < s->seqlen_k; ++j) {
         p_row[j] = row_max == -INFINITY ? 0.0 : exp(p_row[j] - row_max);
         sum += p_row[j];
@@ -81,12 +108,13 @@ void oracle_forward(const oracle_shape *s, const fa_attention_desc *desc, const 
     const int64_t d = s->head_dim;
     double *p_row = malloc((size_t)s->seqlen_k * sizeof *p_row);
     double *drop_row = malloc((size_t)s->seqlen_k * sizeof *drop_row);
-    if (!p_row || !drop_row) abort();
+    double *dx_row = malloc((size_t)s->seqlen_k * sizeof *dx_row);
+    if (!p_row || !drop_row || !dx_row) abort();
     for (int64_t b = 0; b < s->batch; ++b)
         for (int64_t h = 0; h < s->heads_q; ++h) {
             const int64_t hk = h / (s->heads_q / s->heads_kv);
             for (int64_t i = 0; i < s->seqlen_q; ++i) {
-                const double row_lse = softmax_row(s, desc, q, k, b, h, i, p_row, drop_row);
+                const double row_lse = softmax_row(s, desc, q, k, b, h, i, p_row, drop_row, dx_row);
                 if (lse) lse[(b * s->heads_q + h) * s->seqlen_q + i] = row_lse;
                 double *oi = out + ((b * s->seqlen_q + i) * s->heads_q + h) * d;
                 for (int64_t x = 0; x < d; ++x) oi[x] = 0.0;
@@ -100,13 +128,36 @@ void oracle_forward(const oracle_shape *s, const fa_attention_desc *desc, const 
         }
     free(p_row);
     free(drop_row);
+    free(dx_row);
 }
 
 void oracle_backward(const oracle_shape *s, const fa_attention_desc *desc, const double *q, const double *k,
                      const double *v, const double *dout, double *dq, double *dk, double *dv)
 {
+    oracle_backward_ex(s, desc, q, k, v, dout, dq, dk, dv, NULL, NULL);
+}
+
+void oracle_dbias_shape(const oracle_shape *s, const fa_attention_desc *desc, fa_bias *packed, size_t *count)
+{
+    const fa_bias *bias = desc->bias;
+    const int64_t rows = bias->stride_q ? s->seqlen_q : 1, heads = bias->stride_head ? s->heads_q : 1;
+    const int64_t batches = bias->stride_batch ? s->batch : 1;
+    *packed = (fa_bias){NULL, FA_DTYPE_F32, bias->stride_batch ? heads * rows * s->seqlen_k : 0,
+                        bias->stride_head ? rows * s->seqlen_k : 0, bias->stride_q ? s->seqlen_k : 0};
+    *count = (size_t)(batches * heads * rows * s->seqlen_k);
+}
+
+void oracle_backward_ex(const oracle_shape *s, const fa_attention_desc *desc, const double *q, const double *k,
+                        const double *v, const double *dout, double *dq, double *dk, double *dv, double *dsinks,
+                        double *dbias)
+{
     const int64_t d = s->head_dim;
     const double tau = resolved_scale(s, desc);
+    fa_bias dbias_at;
+    size_t dbias_count = 0;
+    if (dbias) oracle_dbias_shape(s, desc, &dbias_at, &dbias_count);
+    for (size_t x = 0; x < dbias_count; ++x) dbias[x] = 0.0;
+    for (int64_t h = 0; dsinks && h < s->heads_q; ++h) dsinks[h] = 0.0;
     const size_t kv_count = (size_t)(s->batch * s->seqlen_k * s->heads_kv * d);
     memset(dq, 0, (size_t)(s->batch * s->seqlen_q * s->heads_q * d) * sizeof *dq);
     memset(dk, 0, kv_count * sizeof *dk);
@@ -115,12 +166,13 @@ void oracle_backward(const oracle_shape *s, const fa_attention_desc *desc, const
     double *drop_row = malloc((size_t)s->seqlen_k * sizeof *drop_row);
     double *dp_row = malloc((size_t)s->seqlen_k * sizeof *dp_row);
     double *o_row = malloc((size_t)d * sizeof *o_row);
-    if (!p_row || !drop_row || !dp_row || !o_row) abort();
+    double *dx_row = malloc((size_t)s->seqlen_k * sizeof *dx_row);
+    if (!p_row || !drop_row || !dp_row || !o_row || !dx_row) abort();
     for (int64_t b = 0; b < s->batch; ++b)
         for (int64_t h = 0; h < s->heads_q; ++h) {
             const int64_t hk = h / (s->heads_q / s->heads_kv);
             for (int64_t i = 0; i < s->seqlen_q; ++i) {
-                softmax_row(s, desc, q, k, b, h, i, p_row, drop_row);
+                const double row_lse = softmax_row(s, desc, q, k, b, h, i, p_row, drop_row, dx_row);
                 const size_t qi_at = (size_t)(((b * s->seqlen_q + i) * s->heads_q + h) * d);
                 const double *qi = q + qi_at, *doi = dout + qi_at;
                 double *dqi = dq + qi_at;
@@ -139,11 +191,16 @@ void oracle_backward(const oracle_shape *s, const fa_attention_desc *desc, const
                 }
                 double row_d = 0.0;
                 for (int64_t x = 0; x < d; ++x) row_d += doi[x] * o_row[x];
+                /* the sink: a logit with no value, so its dP is 0 */
+                if (dsinks && desc->sinks[h] != -INFINITY && row_lse != -INFINITY)
+                    dsinks[h] -= exp((double)desc->sinks[h] - row_lse) * row_d;
                 for (int64_t j = 0; j < s->seqlen_k; ++j) {
                     if (p_row[j] == 0.0) continue;
                     const size_t kj_at = (size_t)(((b * s->seqlen_k + j) * s->heads_kv + hk) * d);
                     const double z = p_row[j] * drop_row[j];
-                    const double ds = p_row[j] * (dp_row[j] - row_d);
+                    const double ds_score = p_row[j] * (dp_row[j] - row_d); /* d loss / d score */
+                    if (dbias) dbias[bias_index(&dbias_at, b, h, i, j)] += ds_score;
+                    const double ds = ds_score * dx_row[j];
                     for (int64_t x = 0; x < d; ++x) {
                         dv[kj_at + x] += z * doi[x];
                         dqi[x] += tau * ds * k[kj_at + x];
@@ -156,4 +213,5 @@ void oracle_backward(const oracle_shape *s, const fa_attention_desc *desc, const
     free(drop_row);
     free(dp_row);
     free(o_row);
+    free(dx_row);
 }

@@ -27,7 +27,8 @@ class Tensor(ctypes.Structure):
 
 
 class Desc(ctypes.Structure):
-    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int), ("window_left", ctypes.c_int32),
+    # The 0.1 members after struct_size: the smallest layout the library accepts (README, "ABI").
+    _fields_ = [("struct_size", ctypes.c_size_t), ("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int), ("window_left", ctypes.c_int32),
                 ("window_right", ctypes.c_int32), ("seqlens_k", ctypes.c_void_p), ("dropout_p", ctypes.c_float),
                 ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64), ("block_mask", ctypes.c_void_p)]
 
@@ -118,7 +119,7 @@ def main():
                         out = sdpa_fwd()
                         out.backward(dout)
 
-                    desc = Desc(0.0, int(causal), -1, -1, None, 0.0, 0, 0, None)
+                    desc = Desc(ctypes.sizeof(Desc), 0.0, int(causal), -1, -1, None, 0.0, 0, 0, None)
                     out, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
                     lse = torch.empty((batch, heads, n), device="cuda", dtype=torch.float32)
 

@@ -1,7 +1,9 @@
 /* The attention entry points: validate once, then hand the problem to the context's backend. */
 #include <math.h>
+#include <stddef.h>
 
 #include "error.h"
+#include "sized_struct.h"
 #include "tiling.h"
 #include "validate.h"
 
@@ -11,8 +13,41 @@ void fa_attention_desc_init(fa_attention_desc *desc)
 {
     if (!desc) return;
     *desc = (fa_attention_desc){0};
+    desc->struct_size = sizeof *desc;
     desc->window_left = -1;
     desc->window_right = -1;
+}
+
+/* The caller's desc, read once into a complete copy (fields past its struct_size take their
+ * defaults); validation and backends only ever see this copy. The smallest accepted layout is the
+ * one that ended at block_mask (0.2 before varlen). */
+static fa_status read_desc(const fa_attention_desc *desc, fa_attention_desc *full)
+{
+    fa_attention_desc_init(full);
+    return fa_sized_struct_read("desc", desc, offsetof(fa_attention_desc, varlen), sizeof *full, full);
+}
+
+/* What the validated problem needs from the backend beyond forward/backward. */
+static fa_status check_features(const fa_backend_iface *iface, const fa_problem *p)
+{
+    if (fa_problem_has_modifiers(p)) {
+        if (!(iface->features & FA_BACKEND_SCORE_MODIFIERS))
+            return fa_set_error(FA_ERROR_NOT_SUPPORTED,
+                                "desc: the %s backend does not implement score modifiers (softcap, alibi_slopes, "
+                                "sinks, bias) yet", iface->name);
+        /* Values in device memory are the backend's to check (without a host sync). */
+        if (iface->features & FA_BACKEND_HOST_MEMORY) {
+            fa_status st = fa_validate_modifier_values(p);
+            if (st) return st;
+        }
+    }
+    if (!p->varlen.batch) return FA_SUCCESS;
+    if (!(iface->features & FA_BACKEND_VARLEN))
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED,
+                            "desc->varlen: the %s backend does not implement packed variable-length batches yet",
+                            iface->name);
+    /* Offsets in device memory are the backend's to check (without a host sync). */
+    return iface->features & FA_BACKEND_HOST_MEMORY ? fa_validate_varlen_offsets(p) : FA_SUCCESS;
 }
 
 fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
@@ -21,8 +56,11 @@ fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc, const fa_te
     const fa_backend_iface *iface;
     void *state;
     fa_problem p;
+    fa_attention_desc full;
     fa_status st = fa_context_backend_state(ctx, &iface, &state);
-    if (st == FA_SUCCESS) st = fa_validate_forward(desc, q, k, v, out, lse, &p);
+    if (st == FA_SUCCESS) st = read_desc(desc, &full);
+    if (st == FA_SUCCESS) st = fa_validate_forward(&full, q, k, v, out, lse, &p);
+    if (st == FA_SUCCESS) st = check_features(iface, &p);
     if (st == FA_SUCCESS) st = iface->forward(state, &p);
     return st;
 }
@@ -31,12 +69,42 @@ fa_status fa_backward(fa_context *ctx, const fa_attention_desc *desc, const fa_t
                       const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout, const float *lse,
                       fa_tensor *dq, fa_tensor *dk, fa_tensor *dv)
 {
+    return fa_backward_ex(ctx, desc, q, k, v, out, dout, lse, dq, dk, dv, NULL, NULL);
+}
+
+fa_status fa_backward_ex(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
+                         const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout, const float *lse,
+                         fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, float *dsinks, const fa_bias *dbias)
+{
     const fa_backend_iface *iface;
     void *state;
     fa_problem p;
+    fa_attention_desc full;
     fa_status st = fa_context_backend_state(ctx, &iface, &state);
-    if (st == FA_SUCCESS) st = fa_validate_backward(desc, q, k, v, out, dout, lse, dq, dk, dv, &p);
+    if (st == FA_SUCCESS) st = read_desc(desc, &full);
+    if (st == FA_SUCCESS) st = fa_validate_backward(&full, q, k, v, out, dout, lse, dq, dk, dv, dsinks, dbias, &p);
+    if (st == FA_SUCCESS) st = check_features(iface, &p);
     if (st == FA_SUCCESS) st = iface->backward(state, &p);
+    return st;
+}
+
+fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
+                             const fa_kv_cache *cache, const fa_tensor *k_new, const fa_tensor *v_new, fa_tensor *out,
+                             float *lse)
+{
+    const fa_backend_iface *iface;
+    void *state;
+    fa_kv_problem p;
+    fa_attention_desc full;
+    fa_status st = fa_context_backend_state(ctx, &iface, &state);
+    if (st == FA_SUCCESS) st = read_desc(desc, &full);
+    if (st == FA_SUCCESS) st = fa_validate_kvcache(&full, q, cache, k_new, v_new, out, lse, &p);
+    if (st == FA_SUCCESS && !iface->forward_kvcache)
+        st = fa_set_error(FA_ERROR_NOT_SUPPORTED, "fa_forward_kvcache: the %s backend does not implement the KV-cache "
+                          "path yet", iface->name);
+    /* Tables in device memory are the backend's to check (without a host sync). */
+    if (st == FA_SUCCESS && (iface->features & FA_BACKEND_HOST_MEMORY)) st = fa_validate_kvcache_tables(&p);
+    if (st == FA_SUCCESS) st = iface->forward_kvcache(state, &p);
     return st;
 }
 

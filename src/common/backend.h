@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever fa_problem, fa_host_api or fa_backend_iface change layout. */
-#define FA_BACKEND_ABI_VERSION 1u
+#define FA_BACKEND_ABI_VERSION 3u
 
 /* A validated attention problem. Tensor strides are always explicit (never 0). */
 typedef struct fa_problem {
@@ -28,7 +28,42 @@ typedef struct fa_problem {
     fa_tensor q, k, v, out;
     fa_tensor dout, dq, dk, dv;        /* backward only; data NULL in forward */
     float *lse;                        /* forward: output or NULL; backward: input */
+    /* Row i of (b, h) in lse: lse[b * lse_stride_batch + h * lse_stride_head + i]. */
+    int64_t lse_stride_batch, lse_stride_head;
+    /* Dropout element of (b, h, i, j): ((dropout_batch0 + b) * heads_q + h) * dropout_rows + i)
+     * * dropout_cols + j; dense problems: 0, seqlen_q, seqlen_k. */
+    int64_t dropout_batch0, dropout_rows, dropout_cols;
+    /* Packed variable-length batch (desc->varlen), batch 0 when absent. Then batch = 1,
+     * seqlen_q/seqlen_k are the total rows, lse is [heads_q, total_q] and the block mask's grid
+     * is that of max_seqlen_q x max_seqlen_k. Offsets: the context's memory. */
+    fa_varlen varlen;
+    /* Score modifiers (ABI 3), all off (0 / NULL) unless the backend has
+     * FA_BACKEND_SCORE_MODIFIERS. Alibi slope of (b, h): alibi_slopes[b * alibi_stride_batch + h].
+     * bias/dbias: data NULL when absent; dbias and dsinks (backward outputs) only in backward. */
+    float softcap;
+    const float *alibi_slopes;
+    int64_t alibi_stride_batch;
+    const float *sinks;
+    fa_bias bias, dbias;
+    float *dsinks;
 } fa_problem;
+
+/* fa_forward_kvcache's problem: attn.q, attn.out, attn.lse and the score options as in
+ * fa_problem; attn.k, attn.v are the cache tensors, attn.seqlen_k their capacity per sequence
+ * (contiguous) or page_size (paged). */
+typedef struct fa_kv_problem {
+    fa_problem attn;
+    fa_tensor k_new, v_new;            /* data NULL: nothing to append */
+    int64_t seqlen_new;                /* 0 without k_new */
+    const int32_t *block_table;        /* [batch, max_pages_per_seq], NULL = contiguous */
+    int64_t max_pages_per_seq, page_size, num_pages;
+    const int32_t *cache_seqlens;      /* [batch] */
+} fa_kv_problem;
+
+/* fa_backend_iface.features */
+#define FA_BACKEND_HOST_MEMORY 1u      /* tensors and tables are host memory: the core reads tables */
+#define FA_BACKEND_VARLEN 2u           /* forward and backward accept fa_problem.varlen */
+#define FA_BACKEND_SCORE_MODIFIERS 4u  /* forward and backward apply softcap, ALiBi, sinks, bias */
 
 /* Services the core library offers to plugins (plugins never link the core). */
 typedef struct fa_host_api {
@@ -57,6 +92,9 @@ typedef struct fa_backend_iface {
     const char *(*info)(void *state);
     fa_status (*forward)(void *state, const fa_problem *p);
     fa_status (*backward)(void *state, const fa_problem *p);
+    /* Appended in ABI 2; a table that leaves them 0/NULL has none of these features. */
+    unsigned features;                 /* FA_BACKEND_* */
+    fa_status (*forward_kvcache)(void *state, const fa_kv_problem *p);
 } fa_backend_iface;
 
 /* A plugin exports one C symbol of this type, named FA_PLUGIN_ENTRY_NAME. It returns NULL when

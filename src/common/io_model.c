@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "sized_struct.h"
 #include "validate.h"
 
 #define INVALID(...) fa_set_error(FA_ERROR_INVALID_VALUE, __VA_ARGS__)
@@ -37,6 +38,7 @@ void fa_io_problem_init(fa_io_problem *problem)
 {
     if (!problem) return;
     memset(problem, 0, sizeof *problem);
+    problem->struct_size = sizeof *problem;
     problem->algorithm = FA_IO_FLASH;
     problem->batch_heads = 1;
     problem->element_bytes = 4;
@@ -287,10 +289,21 @@ static void tiled_counts(const fa_io_plan *p, const tile_sums *s, checked *c, fa
     }
 }
 
-fa_status fa_io_estimate(const fa_io_problem *problem, fa_io_pass pass, fa_io_counts *counts)
+fa_status fa_io_problem_read(const fa_io_problem *problem, fa_io_problem *full)
 {
+    fa_io_problem_init(full);
+    /* Every field of 0.2 is required: the smallest layout is the first sized one. */
+    return fa_sized_struct_read("problem", problem, sizeof *full, sizeof *full, full);
+}
+
+fa_status fa_io_estimate(const fa_io_problem *caller_problem, fa_io_pass pass, fa_io_counts *counts)
+{
+    fa_io_problem full;
+    fa_status st = fa_io_problem_read(caller_problem, &full);
+    if (st) return st;
+    const fa_io_problem *problem = &full;
     fa_io_plan plan;
-    fa_status st = fa_io_plan_make(problem, pass, &plan);
+    st = fa_io_plan_make(problem, pass, &plan);
     if (st) return st;
     if (!counts) return INVALID("counts: is NULL");
     const char *overflow = "problem: counts overflow 64 bits (seqlen_q x seqlen_k x head_dim x batch_heads too large)";

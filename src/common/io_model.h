@@ -19,6 +19,8 @@ typedef struct fa_io_plan {
 } fa_io_plan;
 
 /* Validates problem and pass; on failure records a message naming the argument. */
+/* The caller's problem read once into a complete copy (README "ABI policy"). */
+fa_status fa_io_problem_read(const fa_io_problem *problem, fa_io_problem *full);
 fa_status fa_io_plan_make(const fa_io_problem *problem, fa_io_pass pass, fa_io_plan *plan);
 
 /* 1 when tile (i, j) is computed: no mask, or any mask block it overlaps is set. */

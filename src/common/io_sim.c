@@ -603,13 +603,17 @@ static float *slow_alloc(fa_io_counts *counts, int64_t n, int *failed)
     return p;
 }
 
-fa_status fa_io_simulate(const fa_io_problem *problem, const float *q, const float *k, const float *v, float *out,
-                         float *lse, fa_io_counts *forward_counts, const float *dout, float *dq, float *dk, float *dv,
-                         fa_io_counts *backward_counts)
+fa_status fa_io_simulate(const fa_io_problem *caller_problem, const float *q, const float *k, const float *v,
+                         float *out, float *lse, fa_io_counts *forward_counts, const float *dout, float *dq, float *dk,
+                         float *dv, fa_io_counts *backward_counts)
 {
+    fa_io_problem full;
+    fa_status st = fa_io_problem_read(caller_problem, &full);
+    if (st) return st;
+    const fa_io_problem *problem = &full;
     fa_io_plan fwd, bwd;
     fa_io_counts model;
-    fa_status st = fa_io_plan_make(problem, FA_IO_FORWARD, &fwd);
+    st = fa_io_plan_make(problem, FA_IO_FORWARD, &fwd);
     if (st) return st;
     if ((st = fa_io_estimate(problem, FA_IO_FORWARD, &model))) return st; /* every count, and so every size, fits */
     const float *inputs[] = {q, k, v, out};

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,23 +17,33 @@
 
 typedef struct plugin_slot {
     fa_backend kind;
-    const char *file;            /* shared module name */
+    const char *file;              /* shared module name */
     pthread_once_t once;
+    void (*load_once)(void);       /* loads this slot: pthread_once passes no argument */
     const fa_backend_iface *iface; /* NULL when unavailable */
-    char reason[384];
+    char reason[512];              /* as long as fa_last_error() can hold (error.c) */
 } plugin_slot;
 
-static plugin_slot plugins[] = {
-    {FA_BACKEND_CUDA, "libflashattn-cuda.so", PTHREAD_ONCE_INIT, NULL, ""},
-    {FA_BACKEND_HIP, "libflashattn-hip.so", PTHREAD_ONCE_INIT, NULL, ""},
-};
+static void load_plugin(plugin_slot *slot);
+
+/* A slot and the once-function that loads it, defined together. */
+#define PLUGIN_SLOT(name, backend_kind, file_name)                                                 \
+    static void name##_load(void);                                                                \
+    static plugin_slot name = {                                                                   \
+        .kind = backend_kind, .file = file_name, .once = PTHREAD_ONCE_INIT, .load_once = name##_load}; \
+    static void name##_load(void) { load_plugin(&name); }
+
+PLUGIN_SLOT(cuda_slot, FA_BACKEND_CUDA, "libflashattn-cuda.so")
+PLUGIN_SLOT(hip_slot, FA_BACKEND_HIP, "libflashattn-hip.so")
+
+static plugin_slot *const plugins[] = {&cuda_slot, &hip_slot};
 
 static const fa_host_api host_api = {FA_BACKEND_ABI_VERSION, fa_set_error};
 
 static plugin_slot *slot_for(fa_backend kind)
 {
     for (size_t i = 0; i < sizeof plugins / sizeof plugins[0]; ++i)
-        if (plugins[i].kind == kind) return &plugins[i];
+        if (plugins[i]->kind == kind) return plugins[i];
     return NULL;
 }
 
@@ -49,9 +60,22 @@ static void library_dir(char *dir, size_t size)
     }
 }
 
-static void *open_plugin(plugin_slot *slot)
+/* Records why the slot's backend is unavailable: "<backend> backend unavailable: <why>". */
+static void set_reason(plugin_slot *slot, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_reason(plugin_slot *slot, const char *fmt, ...)
 {
-    char libdir[512], path[1024];
+    const int prefix = snprintf(slot->reason, sizeof slot->reason, "%s backend unavailable: ",
+                                fa_backend_name(slot->kind));
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(slot->reason + prefix, sizeof slot->reason - (size_t)prefix, fmt, args);
+    va_end(args);
+}
+
+/* Opens the slot's module from the first search folder that has it; path gets the file opened. */
+static void *open_plugin(plugin_slot *slot, char *path, size_t path_size)
+{
+    char libdir[512];
     library_dir(libdir, sizeof libdir);
     const char *env_dir = getenv("FLASHATTN_PLUGIN_DIR");
     const char *dirs[4][2] = {
@@ -63,51 +87,72 @@ static void *open_plugin(plugin_slot *slot)
     char tried[256] = "";
     for (size_t i = 0; i < 4; ++i) {
         if (!dirs[i][0][0]) continue;
-        snprintf(path, sizeof path, "%s%s/%s", dirs[i][0], dirs[i][1], slot->file);
+        snprintf(path, path_size, "%s%s/%s", dirs[i][0], dirs[i][1], slot->file);
         void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (handle) return handle;
         /* A module that exists but fails to load (missing runtime) is worth reporting as is. */
         FILE *f = fopen(path, "rb");
         if (f) {
             fclose(f);
-            snprintf(slot->reason, sizeof slot->reason, "%s backend unavailable: %s", fa_backend_name(slot->kind), dlerror());
+            set_reason(slot, "%s", dlerror()); /* "<path>: <why>" */
             return NULL;
         }
         size_t used = strlen(tried);
         snprintf(tried + used, sizeof tried - used, "%s%s%s", used ? ", " : "", dirs[i][0], dirs[i][1]);
     }
-    snprintf(slot->reason, sizeof slot->reason, "%s backend unavailable: plugin %s not found (searched %s)",
-             fa_backend_name(slot->kind), slot->file, tried[0] ? tried : "nothing");
+    set_reason(slot, "plugin %s not found (searched %s)", slot->file, tried[0] ? tried : "nothing");
     return NULL;
+}
+
+/* The plugin's table if it speaks this library's ABI for the slot's backend; else NULL and the
+ * slot's reason names the file and what is wrong with it. */
+static const fa_backend_iface *plugin_table(plugin_slot *slot, void *handle, const char *path)
+{
+    fa_plugin_entry_fn entry = (fa_plugin_entry_fn)(uintptr_t)dlsym(handle, FA_PLUGIN_ENTRY_NAME);
+    if (!entry) {
+        set_reason(slot, "%s does not export %s", path, FA_PLUGIN_ENTRY_NAME);
+        return NULL;
+    }
+    const fa_backend_iface *iface = entry(&host_api);
+    if (!iface) {
+        set_reason(slot, "%s refused plugin ABI version %u (%s returned NULL); rebuild the plugin", path,
+                   FA_BACKEND_ABI_VERSION, FA_PLUGIN_ENTRY_NAME);
+        return NULL;
+    }
+    /* abi_version is the table's first member in every version; nothing else is read before it matches. */
+    if (iface->abi_version != FA_BACKEND_ABI_VERSION) {
+        set_reason(slot, "%s has plugin ABI version %u, %s than this library's %u; rebuild the plugin", path,
+                   iface->abi_version, iface->abi_version < FA_BACKEND_ABI_VERSION ? "older" : "newer",
+                   FA_BACKEND_ABI_VERSION);
+        return NULL;
+    }
+    if (iface->kind != slot->kind) {
+        set_reason(slot, "%s is a %s plugin (backend kind %d), not a %s one", path, fa_backend_name(iface->kind),
+                   (int)iface->kind, fa_backend_name(slot->kind));
+        return NULL;
+    }
+    return iface;
 }
 
 static void load_plugin(plugin_slot *slot)
 {
-    void *handle = open_plugin(slot);
+    char path[1024];
+    void *handle = open_plugin(slot, path, sizeof path);
     if (!handle) return;
-    fa_plugin_entry_fn entry = (fa_plugin_entry_fn)(uintptr_t)dlsym(handle, FA_PLUGIN_ENTRY_NAME);
-    const fa_backend_iface *iface = entry ? entry(&host_api) : NULL;
-    if (!iface || iface->abi_version != FA_BACKEND_ABI_VERSION || iface->kind != slot->kind) {
-        snprintf(slot->reason, sizeof slot->reason,
-                 "%s backend unavailable: %s has no matching entry point (ABI version %u expected)",
-                 fa_backend_name(slot->kind), slot->file, FA_BACKEND_ABI_VERSION);
+    const fa_backend_iface *iface = plugin_table(slot, handle, path);
+    if (!iface) {
         dlclose(handle);
         return;
     }
     fa_clear_error();
     if (iface->device_count() <= 0) {
         const char *why = fa_last_error();
-        snprintf(slot->reason, sizeof slot->reason, "%s backend unavailable: %s",
-                 fa_backend_name(slot->kind), why[0] ? why : "no device found");
+        set_reason(slot, "%s", why[0] ? why : "no device found");
         /* Keep the module loaded: unloading GPU runtimes is unsafe and the probe is cached. */
         return;
     }
     slot->iface = iface;
 }
-
-/* pthread_once takes no argument, so each slot gets a trampoline. */
-static void load_cuda(void) { load_plugin(&plugins[0]); }
-static void load_hip(void) { load_plugin(&plugins[1]); }
 
 const fa_backend_iface *fa_registry_get(fa_backend kind)
 {
@@ -117,7 +162,7 @@ const fa_backend_iface *fa_registry_get(fa_backend kind)
         fa_set_error(FA_ERROR_INVALID_VALUE, "backend: unknown backend %d", (int)kind);
         return NULL;
     }
-    pthread_once(&slot->once, kind == FA_BACKEND_CUDA ? load_cuda : load_hip);
+    pthread_once(&slot->once, slot->load_once);
     if (!slot->iface) fa_set_error(FA_ERROR_BACKEND_UNAVAILABLE, "%s", slot->reason);
     return slot->iface;
 }

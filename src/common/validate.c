@@ -75,6 +75,156 @@ static fa_status same_shape(const char *name, const fa_tensor *t, const char *re
     return FA_SUCCESS;
 }
 
+/* The packed layout's shape rules (the offsets' values are checked by fa_validate_varlen_offsets,
+ * where the backend's memory is host memory). */
+static fa_status check_varlen(const fa_attention_desc *desc, fa_problem *p)
+{
+    const fa_varlen *vl = desc->varlen;
+    if (vl->batch <= 0) return INVALID("desc->varlen->batch: %lld is not positive", (long long)vl->batch);
+    if (!vl->cu_seqlens_q) return INVALID("desc->varlen->cu_seqlens_q: is NULL");
+    if (!vl->cu_seqlens_k) return INVALID("desc->varlen->cu_seqlens_k: is NULL");
+    if (vl->max_seqlen_q <= 0 || vl->max_seqlen_k <= 0)
+        return INVALID("desc->varlen->max_seqlen_q, max_seqlen_k: %lld, %lld must be positive",
+                       (long long)vl->max_seqlen_q, (long long)vl->max_seqlen_k);
+    if (p->batch != 1)
+        return INVALID("q: batch %lld must be 1 with desc->varlen (sequences are packed along seqlen)",
+                       (long long)p->batch);
+    if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL with desc->varlen (use cu_seqlens_k)");
+    p->varlen = *vl;
+    p->lse_stride_batch = 0;
+    p->lse_stride_head = p->seqlen_q; /* [heads_q, total_q] */
+    p->dropout_rows = vl->max_seqlen_q;
+    p->dropout_cols = vl->max_seqlen_k;
+    return FA_SUCCESS;
+}
+
+static fa_status check_offsets(const char *name, const int32_t *cu, int64_t batch, int64_t max_len,
+                               const char *max_name, int64_t total, const char *total_name)
+{
+    if (cu[0] != 0) return INVALID("desc->varlen->%s[0]: %d, the first offset must be 0", name, cu[0]);
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t len = (int64_t)cu[b + 1] - cu[b];
+        if (len < 0)
+            return INVALID("desc->varlen->%s[%lld]: %d is below the previous offset %d (sequence %lld)", name,
+                           (long long)(b + 1), cu[b + 1], cu[b], (long long)b);
+        if (len > max_len)
+            return INVALID("desc->varlen->%s: sequence %lld has %lld rows, more than %s %lld", name, (long long)b,
+                           (long long)len, max_name, (long long)max_len);
+    }
+    if (cu[batch] != total)
+        return INVALID("desc->varlen->%s[%lld]: %d differs from the %lld rows of %s", name, (long long)batch,
+                       cu[batch], (long long)total, total_name);
+    return FA_SUCCESS;
+}
+
+fa_status fa_validate_varlen_offsets(const fa_problem *p)
+{
+    const fa_varlen *vl = &p->varlen;
+    fa_status st = check_offsets("cu_seqlens_q", vl->cu_seqlens_q, vl->batch, vl->max_seqlen_q, "max_seqlen_q",
+                                 p->seqlen_q, "q");
+    if (st == FA_SUCCESS)
+        st = check_offsets("cu_seqlens_k", vl->cu_seqlens_k, vl->batch, vl->max_seqlen_k, "max_seqlen_k",
+                           p->seqlen_k, "k");
+    return st;
+}
+
+/* A bias over extent {batch, heads, rows, keys}; key stride 1. */
+static fa_status check_bias(const char *name, const fa_bias *bias, const int64_t extent[4], fa_bias *out)
+{
+    if (!bias->data) return INVALID("%s->data: is NULL", name);
+    if (!valid_dtype(bias->dtype)) return INVALID("%s->dtype: unknown dtype %d", name, (int)bias->dtype);
+    if ((uintptr_t)bias->data % fa_dtype_size(bias->dtype) != 0)
+        return INVALID("%s->data: is not aligned to its %zu-byte elements", name, fa_dtype_size(bias->dtype));
+    const int64_t strides[3] = {bias->stride_batch, bias->stride_head, bias->stride_q};
+    static const char *const stride_names[3] = {"stride_batch", "stride_head", "stride_q"};
+    int64_t last = extent[3] - 1, term, bytes;
+    for (int i = 0; i < 3; ++i) {
+        if (strides[i] < 0)
+            return INVALID("%s->%s: %lld is negative (0 broadcasts)", name, stride_names[i], (long long)strides[i]);
+        if (!fa_checked_mul(extent[i] - 1, strides[i], &term) || !fa_checked_add(last, term, &last))
+            return INVALID("%s->%s: element offsets overflow 64 bits", name, stride_names[i]);
+    }
+    if (!fa_checked_add(last, 1, &last) || !fa_checked_mul(last, (int64_t)fa_dtype_size(bias->dtype), &bytes))
+        return INVALID("%s: element offsets overflow 64 bits", name);
+    *out = *bias;
+    return FA_SUCCESS;
+}
+
+/* dbias is written: it has the bias's broadcast axes, and no two of its elements share memory
+ * (its axes, sorted by stride, each step over the whole extent of the smaller ones). */
+static fa_status check_dbias(const fa_bias *dbias, const fa_bias *bias, const int64_t extent[4], fa_bias *out)
+{
+    fa_status st = check_bias("dbias", dbias, extent, out);
+    if (st) return st;
+    const int64_t strides[3] = {dbias->stride_batch, dbias->stride_head, dbias->stride_q};
+    const int64_t bias_strides[3] = {bias->stride_batch, bias->stride_head, bias->stride_q};
+    static const char *const stride_names[3] = {"stride_batch", "stride_head", "stride_q"};
+    int order[3], axes = 0;
+    for (int i = 0; i < 3; ++i) {
+        if ((strides[i] == 0) != (bias_strides[i] == 0))
+            return INVALID("dbias->%s: %lld where desc->bias->%s is %lld (dbias broadcasts where the bias does)",
+                           stride_names[i], (long long)strides[i], stride_names[i], (long long)bias_strides[i]);
+        if (strides[i] != 0 && extent[i] > 1) order[axes++] = i;
+    }
+    for (int a = 1; a < axes; ++a) /* insertion sort by stride */
+        for (int x = a; x > 0 && strides[order[x]] < strides[order[x - 1]]; --x) {
+            const int t = order[x];
+            order[x] = order[x - 1];
+            order[x - 1] = t;
+        }
+    int64_t span = extent[3]; /* elements covered by the axes so far */
+    for (int a = 0; a < axes; ++a) {
+        const int i = order[a];
+        if (strides[i] < span)
+            return INVALID("dbias->%s: %lld makes elements overlap (needs at least %lld)", stride_names[i],
+                           (long long)strides[i], (long long)span);
+        span = (extent[i] - 1) * strides[i] + span; /* no overflow: check_bias bounded the offsets */
+    }
+    return FA_SUCCESS;
+}
+
+/* Softcap, ALiBi, sinks and bias: their shapes and scalars (values in the context's memory are
+ * read by fa_validate_modifier_values, where that is host memory). bias_extent: {batch, heads_q,
+ * rows, keys} of the bias grid. */
+static fa_status check_modifiers(const fa_attention_desc *desc, fa_problem *p, const int64_t bias_extent[4])
+{
+    if (!(desc->softcap >= 0.0f) || isinf(desc->softcap))
+        return INVALID("desc->softcap: %g must be finite and >= 0 (0 = off)", (double)desc->softcap);
+    if (desc->alibi_per_batch != 0 && desc->alibi_per_batch != 1)
+        return INVALID("desc->alibi_per_batch: %d is not 0 or 1", desc->alibi_per_batch);
+    if (desc->alibi_per_batch && !desc->alibi_slopes)
+        return INVALID("desc->alibi_per_batch: is 1 but desc->alibi_slopes is NULL");
+    if ((uintptr_t)desc->alibi_slopes % sizeof(float) != 0)
+        return INVALID("desc->alibi_slopes: is not aligned to 4-byte floats");
+    if ((uintptr_t)desc->sinks % sizeof(float) != 0) return INVALID("desc->sinks: is not aligned to 4-byte floats");
+    if (desc->bias) {
+        fa_status st = check_bias("desc->bias", desc->bias, bias_extent, &p->bias);
+        if (st) return st;
+    }
+    p->softcap = desc->softcap;
+    p->alibi_slopes = desc->alibi_slopes;
+    p->alibi_stride_batch = desc->alibi_per_batch ? p->heads_q : 0;
+    p->sinks = desc->sinks;
+    return FA_SUCCESS;
+}
+
+int fa_problem_has_modifiers(const fa_problem *p)
+{
+    return p->softcap > 0.0f || p->alibi_slopes || p->sinks || p->bias.data;
+}
+
+fa_status fa_validate_modifier_values(const fa_problem *p)
+{
+    const int64_t slope_batches = p->alibi_stride_batch ? (p->varlen.batch ? p->varlen.batch : p->batch) : 1;
+    for (int64_t x = 0; p->alibi_slopes && x < slope_batches * p->heads_q; ++x)
+        if (!isfinite(p->alibi_slopes[x]))
+            return INVALID("desc->alibi_slopes[%lld]: %g is not finite", (long long)x, (double)p->alibi_slopes[x]);
+    for (int64_t h = 0; p->sinks && h < p->heads_q; ++h)
+        if (isnan(p->sinks[h]) || p->sinks[h] == INFINITY)
+            return INVALID("desc->sinks[%lld]: %g is NaN or +inf (-inf = no sink)", (long long)h, (double)p->sinks[h]);
+    return FA_SUCCESS;
+}
+
 static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
 {
     if (!desc) return INVALID("desc: is NULL");
@@ -89,23 +239,35 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
                 return INVALID("desc->seqlens_k[%lld]: %d is outside [0, %lld]", (long long)b, desc->seqlens_k[b],
                                (long long)p->seqlen_k);
     }
+    /* The extents the block mask's grid and the dropout index cover: the padded layout's. */
+    int64_t grid_batch = p->batch, grid_q = p->seqlen_q, grid_k = p->seqlen_k;
+    if (desc->varlen) {
+        fa_status st = check_varlen(desc, p);
+        if (st) return st;
+        grid_batch = p->varlen.batch;
+        grid_q = p->varlen.max_seqlen_q;
+        grid_k = p->varlen.max_seqlen_k;
+    }
     const fa_block_mask *bm = desc->block_mask;
     if (bm) {
         if (!bm->mask) return INVALID("desc->block_mask->mask: is NULL");
         if (bm->block_q <= 0 || bm->block_k <= 0)
             return INVALID("desc->block_mask: block sizes %d x %d must be positive", bm->block_q, bm->block_k);
-        const int64_t rows = (p->seqlen_q + bm->block_q - 1) / bm->block_q;
-        const int64_t cols = (p->seqlen_k + bm->block_k - 1) / bm->block_k;
+        const int64_t rows = (grid_q + bm->block_q - 1) / bm->block_q;
+        const int64_t cols = (grid_k + bm->block_k - 1) / bm->block_k;
         if (bm->rows != rows || bm->cols != cols)
             return INVALID("desc->block_mask: %lld x %lld blocks, expected %lld x %lld for seqlens %lld, %lld",
                            (long long)bm->rows, (long long)bm->cols, (long long)rows, (long long)cols,
-                           (long long)p->seqlen_q, (long long)p->seqlen_k);
+                           (long long)grid_q, (long long)grid_k);
     }
     int64_t elements;
     if (desc->dropout_p > 0.0f &&
-        !(fa_checked_mul(p->batch, p->heads_q, &elements) && fa_checked_mul(elements, p->seqlen_q, &elements) &&
-          fa_checked_mul(elements, p->seqlen_k, &elements)))
+        !(fa_checked_mul(grid_batch, p->heads_q, &elements) && fa_checked_mul(elements, grid_q, &elements) &&
+          fa_checked_mul(elements, grid_k, &elements)))
         return INVALID("desc->dropout_p: the attention matrix has more than 2^63 elements to index");
+    const int64_t bias_extent[4] = {grid_batch, p->heads_q, grid_q, grid_k};
+    fa_status st = check_modifiers(desc, p, bias_extent);
+    if (st) return st;
     p->scale = desc->softmax_scale != 0.0f ? desc->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
     p->causal = desc->causal != 0;
     p->window_left = desc->window_left;
@@ -116,6 +278,24 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
     p->dropout_offset = desc->dropout_offset;
     p->block_mask = bm;
     return FA_SUCCESS;
+}
+
+/* The problem's sizes from q and the keys, with the dense lse and dropout layouts (check_varlen
+ * replaces them for packed batches). */
+static void set_sizes(fa_problem *p, const fa_tensor *q, int64_t heads_kv, int64_t seqlen_k, float *lse)
+{
+    p->batch = q->batch;
+    p->heads_q = q->heads;
+    p->heads_kv = heads_kv;
+    p->seqlen_q = q->seqlen;
+    p->seqlen_k = seqlen_k;
+    p->head_dim = q->head_dim;
+    p->dtype = q->dtype;
+    p->lse = lse;
+    p->lse_stride_head = p->seqlen_q;
+    p->lse_stride_batch = p->heads_q * p->seqlen_q;
+    p->dropout_rows = p->seqlen_q;
+    p->dropout_cols = p->seqlen_k;
 }
 
 fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
@@ -133,21 +313,14 @@ fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q,
     if ((st = same_shape("v", v, "k", k)) || (st = same_shape("out", out, "q", q))) return st;
     if (q->heads % k->heads != 0)
         return INVALID("k: heads %lld does not divide q's heads %lld", (long long)k->heads, (long long)q->heads);
-    p->batch = q->batch;
-    p->heads_q = q->heads;
-    p->heads_kv = k->heads;
-    p->seqlen_q = q->seqlen;
-    p->seqlen_k = k->seqlen;
-    p->head_dim = q->head_dim;
-    p->dtype = q->dtype;
-    p->lse = lse;
+    set_sizes(p, q, k->heads, k->seqlen, lse);
     return check_desc(desc, p);
 }
 
 fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
                                const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout,
                                const float *lse, const fa_tensor *dq, const fa_tensor *dk,
-                               const fa_tensor *dv, fa_problem *p)
+                               const fa_tensor *dv, float *dsinks, const fa_bias *dbias, fa_problem *p)
 {
     fa_status st = fa_validate_forward(desc, q, k, v, out, NULL, p);
     if (st) return st;
@@ -158,6 +331,116 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
     if ((st = same_shape("dout", dout, "q", q)) || (st = same_shape("dq", dq, "q", q)) ||
         (st = same_shape("dk", dk, "k", k)) || (st = same_shape("dv", dv, "v", v)))
         return st;
+    if (dsinks && !p->sinks) return INVALID("dsinks: given but desc->sinks is NULL (no sinks to differentiate)");
+    if ((uintptr_t)dsinks % sizeof(float) != 0) return INVALID("dsinks: is not aligned to 4-byte floats");
+    if (dbias) {
+        if (!p->bias.data) return INVALID("dbias: given but desc->bias is NULL (no bias to differentiate)");
+        const int64_t extent[4] = {p->varlen.batch ? p->varlen.batch : p->batch, p->heads_q,
+                                   p->varlen.batch ? p->varlen.max_seqlen_q : p->seqlen_q,
+                                   p->varlen.batch ? p->varlen.max_seqlen_k : p->seqlen_k};
+        if ((st = check_dbias(dbias, &p->bias, extent, &p->dbias))) return st;
+    }
+    p->dsinks = dsinks;
     p->lse = (float *)lse;
+    return FA_SUCCESS;
+}
+
+fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q, const fa_kv_cache *cache,
+                              const fa_tensor *k_new, const fa_tensor *v_new, const fa_tensor *out, float *lse,
+                              fa_kv_problem *kp)
+{
+    memset(kp, 0, sizeof *kp);
+    fa_problem *p = &kp->attn;
+    fa_status st;
+    if ((st = check_tensor("q", q, &p->q)) || (st = check_tensor("out", out, &p->out)) ||
+        (st = same_shape("out", out, "q", q)))
+        return st;
+    if (!cache) return INVALID("cache: is NULL");
+    if ((st = check_tensor("cache->k", &cache->k, &p->k)) || (st = check_tensor("cache->v", &cache->v, &p->v)) ||
+        (st = same_shape("cache->v", &cache->v, "cache->k", &cache->k)))
+        return st;
+    if (cache->k.dtype != q->dtype) return INVALID("cache->k: dtype differs from q");
+    if (cache->k.head_dim != q->head_dim)
+        return INVALID("cache->k: head_dim %lld differs from q's %lld", (long long)cache->k.head_dim,
+                       (long long)q->head_dim);
+    if (q->heads % cache->k.heads != 0)
+        return INVALID("cache->k: heads %lld does not divide q's heads %lld", (long long)cache->k.heads,
+                       (long long)q->heads);
+    if (!cache->cache_seqlens) return INVALID("cache->cache_seqlens: is NULL");
+    if (cache->block_table) {
+        if (cache->max_pages_per_seq <= 0)
+            return INVALID("cache->max_pages_per_seq: %lld is not positive", (long long)cache->max_pages_per_seq);
+        int64_t capacity, entries;
+        if (!fa_checked_mul(cache->max_pages_per_seq, cache->k.seqlen, &capacity) ||
+            !fa_checked_mul(cache->max_pages_per_seq, q->batch, &entries) || capacity > INT32_MAX)
+            return INVALID("cache->max_pages_per_seq: %lld pages of %lld tokens exceed 2^31 tokens per sequence",
+                           (long long)cache->max_pages_per_seq, (long long)cache->k.seqlen);
+        kp->page_size = cache->k.seqlen;
+        kp->num_pages = cache->k.batch;
+        kp->max_pages_per_seq = cache->max_pages_per_seq;
+        kp->block_table = cache->block_table;
+        p->seqlen_k = capacity;
+    } else {
+        if (cache->k.batch != q->batch)
+            return INVALID("cache->k: batch %lld differs from q's %lld (contiguous cache)", (long long)cache->k.batch,
+                           (long long)q->batch);
+        p->seqlen_k = cache->k.seqlen;
+    }
+    if ((k_new == NULL) != (v_new == NULL)) return INVALID("k_new, v_new: give both or neither");
+    if (k_new) {
+        if ((st = check_tensor("k_new", k_new, &kp->k_new)) || (st = check_tensor("v_new", v_new, &kp->v_new)) ||
+            (st = same_shape("v_new", v_new, "k_new", k_new)))
+            return st;
+        if (k_new->batch != q->batch || k_new->heads != cache->k.heads || k_new->head_dim != q->head_dim)
+            return INVALID("k_new: shape [%lld, %lld, %lld, %lld] must be [batch %lld, seqlen_new, heads_kv %lld, %lld]",
+                           (long long)k_new->batch, (long long)k_new->seqlen, (long long)k_new->heads,
+                           (long long)k_new->head_dim, (long long)q->batch, (long long)cache->k.heads,
+                           (long long)q->head_dim);
+        if (k_new->dtype != q->dtype) return INVALID("k_new: dtype differs from q");
+        kp->seqlen_new = k_new->seqlen;
+    }
+    if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL for the KV cache (use cache->cache_seqlens)");
+    if (desc->varlen) return INVALID("desc->varlen: must be NULL for the KV cache");
+    if (desc->block_mask)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->block_mask: the KV-cache path has no block masks");
+    if (desc->dropout_p != 0.0f)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->dropout_p: the KV-cache path is forward-only inference, "
+                                                    "without dropout");
+    set_sizes(p, q, cache->k.heads, p->seqlen_k, lse);
+    kp->cache_seqlens = cache->cache_seqlens;
+    if ((st = check_desc(desc, p))) return st;
+    if (fa_problem_has_modifiers(p))
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc: the KV-cache path has no score modifiers (softcap, "
+                                                    "alibi_slopes, sinks, bias) yet");
+    return FA_SUCCESS;
+}
+
+fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)
+{
+    const int64_t capacity = kp->attn.seqlen_k;
+    for (int64_t b = 0; b < kp->attn.batch; ++b) {
+        const int64_t cached = kp->cache_seqlens[b], total = cached + kp->seqlen_new;
+        if (cached < 0)
+            return INVALID("cache->cache_seqlens[%lld]: %lld is negative (sequence %lld)", (long long)b,
+                           (long long)cached, (long long)b);
+        if (total > capacity) {
+            if (kp->block_table)
+                return INVALID("cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens (%lld cached + %lld new), "
+                               "more than its %lld pages of %lld", (long long)b, (long long)b, (long long)total,
+                               (long long)cached, (long long)kp->seqlen_new, (long long)kp->max_pages_per_seq,
+                               (long long)kp->page_size);
+            return INVALID("cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens (%lld cached + %lld new), more "
+                           "than the capacity %lld", (long long)b, (long long)b, (long long)total, (long long)cached,
+                           (long long)kp->seqlen_new, (long long)capacity);
+        }
+        if (!kp->block_table) continue;
+        const int64_t pages = (total + kp->page_size - 1) / kp->page_size;
+        for (int64_t x = 0; x < pages; ++x) {
+            const int32_t page = kp->block_table[b * kp->max_pages_per_seq + x];
+            if (page < 0 || page >= kp->num_pages)
+                return INVALID("cache->block_table[%lld][%lld]: page %d of sequence %lld is outside [0, %lld)",
+                               (long long)b, (long long)x, page, (long long)b, (long long)kp->num_pages);
+        }
+    }
     return FA_SUCCESS;
 }

@@ -29,4 +29,8 @@ static inline int64_t fa_cpu_first_key(const fa_problem *p, int64_t key_lo, int6
 
 fa_status fa_cpu_forward(void *state, const fa_problem *p);
 fa_status fa_cpu_backward(void *state, const fa_problem *p);
+/* A packed variable-length problem (p->varlen.batch > 0), one sequence at a time (cpu_varlen.c). */
+fa_status fa_cpu_varlen_run(void *state, const fa_problem *p, int backward);
+/* fa_forward_kvcache: append, then split-KV decode attention (cpu_decode.c). */
+fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *p);
 #endif

@@ -20,10 +20,12 @@
 #include "../common/alloc.h"
 #include "../common/error.h"
 #include "cpu_backend.h"
+#include "cpu_modifiers.h"
 #include "cpu_tile.h"
 
 typedef struct backward_scratch {
     float *q, *dout, *qt, *dout_t, *k, *v, *st, *dst, *acc_a, *acc_b, *shift, *delta, *sum;
+    float *cap_grad; /* d score / d (scaled q.k) of the tile under a softcap: Bc x Br */
     const float *q_rows, *dout_rows; /* Q_i, dO_i as f32 rows (in place or converted) */
     int64_t ldq, lddo;
     fa_key_range *ranges;
@@ -32,7 +34,7 @@ typedef struct backward_scratch {
 static void *backward_scratch_alloc(backward_scratch *w, int64_t br, int64_t bc, int64_t d)
 {
     const int64_t acc = (br > bc ? br : bc) * d;
-    const int64_t floats = (4 * br * d + 2 * bc * d + 2 * bc * br + 2 * acc + 3 * br + 1) & ~(int64_t)1;
+    const int64_t floats = (4 * br * d + 2 * bc * d + 3 * bc * br + 2 * acc + 3 * br + 1) & ~(int64_t)1;
     char *base = fa_host_alloc((size_t)floats * sizeof(float) + (size_t)br * sizeof(fa_key_range));
     if (!base) return NULL;
     float *f = (float *)base;
@@ -44,6 +46,7 @@ static void *backward_scratch_alloc(backward_scratch *w, int64_t br, int64_t bc,
     w->v = f; f += bc * d;
     w->st = f; f += bc * br;
     w->dst = f; f += bc * br;
+    w->cap_grad = f; f += bc * br;
     w->acc_a = f; f += acc;
     w->acc_b = f; f += acc;
     w->shift = f; f += br;
@@ -58,27 +61,33 @@ static void *backward_scratch_alloc(backward_scratch *w, int64_t br, int64_t bc,
 static void load_query_side(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t b,
                             int64_t h, const fa_cpu_rows *rows, int64_t br, backward_scratch *w)
 {
-    const int64_t base = (b * p->heads_q + h) * p->seqlen_q + rows->i0;
+    const int64_t base = (b * p->heads_q + h) * p->seqlen_q + rows->i0, lse_base = fa_lse_index(p, b, h, rows->i0);
     w->q_rows = fa_cpu_view_rows(&p->q, kern, b, rows->i0, h, rows->count, w->q, &w->ldq);
     w->dout_rows = fa_cpu_view_rows(&p->dout, kern, b, rows->i0, h, rows->count, w->dout, &w->lddo);
     fa_cpu_load_transposed(&p->q, kern, b, rows->i0, h, rows->count, w->qt, br);
     fa_cpu_load_transposed(&p->dout, kern, b, rows->i0, h, rows->count, w->dout_t, br);
     for (int64_t r = 0; r < rows->count; ++r) {
-        w->shift[r] = p->lse[base + r] == -INFINITY ? INFINITY : p->lse[base + r];
+        w->shift[r] = p->lse[lse_base + r] == -INFINITY ? INFINITY : p->lse[lse_base + r];
         w->delta[r] = delta[base + r];
     }
 }
+
+/* What tile_gradients leaves in w->dst: the gradient of the final scores (what the bias receives),
+ * or of the scaled q.k (what dQ and dK need: through the softcap's derivative). */
+enum ds_of { DS_OF_SCORES, DS_OF_QK };
 
 /* For the loaded query side and the key tile K_j, V_j: w->st = dropout(P)^T (the Z of the paper,
  * what multiplied V in the forward), w->dst = dS^T. */
 static void tile_gradients(const fa_problem *p, const fa_cpu_kernels *kern, int64_t br, int64_t b, int64_t h,
                            const fa_cpu_rows *rows, int64_t j0, int64_t cols, fa_tile_visibility vis, const float *k,
-                           int64_t ldk, const float *v, int64_t ldv, backward_scratch *w)
+                           int64_t ldk, const float *v, int64_t ldv, enum ds_of of, backward_scratch *w)
 {
     const int64_t d = p->head_dim, n = rows->count;
-    const int fold = p->scale > 0.0f;
+    const int modified = fa_cpu_scores_modified(p), fold = p->scale > 0.0f && !modified;
+    const int chain = of == DS_OF_QK && p->softcap > 0.0f;
     kern->gemm(cols, n, d, k, ldk, 1, w->qt, br, w->st, br, NULL, 0); /* S^T = K Q^T */
     if (vis != FA_TILE_FULL || !fold) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, br);
+    if (modified) fa_cpu_modify_scores(p, b, h, rows, j0, cols, w->st, br, chain ? w->cap_grad : NULL);
     kern->exp_cols(w->st, br, cols, n, fold ? p->scale : 1.0f, w->shift, w->sum);
     kern->gemm(cols, n, d, v, ldv, 1, w->dout_t, br, w->dst, br, NULL, 0); /* dP^T = V dO^T */
     /* dS = P o (dropout(dP) - D) uses P undropped; dV then needs Z = dropout(P). */
@@ -88,8 +97,21 @@ static void tile_gradients(const fa_problem *p, const fa_cpu_kernels *kern, int6
         const float *pc = w->st + c * br;
         float *dsc = w->dst + c * br;
         for (int64_t r = 0; r < n; ++r) dsc[r] = pc[r] * (dsc[r] - w->delta[r]);
+        if (chain)
+            for (int64_t r = 0; r < n; ++r) dsc[r] *= w->cap_grad[c * br + r];
     }
     if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->st, br);
+}
+
+/* The query tile of (b) from i0 and the keys of [j0, j0 + cols) its rows can see: [*lo, *hi),
+ * and how visible that span is (EMPTY when it is empty). */
+static fa_tile_visibility tile_span(const fa_problem *p, int64_t b, int64_t i0, int64_t br, int64_t j0, int64_t cols,
+                                    backward_scratch *w, fa_cpu_rows *rows, int64_t *lo, int64_t *hi)
+{
+    fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, rows);
+    *lo = rows->key_lo > j0 ? rows->key_lo : j0;
+    *hi = rows->key_hi < j0 + cols ? rows->key_hi : j0 + cols;
+    return *hi > *lo ? fa_cpu_tile_visibility(p, rows, *lo, *hi - *lo) : FA_TILE_EMPTY;
 }
 
 /* Where dQ_i of query head h accumulates in the fused path: the f32 dQ tensor itself, or a
@@ -125,16 +147,13 @@ static void key_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, const
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += br) {
             fa_cpu_rows rows;
-            fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, &rows);
-            /* Only the keys of this tile that these rows can see: [lo, hi). */
-            const int64_t lo = rows.key_lo > j0 ? rows.key_lo : j0;
-            const int64_t hi = rows.key_hi < j0 + cols ? rows.key_hi : j0 + cols;
-            if (hi <= lo) continue;
-            const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, lo, hi - lo);
+            int64_t lo, hi;
+            const fa_tile_visibility vis = tile_span(p, b, i0, br, j0, cols, w, &rows, &lo, &hi);
             if (vis == FA_TILE_EMPTY) continue;
             const float *k_lo = k + (lo - j0) * ldk;
             load_query_side(p, kern, delta, b, h, &rows, br, w);
-            tile_gradients(p, kern, br, b, h, &rows, lo, hi - lo, vis, k_lo, ldk, v + (lo - j0) * ldv, ldv, w);
+            tile_gradients(p, kern, br, b, h, &rows, lo, hi - lo, vis, k_lo, ldk, v + (lo - j0) * ldv, ldv, DS_OF_QK,
+                           w);
             kern->gemm(hi - lo, d, rows.count, w->st, br, 1, w->dout_rows, w->lddo, dv + (lo - j0) * d, d, NULL,
                        1); /* dV += Z^T dO */
             kern->gemm(hi - lo, d, rows.count, w->dst, br, 1, w->q_rows, w->ldq, dk + (lo - j0) * d, d, NULL,
@@ -191,11 +210,51 @@ static void query_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, con
         int64_t ldk, ldv;
         const float *k = fa_cpu_view_rows(&p->k, kern, b, j0, hk, cols, w->k, &ldk);
         const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, hk, cols, w->v, &ldv);
-        tile_gradients(p, kern, br, b, h, &rows, j0, cols, vis, k, ldk, v, ldv, w);
+        tile_gradients(p, kern, br, b, h, &rows, j0, cols, vis, k, ldk, v, ldv, DS_OF_QK, w);
         kern->gemm(rows.count, d, cols, w->dst, 1, br, k, ldk, dq, d, NULL, 1); /* dQ += dS K */
     }
     for (int64_t x = 0; x < rows.count * d; ++x) dq[x] *= p->scale;
     fa_cpu_store_rows(&p->dq, kern, b, i0, h, rows.count, dq, d);
+}
+
+/* dbias pass: one task per distinct row block of dbias: (its batch, its head, its query tile),
+ * with a broadcast axis folded into the task, which sums over it (batches, then heads, then query
+ * tiles, then rows, in increasing order). It recomputes P and dS per tile pair (two tile
+ * products) and accumulates them in an f32 tile acc, then stores every key tile, visible or not,
+ * so every element of dbias's extent is written. */
+static void bias_task(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t br, int64_t bc,
+                      int64_t task, float *acc, backward_scratch *w)
+{
+    const fa_bias *db = &p->dbias;
+    const int64_t q_tiles = (p->seqlen_q + br - 1) / br, group = p->heads_q / p->heads_kv;
+    const int64_t task_tiles = db->stride_q ? q_tiles : 1, task_heads = db->stride_head ? p->heads_q : 1;
+    const int64_t qt = task % task_tiles, oh = task / task_tiles % task_heads, ob = task / (task_tiles * task_heads);
+    const int64_t b_lo = db->stride_batch ? ob : 0, b_hi = db->stride_batch ? ob + 1 : p->batch;
+    const int64_t h_lo = db->stride_head ? oh : 0, h_hi = db->stride_head ? oh + 1 : p->heads_q;
+    const int64_t t_lo = db->stride_q ? qt : 0, t_hi = db->stride_q ? qt + 1 : q_tiles;
+    const int64_t out_rows = db->stride_q ? (p->seqlen_q - qt * br < br ? p->seqlen_q - qt * br : br) : 1;
+    for (int64_t j0 = 0; j0 < p->seqlen_k; j0 += bc) {
+        const int64_t cols = p->seqlen_k - j0 < bc ? p->seqlen_k - j0 : bc;
+        memset(acc, 0, (size_t)(out_rows * bc) * sizeof(float));
+        for (int64_t b = b_lo; b < b_hi; ++b)
+            for (int64_t h = h_lo; h < h_hi; ++h)
+                for (int64_t t = t_lo; t < t_hi; ++t) {
+                    fa_cpu_rows rows;
+                    int64_t lo, hi;
+                    const fa_tile_visibility vis = tile_span(p, b, t * br, br, j0, cols, w, &rows, &lo, &hi);
+                    if (vis == FA_TILE_EMPTY) continue;
+                    int64_t ldk, ldv;
+                    const float *k = fa_cpu_view_rows(&p->k, kern, b, lo, h / group, hi - lo, w->k, &ldk);
+                    const float *v = fa_cpu_view_rows(&p->v, kern, b, lo, h / group, hi - lo, w->v, &ldv);
+                    load_query_side(p, kern, delta, b, h, &rows, br, w);
+                    tile_gradients(p, kern, br, b, h, &rows, lo, hi - lo, vis, k, ldk, v, ldv, DS_OF_SCORES, w);
+                    for (int64_t r = 0; r < rows.count; ++r) {
+                        float *out = acc + (db->stride_q ? r : 0) * bc + (lo - j0);
+                        for (int64_t c = 0; c < hi - lo; ++c) out[c] += w->dst[c * br + r];
+                    }
+                }
+        for (int64_t r = 0; r < out_rows; ++r) fa_cpu_store_bias_row(db, ob, oh, qt * br + r, j0, acc + r * bc, cols);
+    }
 }
 
 /* D_x = rowsum(dO o O) of one row x = (b, h, i), accumulated in double. */
@@ -227,6 +286,11 @@ static int backward_is_fused(const fa_problem *p, int64_t *dq_buffer_floats)
 
 fa_status fa_cpu_backward(void *state, const fa_problem *p)
 {
+    if (p->dsinks) { /* over the whole problem, packed or not, before its sequences run */
+        fa_status st = fa_cpu_sink_gradients(p);
+        if (st) return st;
+    }
+    if (p->varlen.batch) return fa_cpu_varlen_run(state, p, 1);
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);
@@ -284,6 +348,20 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
                     query_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
                 }
             }
+        }
+        if (team_ready && p->dbias.data) {
+            const fa_bias *db = &p->dbias;
+            const int64_t bias_tasks = (db->stride_batch ? p->batch : 1) * (db->stride_head ? p->heads_q : 1) *
+                                       (db->stride_q ? q_tiles : 1);
+            float *acc = fa_host_alloc((size_t)(br * bc) * sizeof(float));
+            if (!acc) {
+#pragma omp atomic write
+                out_of_memory = 1;
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < bias_tasks; ++t)
+                if (acc) bias_task(p, s->kernels, delta, br, bc, t, acc, &w);
+            fa_host_free(acc);
         }
         fa_host_free(dq.buffer);
         fa_host_free(block);

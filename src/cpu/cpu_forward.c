@@ -12,6 +12,7 @@
 #include "../common/alloc.h"
 #include "../common/error.h"
 #include "cpu_backend.h"
+#include "cpu_modifiers.h"
 #include "cpu_nan.h"
 #include "cpu_tile.h"
 
@@ -62,37 +63,16 @@ static void *forward_scratch_alloc(forward_scratch *w, int64_t group, int64_t br
     return base;
 }
 
-/* Online-softmax step for one key tile whose raw scores are in w->st (cols x rows): new running
- * max m, the shift for the exponential, the rescale factor of the accumulated output, and the
- * running sum l. */
-static void softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t rows, int64_t cols,
-                         forward_scratch *w, float *m, float *l, int64_t ld)
-{
-    kern->col_max(w->st, ld, cols, rows, w->tile_max);
-    for (int64_t r = 0; r < rows; ++r) {
-        const float tile_max = w->tile_max[r] * scale_in_exp; /* -inf stays -inf (scale > 0) */
-        const float m_new = m[r] > tile_max ? m[r] : tile_max;
-        if (m_new == -INFINITY) { /* nothing visible in this row so far: P = 0, O stays 0 */
-            w->shift[r] = INFINITY;
-            w->alpha[r] = 1.0f;
-            continue;
-        }
-        w->shift[r] = m_new;
-        w->alpha[r] = expf(m[r] - m_new); /* 0 on the first visible tile */
-        m[r] = m_new;
-    }
-    kern->exp_cols(w->st, ld, cols, rows, scale_in_exp, w->shift, w->tile_sum);
-    for (int64_t r = 0; r < rows; ++r) l[r] = l[r] * w->alpha[r] + w->tile_sum[r];
-}
-
 static void query_tile_begin(const fa_problem *p, const fa_cpu_kernels *kern, const fa_cpu_nan_inputs *nan, int64_t br,
                              int64_t b, int64_t h, int64_t i0, query_tile *t)
 {
     const int64_t rows_n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
     fa_cpu_rows_init(p, b, i0, rows_n, t->ranges, &t->rows);
+    /* A sink is a logit with no value: the running max and sum start from it. */
+    const float sink = fa_cpu_sink(p, h);
     for (int64_t r = 0; r < rows_n; ++r) {
-        t->m[r] = -INFINITY;
-        t->l[r] = 0.0f;
+        t->m[r] = sink;
+        t->l[r] = sink == -INFINITY ? 0.0f : 1.0f;
         t->poison[r] = nan->q && t->ranges[r].hi > t->ranges[r].lo && fa_cpu_row_has_nan(&p->q, b, i0 + r, h);
     }
     memset(t->o, 0, (size_t)(rows_n * p->head_dim) * sizeof(float));
@@ -112,7 +92,7 @@ static void query_tile_end(const fa_problem *p, const fa_cpu_kernels *kern, int6
             for (int64_t c = 0; c < d; ++c) t->o[r * d + c] = NAN;
             lse = NAN;
         }
-        if (p->lse) p->lse[(b * p->heads_q + h) * p->seqlen_q + i0 + r] = lse;
+        if (p->lse) p->lse[fa_lse_index(p, b, h, i0 + r)] = lse;
     }
     fa_cpu_store_rows(&p->out, kern, b, i0, h, t->rows.count, t->o, d);
 }
@@ -124,6 +104,7 @@ typedef struct forward_task_ctx {
     const fa_cpu_nan_inputs *nan;
     int64_t br, b, h, hk;
     int fold;           /* exp(scale * s - m): the scale folded into the exponential (scale > 0) */
+    int modified;       /* softcap, ALiBi or bias: explicit scores (no folding) */
     float scale_in_exp;
     int64_t j0;         /* the key tile: keys j0.. */
     const float *k, *v, *v_clean; /* v_clean: V_j with NaN replaced by 0, or NULL */
@@ -182,7 +163,9 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     const float *k = c->k + (key0 - c->j0) * c->ldk, *v = c->v + (key0 - c->j0) * c->ldv;
     kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0); /* S^T = K Q^T */
     if (vis != FA_TILE_FULL || !c->fold) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
-    softmax_step(kern, c->scale_in_exp, count, keys, w, t->m + r0, t->l + r0, br);
+    if (c->modified) fa_cpu_modify_scores(p, c->b, c->h, &rows, key0, keys, w->st, br, NULL);
+    fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max, w->shift,
+                        w->alpha, w->tile_sum);
     if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, br);
     if (c->nan->k) fa_cpu_mark_nan_keys(p, c->b, c->hk, rows.range, rows.i0, count, key0, keys, t->poison + r0);
     const float *v_used = c->v_clean ? c->v_clean + (key0 - c->j0) * d : v;
@@ -201,7 +184,8 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
 {
     const int64_t d = p->head_dim;
     forward_task_ctx c = {.p = p, .kern = kern, .nan = nan, .br = br, .b = b, .h = h,
-                          .hk = h / (p->heads_q / p->heads_kv), .fold = p->scale > 0.0f};
+                          .hk = h / (p->heads_q / p->heads_kv), .modified = fa_cpu_scores_modified(p)};
+    c.fold = p->scale > 0.0f && !c.modified;
     c.scale_in_exp = c.fold ? p->scale : 1.0f;
     int64_t tiles = 0, key_lo = INT64_MAX, key_hi = 0;
     for (; tiles < group && i0 + tiles * br < p->seqlen_q; ++tiles) {
@@ -259,6 +243,7 @@ static int64_t small_problem_rows(const fa_problem *p, const fa_cpu_kernels *ker
 
 fa_status fa_cpu_forward(void *state, const fa_problem *p)
 {
+    if (p->varlen.batch) return fa_cpu_varlen_run(state, p, 0);
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);

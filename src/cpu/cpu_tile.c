@@ -187,9 +187,9 @@ void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cp
 {
     const float keep_scale = 1.0f / (1.0f - p->dropout_p);
     for (int64_t r = 0; r < rows->count; ++r) {
-        const uint64_t row_base =
-            (((uint64_t)b * (uint64_t)p->heads_q + (uint64_t)h) * (uint64_t)p->seqlen_q + (uint64_t)(rows->i0 + r)) *
-            (uint64_t)p->seqlen_k;
+        const uint64_t row_base = (((uint64_t)(p->dropout_batch0 + b) * (uint64_t)p->heads_q + (uint64_t)h) *
+                                       (uint64_t)p->dropout_rows + (uint64_t)(rows->i0 + r)) *
+                                  (uint64_t)p->dropout_cols;
         int64_t c = 0;
         while (c < cols) {
             const uint64_t e = row_base + (uint64_t)(j0 + c);
@@ -200,6 +200,26 @@ void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cp
             }
         }
     }
+}
+
+void fa_cpu_softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t rows, int64_t cols, float *st,
+                         int64_t ld, float *m, float *l, float *tile_max, float *shift, float *alpha, float *tile_sum)
+{
+    kern->col_max(st, ld, cols, rows, tile_max);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float row_max = tile_max[r] * scale_in_exp; /* -inf stays -inf (scale > 0) */
+        const float m_new = m[r] > row_max ? m[r] : row_max;
+        if (m_new == -INFINITY) { /* nothing visible in this row so far: P = 0, O stays 0 */
+            shift[r] = INFINITY;
+            alpha[r] = 1.0f;
+            continue;
+        }
+        shift[r] = m_new;
+        alpha[r] = expf(m[r] - m_new); /* 0 on the first visible tile */
+        m[r] = m_new;
+    }
+    kern->exp_cols(st, ld, cols, rows, scale_in_exp, shift, tile_sum);
+    for (int64_t r = 0; r < rows; ++r) l[r] = l[r] * alpha[r] + tile_sum[r];
 }
 
 int fa_cpu_thread_count(int requested)

@@ -18,6 +18,12 @@ static inline void *fa_row_ptr(const fa_tensor *t, int64_t b, int64_t s, int64_t
     return (char *)t->data + offset * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
 }
 
+/* Where row i of (b, h) sits in p->lse. */
+static inline int64_t fa_lse_index(const fa_problem *p, int64_t b, int64_t h, int64_t i)
+{
+    return b * p->lse_stride_batch + h * p->lse_stride_head + i;
+}
+
 /* dst[r * ld + c] = tensor[b, s0 + r, h, c] for r < rows, c < head_dim, converted to f32. */
 void fa_cpu_load_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows, float *dst, int64_t ld);
 /* dst[c * ld + r] = tensor[b, s0 + r, h, c] (the transposed tile, packed once per query tile). */
@@ -56,6 +62,12 @@ void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0,
 /* Dropout on a tile of probabilities of (b, h): element *= keep ? 1/(1-p) : 0. */
 void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
                           int64_t cols, float *st, int64_t ld);
+
+/* Online-softmax step for one key tile whose raw scores are in st (cols x rows, transposed): new
+ * running max m, the shift for the exponential (st becomes P), the rescale factor alpha of the
+ * accumulated output, and the running sum l. scale_in_exp multiplies scores inside the exp. */
+void fa_cpu_softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t rows, int64_t cols, float *st,
+                         int64_t ld, float *m, float *l, float *tile_max, float *shift, float *alpha, float *tile_sum);
 
 /* OpenMP-agnostic helpers. */
 int fa_cpu_thread_count(int requested);

@@ -1,10 +1,16 @@
 /* The vendor header: the few runtime calls and types the plugin uses, spelled once for CUDA and
  * once for HIP. Everything else in src/cuda (and src/hip, which compiles the same sources with
- * hipcc) uses the fa_gpu* names below, so the host code and the kernels are written once. */
+ * hipcc) uses the fa_gpu* names below, so the host code and the kernels are written once.
+ * A third spelling comes from outside src: FA_GPU_EMULATOR names a header (tests/gpu/emu) that
+ * provides the same names on the CPU, so the unchanged plugin and kernels run under the SIMT
+ * emulator. The vendor-specific instructions live in kernels/ptx.cuh (NVIDIA inline asm) and
+ * src/hip/amdgcn.cuh (AMD builtins), behind include guards the emulator pre-empts. */
 #ifndef FA_GPU_RUNTIME_H
 #define FA_GPU_RUNTIME_H
 
-#if defined(__HIPCC__)
+#if defined(FA_GPU_EMULATOR)
+#  include FA_GPU_EMULATOR
+#elif defined(__HIPCC__)
 #  include <hip/hip_runtime.h>
 #  include <hip/hip_fp16.h>
 #  define FA_GPU_VENDOR "hip"
@@ -18,6 +24,9 @@ typedef hipDeviceProp_t fa_gpu_props;
 #  define FA_GPU_FUNC_ATTR_MAX_DYNAMIC_SMEM hipFuncAttributeMaxDynamicSharedMemorySize
 #  define FA_GPU_ERROR_NO_DEVICE hipErrorNoDevice
 #  define FA_GPU_ERROR_NO_DRIVER hipErrorInsufficientDriver
+/* Orders a wavefront's LDS accesses (its lanes execute in lockstep). */
+#  define fa_gpu_wave_barrier() (__builtin_amdgcn_wave_barrier(), __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "wavefront"))
+#  define fa_gpu_trap() __builtin_trap()
 #else
 #  include <cuda_runtime.h>
 #  include <cuda_fp16.h>
@@ -31,7 +40,28 @@ typedef cudaDeviceProp fa_gpu_props;
 #  define FA_GPU_FUNC_ATTR_MAX_DYNAMIC_SMEM cudaFuncAttributeMaxDynamicSharedMemorySize
 #  define FA_GPU_ERROR_NO_DEVICE cudaErrorNoDevice
 #  define FA_GPU_ERROR_NO_DRIVER cudaErrorInsufficientDriver
+#  define fa_gpu_trap() __trap()
 #endif
+
+#if !defined(FA_GPU_EMULATOR)
+/* The kernel's dynamic shared memory, sized by the launch. */
+#  define FA_DYNAMIC_SMEM(type, name) extern __shared__ __align__(16) type name[]
+
+/* Every kernel launch of the plugin goes through here; the emulator has its own. */
+template <class Params>
+static inline fa_gpu_error fa_gpu_launch(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem_bytes,
+                                         fa_gpu_stream stream, const Params &params)
+{
+    kernel<<<grid, block, smem_bytes, stream>>>(params);
+    return FA_GPU(GetLastError)();
+}
+#endif
+
+/* A kernel written for `threads` threads per block traps when launched with another block. */
+#define FA_GPU_REQUIRE_BLOCK(threads)                                                        \
+    do {                                                                                     \
+        if (blockDim.x != (unsigned)(threads) || blockDim.y != 1 || blockDim.z != 1) fa_gpu_trap(); \
+    } while (0)
 
 #define fa_gpu_success FA_GPU(Success)
 #define fa_gpu_get_device_count FA_GPU(GetDeviceCount)

@@ -34,11 +34,15 @@ typedef struct fa_gpu_state {
     int64_t smem_bytes; /* shared memory per block the kernels may use (opt-in maximum) */
     fa_gpu_family family; /* kernels for f16/bf16, from FLASHATTN_GPU_KERNELS at open */
     bool matrix_cores;    /* HIP: the device has MFMA (gfx908, gfx90a) */
+    bool sync_launches;   /* FLASHATTN_GPU_SYNC=1: wait after every launch, name the kernel that failed */
     char info[512];
     /* Workspace reused across calls (grows only): delta of the backward, and device copies of
      * the host-side masks (seqlens_k, block mask). Stream-ordered: set_stream drains it first. */
     void *workspace;
     size_t workspace_bytes;
+    /* Device record of a failed check of device-memory tables (varlen offsets, KV-cache lengths
+     * and pages), reported and cleared by the next synchronize. */
+    fa_gpu_status *status;
 } fa_gpu_state;
 
 #define FA_ERR(status, ...) g_host->set_error((status), __VA_ARGS__)
@@ -123,6 +127,8 @@ static fa_status gpu_open(int device, void **state)
     s->ordinal = g_devices[device];
     const char *requested = getenv("FLASHATTN_GPU_KERNELS");
     s->family = fa_gpu_parse_family(requested);
+    const char *sync = getenv("FLASHATTN_GPU_SYNC");
+    s->sync_launches = sync && strcmp(sync, "1") == 0;
     if (s->family == FA_GPU_FAMILY_INVALID) {
         free(s);
         return FA_ERR(FA_ERROR_INVALID_VALUE, "FLASHATTN_GPU_KERNELS: \"%s\" is not one of generic, tc, fma", requested);
@@ -131,7 +137,11 @@ static fa_status gpu_open(int device, void **state)
     if (e == fa_gpu_success) e = fa_gpu_get_device_properties(&s->props, s->ordinal);
     int smem = 0;
     if (e == fa_gpu_success) e = fa_gpu_device_get_attribute(&smem, FA_GPU_ATTR_SMEM_OPTIN, s->ordinal);
+    if (e == fa_gpu_success) e = fa_gpu_malloc((void **)&s->status, sizeof *s->status);
+    if (e == fa_gpu_success) e = fa_gpu_memset_async(s->status, 0, sizeof *s->status, s->stream);
+    if (e == fa_gpu_success) e = fa_gpu_stream_synchronize(s->stream);
     if (e != fa_gpu_success) {
+        if (s->status) (void)fa_gpu_free(s->status);
         free(s);
         return runtime_failure(e, "device query");
     }
@@ -170,6 +180,7 @@ static void gpu_close(void *state)
     (void)fa_gpu_set_device(s->ordinal);
     (void)fa_gpu_stream_synchronize(s->stream);
     if (s->workspace) (void)fa_gpu_free(s->workspace);
+    (void)fa_gpu_free(s->status);
     free(s);
 }
 
@@ -190,12 +201,51 @@ static fa_status gpu_set_stream(void *state, void *stream)
     return FA_SUCCESS;
 }
 
+/* The message of a failed device-side table check, in the core's words (validate.c). */
+static fa_status status_error(const fa_gpu_status *st)
+{
+    const char *array = st->array ? "cu_seqlens_k" : "cu_seqlens_q";
+    const char *total_of = st->array ? "k" : "q";
+    const long long b = (long long)st->sequence, x = (long long)st->index, value = (long long)st->value,
+                    limit = (long long)st->limit;
+    const char *when = "(checked on the device: that call wrote nothing)";
+    switch (st->code) {
+    case FA_GPU_STATUS_VARLEN_FIRST:
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->varlen->%s[0]: %lld, the first offset must be 0 %s", array, value, when);
+    case FA_GPU_STATUS_VARLEN_DECREASING:
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->varlen->%s[%lld]: %lld is below the previous offset %lld (sequence %lld) %s",
+                      array, x, value, limit, b, when);
+    case FA_GPU_STATUS_VARLEN_TOO_LONG:
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->varlen->%s: sequence %lld has %lld rows, more than max_seqlen_%s %lld %s",
+                      array, b, value, total_of, limit, when);
+    case FA_GPU_STATUS_VARLEN_TOTAL:
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->varlen->%s[%lld]: %lld differs from the %lld rows of %s %s", array, x,
+                      value, limit, total_of, when);
+    case FA_GPU_STATUS_KV_NEGATIVE:
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "cache->cache_seqlens[%lld]: %lld is negative (sequence %lld) %s", b, value, b,
+                      when);
+    case FA_GPU_STATUS_KV_CAPACITY:
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens, more than its "
+                      "capacity %lld %s", b, b, value, limit, when);
+    case FA_GPU_STATUS_KV_PAGE:
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "cache->block_table[%lld][%lld]: page %lld of sequence %lld is outside [0, %lld) %s",
+                      b, x, value, b, limit, when);
+    }
+    return FA_ERR(FA_ERROR_BACKEND_FAILURE, "%s: unknown device status %d", FA_GPU_VENDOR, (int)st->code);
+}
+
 static fa_status gpu_synchronize(void *state)
 {
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
     FA_TRY(fa_gpu_stream_synchronize(s->stream), "stream synchronize");
-    return FA_SUCCESS;
+    fa_gpu_status st;
+    FA_TRY(fa_gpu_memcpy_async(&st, s->status, sizeof st, fa_gpu_memcpy_d2h, s->stream), "read the device status");
+    FA_TRY(fa_gpu_stream_synchronize(s->stream), "read the device status");
+    if (st.code == FA_GPU_STATUS_OK) return FA_SUCCESS;
+    FA_TRY(fa_gpu_memset_async(s->status, 0, sizeof st, s->stream), "clear the device status");
+    FA_TRY(fa_gpu_stream_synchronize(s->stream), "clear the device status");
+    return status_error(&st);
 }
 
 static fa_status gpu_mem_alloc(void *state, size_t bytes, void **ptr)
@@ -312,7 +362,7 @@ static fa_status build_params(fa_gpu_state *s, const fa_problem *p, size_t reser
     if (p->head_dim > FA_GPU_MAX_HEAD_DIM)
         return FA_ERR(FA_ERROR_NOT_SUPPORTED, "head_dim: %lld exceeds the %s backend's maximum %d",
                       (long long)p->head_dim, FA_GPU_VENDOR, FA_GPU_MAX_HEAD_DIM);
-    if (p->heads_q > 65535 || p->heads_kv > 65535 || p->batch > 65535)
+    if (p->heads_q > 65535 || p->heads_kv > 65535 || p->batch > 65535 || p->varlen.batch > 65535)
         return FA_ERR(FA_ERROR_NOT_SUPPORTED, "batch/heads: the %s backend launches one grid row per head and batch (at most 65535 each)",
                       FA_GPU_VENDOR);
     memset(k, 0, sizeof *k);
@@ -341,6 +391,16 @@ static fa_status build_params(fa_gpu_state *s, const fa_problem *p, size_t reser
     k->dropout_seed = p->dropout_seed;
     k->dropout_offset = p->dropout_offset;
     k->lse = p->lse;
+    k->lse_stride_batch = p->lse_stride_batch;
+    k->lse_stride_head = p->lse_stride_head;
+    k->dropout_rows = p->dropout_rows;
+    k->dropout_cols = p->dropout_cols;
+    k->status = s->status;
+    if (p->varlen.batch) {
+        k->cu_seqlens_q = p->varlen.cu_seqlens_q;
+        k->cu_seqlens_k = p->varlen.cu_seqlens_k;
+        k->varlen_batch = p->varlen.batch;
+    }
 
     const size_t seqlens_bytes = p->seqlens_k ? align_up((size_t)p->batch * sizeof(int32_t)) : 0;
     const size_t mask_bytes = p->block_mask ? align_up((size_t)(p->block_mask->rows * p->block_mask->cols)) : 0;
@@ -366,7 +426,8 @@ static fa_status build_params(fa_gpu_state *s, const fa_problem *p, size_t reser
 }
 
 /* Launches kernel on the context's stream: `warps` warps per block, `smem` bytes of dynamic
- * shared memory. */
+ * shared memory. With FLASHATTN_GPU_SYNC=1 it waits for the kernel, so that a fault is reported
+ * by the launch that caused it (`what` names the kernel) rather than by a later call. */
 static fa_status launch_warps(fa_gpu_state *s, fa_gpu_kernel kernel, dim3 grid, int warps, size_t smem,
                               const fa_gpu_params *k, const char *what)
 {
@@ -374,8 +435,15 @@ static fa_status launch_warps(fa_gpu_state *s, fa_gpu_kernel kernel, dim3 grid, 
     if (smem > 48 * 1024)
         FA_TRY(fa_gpu_func_set_attribute((const void *)kernel, FA_GPU_FUNC_ATTR_MAX_DYNAMIC_SMEM, (int)smem),
                "raise the shared-memory limit");
-    kernel<<<grid, (unsigned)(warps * s->props.warpSize), smem, s->stream>>>(*k);
-    FA_TRY(fa_gpu_get_last_error(), what);
+    const dim3 block((unsigned)(warps * s->props.warpSize));
+    FA_TRY(fa_gpu_launch(kernel, grid, block, smem, s->stream, *k), what);
+    if (s->sync_launches) {
+        const fa_gpu_error e = fa_gpu_stream_synchronize(s->stream);
+        if (e != fa_gpu_success)
+            return FA_ERR(FA_ERROR_BACKEND_FAILURE, "%s: %s faulted (grid %u x %u x %u, %u threads, %zu bytes of shared memory): %s (%s)",
+                          FA_GPU_VENDOR, what, grid.x, grid.y, grid.z, block.x, smem, fa_gpu_get_error_name(e),
+                          fa_gpu_get_error_string(e));
+    }
     return FA_SUCCESS;
 }
 
@@ -410,14 +478,29 @@ static int problem_chunk_aligned(const fa_problem *p, int backward)
            (!backward || tensor_chunk_aligned(&p->dout));
 }
 
+/* Rows the query and key grids cover, and their z extent: a packed batch runs one z slice per
+ * sequence over the longest one's tiles (blocks past a shorter sequence return at once). */
+static int64_t query_rows(const fa_problem *p) { return p->varlen.batch ? p->varlen.max_seqlen_q : p->seqlen_q; }
+static int64_t key_rows(const fa_problem *p) { return p->varlen.batch ? p->varlen.max_seqlen_k : p->seqlen_k; }
+static unsigned grid_batch(const fa_problem *p) { return (unsigned)(p->varlen.batch ? p->varlen.batch : p->batch); }
+
+/* A packed batch's offsets are device memory: checked on the device before the kernels, which
+ * then write nothing if they are wrong (the next synchronize says why). */
+static fa_status check_offsets(fa_gpu_state *s, const fa_problem *p, const fa_gpu_params *k)
+{
+    if (!p->varlen.batch) return FA_SUCCESS;
+    return launch(s, fa_decode::check_varlen, dim3(1), 0, k, "varlen offsets check launch");
+}
+
 /* The tile-MMA forward of p (the caller checked that the context has the kernel). */
 static fa_status tc_forward(fa_gpu_state *s, const fa_problem *p, fa_gpu_kernel kernel, int width)
 {
     fa_gpu_params k;
-    const fa_status st = build_params(s, p, 0, &k);
+    fa_status st = build_params(s, p, 0, &k);
+    if (st == FA_SUCCESS) st = check_offsets(s, p, &k);
     if (st != FA_SUCCESS) return st;
     k.chunked_loads = problem_chunk_aligned(p, 0);
-    const dim3 grid((unsigned)fa_gpu_tiles(p->seqlen_q, FA_TC_BLOCK_ROWS), (unsigned)p->heads_q, (unsigned)p->batch);
+    const dim3 grid((unsigned)fa_gpu_tiles(query_rows(p), FA_TC_BLOCK_ROWS), (unsigned)p->heads_q, grid_batch(p));
     return launch_warps(s, kernel, grid, FA_TC_WARPS, (size_t)fa_tc_smem_bytes(width), &k, "tile-MMA forward launch");
 }
 
@@ -433,8 +516,9 @@ static fa_status gpu_forward(void *state, const fa_problem *p)
     fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->head_dim, &tile, &set);
     fa_gpu_params k;
     if (st == FA_SUCCESS) st = build_params(s, p, 0, &k);
+    if (st == FA_SUCCESS) st = check_offsets(s, p, &k);
     if (st != FA_SUCCESS) return st;
-    const dim3 grid((unsigned)fa_gpu_tiles(p->seqlen_q, tile), (unsigned)p->heads_q, (unsigned)p->batch);
+    const dim3 grid((unsigned)fa_gpu_tiles(query_rows(p), tile), (unsigned)p->heads_q, grid_batch(p));
     return launch(s, set.forward, grid, (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, tile, p->head_dim), &k,
                   "forward launch");
 }
@@ -451,6 +535,7 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
     const size_t delta_bytes = (size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float);
     fa_gpu_params k;
     if (st == FA_SUCCESS) st = build_params(s, p, delta_bytes, &k);
+    if (st == FA_SUCCESS) st = check_offsets(s, p, &k);
     if (st != FA_SUCCESS) return st;
     k.delta = (float *)s->workspace;
     k.chunked_loads = problem_chunk_aligned(p, 1);
@@ -459,10 +544,10 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
     st = launch(s, fa_generic::row_delta, dim3((unsigned)(row_blocks < 65535 ? row_blocks : 65535)), 0, &k,
                 "backward pre-pass launch");
     if (st != FA_SUCCESS) return st;
-    const dim3 key_grid((unsigned)fa_gpu_tiles(p->seqlen_k, tc.backward_dq ? FA_TC_BLOCK_ROWS : tile), (unsigned)p->heads_kv,
-                        (unsigned)p->batch);
-    const dim3 query_grid((unsigned)fa_gpu_tiles(p->seqlen_q, tc.backward_dq ? FA_TC_BLOCK_ROWS : tile), (unsigned)p->heads_q,
-                          (unsigned)p->batch);
+    const dim3 key_grid((unsigned)fa_gpu_tiles(key_rows(p), tc.backward_dq ? FA_TC_BLOCK_ROWS : tile), (unsigned)p->heads_kv,
+                        grid_batch(p));
+    const dim3 query_grid((unsigned)fa_gpu_tiles(query_rows(p), tc.backward_dq ? FA_TC_BLOCK_ROWS : tile),
+                          (unsigned)p->heads_q, grid_batch(p));
     if (tc.backward_dq) {
         const size_t smem = (size_t)fa_tc_backward_smem_bytes(width);
         st = launch_warps(s, tc.backward_dkdv, key_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dK/dV launch");
@@ -473,6 +558,63 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
     const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
     st = launch(s, set.backward_dkdv, key_grid, smem, &k, "backward dK/dV launch");
     if (st == FA_SUCCESS) st = launch(s, set.backward_dq, query_grid, smem, &k, "backward dQ launch");
+    return st;
+}
+
+/* Splits of each sequence's keys for fa_forward_kvcache: enough (row tile, chunk, kv head,
+ * sequence) blocks to fill a large GPU, chunks of at least 256 keys of the capacity; from the
+ * shape only, so a problem always runs the same reduction (bit-identical across runs). */
+static int64_t kv_chunk_count(const fa_kv_problem *kp, int64_t row_tiles)
+{
+    const int64_t target_blocks = 512, min_chunk = 256;
+    const int64_t units = kp->attn.batch * kp->attn.heads_kv * row_tiles;
+    int64_t chunks = units >= target_blocks ? 1 : (target_blocks + units - 1) / units;
+    const int64_t by_length = (kp->attn.seqlen_k + min_chunk - 1) / min_chunk;
+    if (chunks > by_length) chunks = by_length;
+    return chunks < 1 ? 1 : chunks;
+}
+
+static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    const fa_problem *p = &kp->attn;
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    int tile;
+    fa_generic_set set;
+    fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->head_dim, &tile, &set);
+    if (st != FA_SUCCESS) return st;
+    const int64_t rows = p->heads_q / p->heads_kv * p->seqlen_q, row_tiles = fa_gpu_tiles(rows, tile);
+    const int64_t chunks = kv_chunk_count(kp, row_tiles);
+    if (row_tiles * chunks > 2147483647 || kp->seqlen_new > 2147483647)
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "q: %lld query rows per kv head exceed the %s backend's grid", (long long)rows,
+                      FA_GPU_VENDOR);
+    const size_t partial_bytes = (size_t)(p->batch * p->heads_kv * chunks * rows) * (size_t)(p->head_dim + 2) * sizeof(float);
+    fa_gpu_params k;
+    st = build_params(s, p, partial_bytes, &k);
+    if (st != FA_SUCCESS) return st;
+    k.partial = (float *)s->workspace;
+    k.kv_chunks = chunks;
+    k.cache_seqlens = kp->cache_seqlens;
+    k.block_table = kp->block_table;
+    k.max_pages = kp->max_pages_per_seq;
+    k.page_size = kp->page_size;
+    k.num_pages = kp->num_pages;
+    k.seqlen_new = kp->seqlen_new;
+    if (kp->seqlen_new) {
+        k.k_new = device_tensor(&kp->k_new);
+        k.v_new = device_tensor(&kp->v_new);
+    }
+    st = launch(s, fa_decode::check_kvcache, dim3(1), 0, &k, "KV-cache table check launch");
+    if (st == FA_SUCCESS && kp->seqlen_new)
+        st = launch(s, fa_decode::append, dim3((unsigned)kp->seqlen_new, (unsigned)p->heads_kv, (unsigned)p->batch), 0, &k,
+                    "KV-cache append launch");
+    if (st == FA_SUCCESS)
+        st = launch(s, set.decode, dim3((unsigned)(row_tiles * chunks), (unsigned)p->heads_kv, (unsigned)p->batch),
+                    (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, tile, p->head_dim), &k, "KV-cache attention launch");
+    const int64_t merge_blocks = fa_gpu_tiles(p->batch * p->heads_kv * rows, FA_GENERIC_WARPS);
+    if (st == FA_SUCCESS)
+        st = launch(s, fa_decode::merge, dim3((unsigned)(merge_blocks < 65535 ? merge_blocks : 65535)), 0, &k,
+                    "KV-cache merge launch");
     return st;
 }
 
@@ -494,6 +636,8 @@ static const fa_backend_iface g_iface = {
     gpu_info,
     gpu_forward,
     gpu_backward,
+    FA_BACKEND_VARLEN, /* tensors and tables are device memory: their checks run on the device */
+    gpu_forward_kvcache,
 };
 
 extern "C" __attribute__((visibility("default"))) const fa_backend_iface *fa_backend_plugin_entry(const fa_host_api *host)

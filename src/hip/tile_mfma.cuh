@@ -11,15 +11,11 @@
 #include "../cuda/kernels/tc_layout.h"
 #include "../cuda/kernels/tile_layer.cuh"
 #include "../cuda/kernels/warp.cuh"
-
-#if defined(__gfx908__) || defined(__gfx90a__)
-#  define FA_TILE_MFMA 1
-#endif
+#include "amdgcn.cuh"
 
 namespace fa_tc {
 
-typedef _Float16 mfma_half4 __attribute__((ext_vector_type(4)));
-typedef float mfma_float4 __attribute__((ext_vector_type(4)));
+typedef fa_amdgcn_half4 mfma_half4;
 
 template <fa_dtype DT>
 struct mfma_layer {
@@ -45,21 +41,19 @@ struct mfma_layer {
         return x + fa_shfl_xor(x, 32);
     }
 
-    static __device__ __forceinline__ _Float16 element(const uint16_t *tile, fa_frag_coord c, int w)
+    static __device__ __forceinline__ fa_amdgcn_half element(const uint16_t *tile, fa_frag_coord c, int w)
     {
-        return __builtin_bit_cast(_Float16, tile[fa_tc_swizzle(c.row, c.col, w)]);
+        return fa_amdgcn_half_from_bits(tile[fa_tc_swizzle(c.row, c.col, w)]);
     }
 
     /* c += A B on one 16 x 16 x 16 tile (4 accumulator items). */
     static __device__ __forceinline__ void mfma(float *c, mfma_half4 a, mfma_half4 b)
     {
-#if defined(FA_TILE_MFMA)
-        mfma_float4 acc = {c[0], c[1], c[2], c[3]};
-        acc = __builtin_amdgcn_mfma_f32_16x16x16f16(a, b, acc, 0, 0, 0);
-        for (int r = 0; r < 4; ++r) c[r] = acc[r];
+#if defined(FA_AMDGCN_HAVE_MFMA)
+        fa_amdgcn_mfma_f32_16x16x16f16(c, a, b);
 #else
         (void)c; (void)a; (void)b;
-        __builtin_trap(); /* no MFMA on this target: the plugin never selects this layer here */
+        fa_gpu_trap(); /* no MFMA on this target: the plugin never selects this layer here */
 #endif
     }
 
@@ -89,7 +83,7 @@ struct mfma_layer {
 #pragma unroll
         for (int kstep = 0; kstep < BC / 16; ++kstep) {
             mfma_half4 b; /* P^T in registers */
-            for (int item = 0; item < 4; ++item) b[item] = static_cast<_Float16>(p.v[4 * kstep + item]);
+            for (int item = 0; item < 4; ++item) b[item] = fa_amdgcn_half_from_float(p.v[4 * kstep + item]);
 #pragma unroll
             for (int dt = 0; dt < W / 16; ++dt) {
                 mfma_half4 a;

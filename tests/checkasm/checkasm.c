@@ -80,6 +80,40 @@ static void test_gemm(void **state)
     }
 }
 
+/* gemm_nt (C = A B^T) on odd sizes and padded leading dimensions, tails of k below and above
+ * the vector width; elements of C outside the m x n extent must keep their sentinel. */
+static void test_gemm_nt(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    static const int64_t sizes[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32, 33, 64, 65, 128};
+    enum { S = sizeof sizes / sizeof sizes[0] };
+    for (int trial = 0; trial < 300; ++trial) {
+        const int64_t m = sizes[trial % S], n = sizes[(trial * 7 + 3) % S] % 20 + 1, k = sizes[(trial * 5 + 1) % S];
+        const int64_t lda = k + trial % 4, ldb = k + 3, ldc = n + 2;
+        float *a = malloc((size_t)(m * lda) * 4), *b = malloc((size_t)(n * ldb) * 4);
+        float *c_ref = malloc((size_t)(m * ldc) * 4), *c_isa = malloc((size_t)(m * ldc) * 4);
+        assert_non_null(a); assert_non_null(b); assert_non_null(c_ref); assert_non_null(c_isa);
+        for (int64_t x = 0; x < m * lda; ++x) a[x] = uniform(-1, 1);
+        for (int64_t x = 0; x < n * ldb; ++x) b[x] = uniform(-1, 1);
+        for (int64_t x = 0; x < m * ldc; ++x) c_ref[x] = c_isa[x] = 1234.5f;
+        ref->gemm_nt(m, n, k, a, lda, b, ldb, c_ref, ldc);
+        isa->gemm_nt(m, n, k, a, lda, b, ldb, c_isa, ldc);
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < ldc; ++j) {
+                const float want = c_ref[i * ldc + j], got = c_isa[i * ldc + j];
+                if (j >= n) {
+                    if (got != 1234.5f) fail_msg("gemm_nt %s: wrote outside C at (%lld, %lld)", isa->isa, (long long)i, (long long)j);
+                    continue;
+                }
+                const float tol = 4e-7f * (float)(k + 2); /* k roundings in either order, |sum| <= k */
+                if (!(fabsf(got - want) <= tol))
+                    fail_msg("gemm_nt %s m=%lld n=%lld k=%lld: C(%lld,%lld) = %.9g, ref %.9g", isa->isa, (long long)m,
+                             (long long)n, (long long)k, (long long)i, (long long)j, got, want);
+            }
+        free(a); free(b); free(c_ref); free(c_isa);
+    }
+}
+
 static void test_col_max(void **state)
 {
     const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
@@ -328,11 +362,12 @@ static void test_override(void **state)
 
 int main(void)
 {
-    struct CMUnitTest tests[ISA_COUNT * 7 + 1];
+    struct CMUnitTest tests[ISA_COUNT * 8 + 1];
     size_t count = 0;
     for (int i = 0; i < ISA_COUNT; ++i) {
         void *name = (void *)isa_names[i];
         tests[count++] = (struct CMUnitTest){"gemm", test_gemm, NULL, NULL, name};
+        tests[count++] = (struct CMUnitTest){"gemm_nt", test_gemm_nt, NULL, NULL, name};
         tests[count++] = (struct CMUnitTest){"col_max", test_col_max, NULL, NULL, name};
         tests[count++] = (struct CMUnitTest){"exp_cols", test_exp_cols, NULL, NULL, name};
         tests[count++] = (struct CMUnitTest){"f16_to_f32", test_f16_to_f32, NULL, NULL, name};

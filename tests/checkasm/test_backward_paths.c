@@ -21,10 +21,10 @@
  * window_left, window_right, key_padding, dropout_p, seed, offset, block mask, block_q, block_k,
  * layout. All but the last have batch x heads_kv >= 8 (fused). */
 static const fa_test_case cases[] = {
-    {"fused_gqa_causal_dropout", {2, 8, 4, 70, 70, 64}, 0, 1, -1, -1, 0, 0.1f, 7, 3, BLOCK_MASK_NONE, 0, 0, LAYOUT_PACKED},
-    {"fused_window_pad_blocks", {4, 2, 2, 45, 61, 32}, 0, 0, 12, 4, 1, 0.0f, 0, 0, BLOCK_MASK_RANDOM, 3, 17, LAYOUT_BHSD},
-    {"fused_mqa_padded_layout", {8, 3, 1, 33, 50, 48}, 0.3f, 1, -1, -1, 0, 0.0f, 0, 0, BLOCK_MASK_NONE, 0, 0, LAYOUT_PADDED},
-    {"two_pass_gqa", {1, 4, 2, 90, 77, 40}, 0, 1, -1, -1, 0, 0.2f, 5, 1, BLOCK_MASK_NONE, 0, 0, LAYOUT_PACKED},
+    {"fused_gqa_causal_dropout", {2, 8, 4, 70, 70, 64}, 0, 1, -1, -1, 0, 0.1f, 7, 3, BLOCK_MASK_NONE, 0, 0, LAYOUT_PACKED, 0},
+    {"fused_window_pad_blocks", {4, 2, 2, 45, 61, 32}, 0, 0, 12, 4, 1, 0.0f, 0, 0, BLOCK_MASK_RANDOM, 3, 17, LAYOUT_BHSD, 0},
+    {"fused_mqa_padded_layout", {8, 3, 1, 33, 50, 48}, 0.3f, 1, -1, -1, 0, 0.0f, 0, 0, BLOCK_MASK_NONE, 0, 0, LAYOUT_PADDED, 0},
+    {"two_pass_gqa", {1, 4, 2, 90, 77, 40}, 0, 1, -1, -1, 0, 0.2f, 5, 1, BLOCK_MASK_NONE, 0, 0, LAYOUT_PACKED, 0},
 };
 enum { case_count = sizeof cases / sizeof cases[0] };
 

@@ -27,6 +27,8 @@ typedef struct call {
     fa_tensor q, k, v, out, dout, dq, dk, dv;
     float *lse;
     unsigned null_args;
+    float *dsinks;        /* fa_backward_ex's extra outputs, NULL by default */
+    const fa_bias *dbias;
 } call;
 
 typedef struct fixture {
@@ -36,6 +38,10 @@ typedef struct fixture {
     size_t output_bytes[4];
     float *lse;       /* forward output; backward input (canary in both: backward must not write it) */
     uint8_t mask[2 * 1];
+    /* score modifiers: a full bias (zeros), its gradient (canary), sinks, slopes [BATCH, HEADS_Q] */
+    float bias[BATCH * HEADS_Q * SEQ_Q * SEQ_K], dbias[BATCH * HEADS_Q * SEQ_Q * SEQ_K];
+    float sinks[HEADS_Q], dsinks[HEADS_Q], slopes[BATCH * HEADS_Q];
+    fa_bias bias_desc, dbias_desc;
     call base;
 } fixture;
 
@@ -83,6 +89,9 @@ static int setup(void **state)
     c->block_mask = (fa_block_mask){3, 8, 2, 1, f->mask};
     c->seqlens[0] = SEQ_K;
     c->seqlens[1] = 1;
+    f->bias_desc = (fa_bias){f->bias, FA_DTYPE_F32, HEADS_Q * SEQ_Q * SEQ_K, SEQ_Q * SEQ_K, SEQ_K};
+    f->dbias_desc = f->bias_desc;
+    f->dbias_desc.data = f->dbias;
     *state = f;
     return 0;
 }
@@ -106,6 +115,8 @@ static call fresh(fixture *f)
 {
     for (int i = 0; i < 4; ++i) memset(f->outputs[i], CANARY, f->output_bytes[i]);
     memset(f->lse, CANARY, (size_t)BATCH * HEADS_Q * SEQ_Q * sizeof(float));
+    memset(f->dbias, CANARY, sizeof f->dbias);
+    memset(f->dsinks, CANARY, sizeof f->dsinks);
     return f->base;
 }
 
@@ -142,10 +153,11 @@ static fa_status run_forward(call *c)
 static fa_status run_backward(call *c)
 {
     const fa_attention_desc *desc = c->null_desc ? NULL : &c->desc;
-    return fa_backward(c->ctx, desc, c->null_args & NULL_Q ? NULL : &c->q, c->null_args & NULL_K ? NULL : &c->k,
-                       c->null_args & NULL_V ? NULL : &c->v, c->null_args & NULL_OUT ? NULL : &c->out,
-                       c->null_args & NULL_DOUT ? NULL : &c->dout, c->lse, c->null_args & NULL_DQ ? NULL : &c->dq,
-                       c->null_args & NULL_DK ? NULL : &c->dk, c->null_args & NULL_DV ? NULL : &c->dv);
+    return fa_backward_ex(c->ctx, desc, c->null_args & NULL_Q ? NULL : &c->q, c->null_args & NULL_K ? NULL : &c->k,
+                          c->null_args & NULL_V ? NULL : &c->v, c->null_args & NULL_OUT ? NULL : &c->out,
+                          c->null_args & NULL_DOUT ? NULL : &c->dout, c->lse, c->null_args & NULL_DQ ? NULL : &c->dq,
+                          c->null_args & NULL_DK ? NULL : &c->dk, c->null_args & NULL_DV ? NULL : &c->dv, c->dsinks,
+                          c->dbias);
 }
 
 static void expect_forward_error(fixture *f, call *c, fa_status expected, const char *name)
@@ -165,6 +177,8 @@ static void expect_backward_error(fixture *f, call *c, fa_status expected, const
     if (st != expected) fail_msg("backward: status %d (%s), expected %d for '%s'", st, fa_last_error(), expected, name);
     check_message(name);
     for (int i = 1; i < 4; ++i) assert_true(canary_intact(f->outputs[i], f->output_bytes[i]));
+    assert_true(canary_intact(f->dbias, sizeof f->dbias));
+    assert_true(canary_intact(f->dsinks, sizeof f->dsinks));
 }
 
 /* Both passes reject the same problem-level argument. */
@@ -366,6 +380,116 @@ static void test_bad_scalars(void **state)
     }
 }
 
+/* A valid call with every score modifier set (ALiBi per batch), and fa_backward_ex's outputs. */
+static call with_modifiers(fixture *f)
+{
+    call c = fresh(f);
+    c.desc.softcap = 30.0f;
+    c.desc.alibi_slopes = f->slopes;
+    c.desc.alibi_per_batch = 1;
+    c.desc.sinks = f->sinks;
+    c.desc.bias = &f->bias_desc;
+    c.dsinks = f->dsinks;
+    c.dbias = &f->dbias_desc;
+    return c;
+}
+
+static void test_score_modifiers(void **state)
+{
+    fixture *f = *state;
+    for (int h = 0; h < HEADS_Q; ++h) f->sinks[h] = 0.5f;
+    for (int x = 0; x < BATCH * HEADS_Q; ++x) f->slopes[x] = 0.25f;
+    memset(f->bias, 0, sizeof f->bias);
+    call c = with_modifiers(f);
+    /* the valid call: computed by the CPU backend, which writes both extra gradients */
+    assert_int_equal(run_forward(&c), FA_SUCCESS);
+    assert_int_equal(run_backward(&c), FA_SUCCESS);
+    assert_false(canary_intact(f->dsinks, sizeof f->dsinks));
+    assert_false(canary_intact(f->dbias, sizeof f->dbias));
+
+    const float bad_cap[] = {-1.0f, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof bad_cap / sizeof bad_cap[0]; ++i) {
+        c = with_modifiers(f);
+        c.desc.softcap = bad_cap[i];
+        expect_both(f, &c, "desc->softcap");
+    }
+    c = with_modifiers(f);
+    c.desc.alibi_per_batch = 2;
+    expect_both(f, &c, "desc->alibi_per_batch");
+    c = with_modifiers(f);
+    c.desc.alibi_slopes = NULL;
+    expect_both(f, &c, "desc->alibi_per_batch");
+    c = with_modifiers(f);
+    c.desc.alibi_slopes = (const float *)((const char *)f->slopes + 1);
+    expect_both(f, &c, "desc->alibi_slopes");
+    c = with_modifiers(f);
+    c.desc.sinks = (const float *)((const char *)f->sinks + 2);
+    expect_both(f, &c, "desc->sinks");
+
+    /* values in host memory, read by the CPU backend's core: the last slope, then a sink */
+    f->slopes[BATCH * HEADS_Q - 1] = NAN;
+    c = with_modifiers(f);
+    expect_both(f, &c, "desc->alibi_slopes[7]");
+    f->slopes[BATCH * HEADS_Q - 1] = 0.25f;
+    const float bad_sink[] = {NAN, INFINITY};
+    for (size_t i = 0; i < 2; ++i) {
+        f->sinks[2] = bad_sink[i];
+        c = with_modifiers(f);
+        expect_both(f, &c, "desc->sinks[2]");
+    }
+    f->sinks[2] = -INFINITY; /* no sink: valid */
+    c = with_modifiers(f);
+    assert_int_equal(run_forward(&c), FA_SUCCESS);
+    f->sinks[2] = 0.5f;
+
+    /* the bias */
+    fa_bias bias = f->bias_desc;
+    c = with_modifiers(f);
+    c.desc.bias = &bias;
+    bias.data = NULL;
+    expect_both(f, &c, "desc->bias->data");
+    bias = f->bias_desc;
+    bias.dtype = (fa_dtype)9;
+    expect_both(f, &c, "desc->bias->dtype");
+    bias = f->bias_desc;
+    bias.stride_head = -1;
+    expect_both(f, &c, "desc->bias->stride_head");
+    bias = f->bias_desc;
+    bias.stride_q = INT64_MAX / 2;
+    expect_both(f, &c, "desc->bias->stride_q");
+    bias = f->bias_desc;
+    bias.dtype = FA_DTYPE_F16;
+    bias.data = (char *)f->bias + 1;
+    expect_both(f, &c, "desc->bias->data");
+
+    /* the gradients: need their modifier, the bias's broadcast, no overlapping elements */
+    c = with_modifiers(f);
+    c.desc.sinks = NULL;
+    expect_backward_error(f, &c, FA_ERROR_INVALID_VALUE, "dsinks");
+    c = with_modifiers(f);
+    c.desc.bias = NULL;
+    expect_backward_error(f, &c, FA_ERROR_INVALID_VALUE, "dbias");
+    fa_bias dbias = f->dbias_desc;
+    c = with_modifiers(f);
+    c.dbias = &dbias;
+    dbias.stride_head = 0;
+    expect_backward_error(f, &c, FA_ERROR_INVALID_VALUE, "dbias->stride_head");
+    dbias = f->dbias_desc;
+    dbias.stride_q = SEQ_K - 1;
+    expect_backward_error(f, &c, FA_ERROR_INVALID_VALUE, "dbias->stride_q");
+    dbias = f->dbias_desc;
+    dbias.stride_batch = 2 * SEQ_Q * SEQ_K; /* batch 1 lands on batch 0's third head */
+    expect_backward_error(f, &c, FA_ERROR_INVALID_VALUE, "dbias->stride_batch");
+    dbias = f->dbias_desc;
+    dbias.stride_head = -3;
+    expect_backward_error(f, &c, FA_ERROR_INVALID_VALUE, "dbias->stride_head");
+    /* a [BATCH, SEQ_Q, HEADS_Q, SEQ_K] dbias (heads inside rows) does not overlap: valid */
+    dbias = f->dbias_desc;
+    dbias.stride_q = HEADS_Q * SEQ_K;
+    dbias.stride_head = SEQ_K;
+    assert_int_equal(run_backward(&c), FA_SUCCESS);
+}
+
 static void test_bad_strides(void **state)
 {
     fixture *f = *state;
@@ -544,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_head_grouping),       cmocka_unit_test(test_mismatched_shapes),
         cmocka_unit_test(test_seqlens_out_of_range), cmocka_unit_test(test_bad_block_mask),
         cmocka_unit_test(test_bad_scalars),         cmocka_unit_test(test_bad_strides),
+        cmocka_unit_test(test_score_modifiers),
         cmocka_unit_test(test_mixed_dtypes),        cmocka_unit_test(test_size_overflow),
         cmocka_unit_test(test_context_errors),      cmocka_unit_test(test_memory_errors),
         cmocka_unit_test(test_other_entry_points),  cmocka_unit_test(test_status_strings),

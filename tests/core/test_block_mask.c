@@ -99,7 +99,7 @@ static void test_non_dividing_blocks_match_oracle(void **state)
     const case_block_mask kinds[] = {BLOCK_MASK_RANDOM, BLOCK_MASK_BUTTERFLY, BLOCK_MASK_LOCAL_GLOBAL};
     for (size_t i = 0; i < 3; ++i) {
         const fa_test_case c = {"partial_blocks", {2, 2, 1, 23, 31, 24}, 0, 0, -1, -1, 0, 0.0f, 0, 0,
-                                kinds[i], 5, 7, LAYOUT_PACKED};
+                                kinds[i], 5, 7, LAYOUT_PACKED, 0};
         fa_case_errors errors;
         char why[256];
         assert_int_equal(fa_run_case(ctx, &c, FA_DTYPE_F32, 1, &errors), FA_SUCCESS);

@@ -1,7 +1,8 @@
-/* A client of the public API only (flashattn.h and libc): the library picks its backend (AUTO,
- * FLASHATTN_BACKEND unset), and a forward plus backward are checked against closed forms.
- * Also compiled by test_install.sh against the installed package, so it uses no test framework:
- * it exits 0 on success and 1 with a message on failure.
+/* A client of the public API only (flashattn.h and libc): it prints the backends available (or why
+ * not), the library picks its backend (AUTO, FLASHATTN_BACKEND unset), and a forward plus backward
+ * are checked against closed forms. Also built by tests/install/consume.sh against the installed
+ * package three ways, so it uses no test framework: it exits 0 on success and 1 with a message on
+ * failure.
  *
  * With q = 0 every visible key gets the same probability 1/N, so (non-causal, no dropout):
  *   O_i = mean_j V_j,  lse_i = log N,  dV_j = (1/N) sum_i dO_i,  dK = 0,
@@ -50,6 +51,13 @@ int main(void)
         v[i] = (float)cos(0.11 * i * i);
     }
     for (int i = 0; i < N_Q; ++i) dout[i] = (float)sin(1.3 * i + 0.5);
+
+    printf("flashattn %s\n", fa_version_string());
+    const fa_backend backends[] = {FA_BACKEND_CPU, FA_BACKEND_CUDA, FA_BACKEND_HIP};
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; ++i) {
+        const int available = fa_backend_available(backends[i]);
+        printf("%s: %s\n", fa_backend_name(backends[i]), available ? "available" : fa_last_error());
+    }
 
     fa_context *ctx;
     CALL(fa_context_create(FA_BACKEND_AUTO, 0, &ctx));

@@ -36,7 +36,7 @@ static void run_one(void **state)
     char what[512], why[512];
     fa_case_describe(run->c, run->dtype, what, sizeof what);
     if (!fa_case_selected(run->c)) {
-        print_message("skipped under FA_TEST_QUICK=1: %s\n", what);
+        print_message("not selected (FA_TEST_QUICK=1 or FA_TEST_CASES): %s\n", what);
         skip();
     }
     fa_case_errors errors;

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Lists the code objects and kernels of the HIP plugin: the offload bundler must find one code
 # object per requested gfx target, each holding every attention kernel, and the CDNA ones must
-# contain MFMA instructions (the tile layer's self-test kernel). The *INS_9fma_layer names match the tile
+# contain MFMA instructions (the MFMA tile layer). The *INS_9fma_layer names match the tile
 # kernels on the plain-FMA and MFMA layers (mangled fa_tc::forward<fa_tc::fma_layer<...>, W>, ...).
 # Usage: list_hip_kernels.sh PLUGIN TARGET...
 set -eu
@@ -32,7 +32,7 @@ for target in "$@"; do
     count=$(echo "$kernels" | grep -c . || true)
     echo "$target: $count kernels"
     echo "$kernels" | sed 's/\.kd$//; s/^/  /'
-    for name in forward backward_dq backward_dkdv row_delta fa_mfma_tile_selftest 7forwardINS_9fma_layer 11backward_dqINS_9fma_layer 13backward_dkdvINS_9fma_layer 7forwardINS_10mfma_layer 13backward_dkdvINS_10mfma_layer; do
+    for name in forward backward_dq backward_dkdv row_delta 7forwardINS_9fma_layer 11backward_dqINS_9fma_layer 13backward_dkdvINS_9fma_layer 7forwardINS_10mfma_layer 13backward_dkdvINS_10mfma_layer; do
         echo "$kernels" | grep -q "$name" || { echo "FAIL: $target lacks kernel $name"; status=1; }
     done
     case "$target" in

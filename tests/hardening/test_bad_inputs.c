@@ -41,6 +41,8 @@ typedef struct bad_case {
 #define MUTATION(fn, body) static void fn(bad_call *c) { body; }
 MUTATION(null_ctx, c->ctx = NULL)
 MUTATION(null_desc, c->desc = NULL)
+MUTATION(struct_size_zero, c->desc_copy.struct_size = 0)
+MUTATION(struct_size_small, c->desc_copy.struct_size = offsetof(fa_attention_desc, block_mask))
 MUTATION(null_q, c->pq = NULL)
 MUTATION(null_out, c->pout = NULL)
 MUTATION(null_data, c->k.data = NULL)
@@ -87,6 +89,8 @@ MUTATION(dout_dtype_mismatch, c->dout.dtype = FA_DTYPE_F16)
 static const bad_case cases[] = {
     {"ctx NULL", 0, FA_ERROR_INVALID_VALUE, "ctx", null_ctx},
     {"desc NULL", 0, FA_ERROR_INVALID_VALUE, "desc", null_desc},
+    {"desc->struct_size 0 (desc not initialised)", 0, FA_ERROR_INVALID_VALUE, "desc->struct_size", struct_size_zero},
+    {"desc->struct_size below the smallest layout", 0, FA_ERROR_INVALID_VALUE, "desc->struct_size", struct_size_small},
     {"q NULL", 0, FA_ERROR_INVALID_VALUE, "q", null_q},
     {"out NULL", 0, FA_ERROR_INVALID_VALUE, "out", null_out},
     {"k->data NULL", 0, FA_ERROR_INVALID_VALUE, "k", null_data},

@@ -115,12 +115,64 @@ static void test_small_problem_rows(void **state)
     }
 }
 
+/* Every score modifier with its gradients: dsinks sums over batches and rows, the [heads_q,
+ * seqlen_q, seqlen_k] dbias over batches (causal, GQA, dropout, two-pass backward). */
+static void test_score_modifiers(void **state)
+{
+    (void)state;
+    enum { B = 3, HQ = 4, SQ = 150, SK = 170, BIAS = HQ * SQ * SK };
+    const oracle_shape shape = {B, HQ, 2, SQ, SK, 32};
+    static float bias[BIAS], dbias_want[BIAS], dbias_got[BIAS];
+    float sinks[HQ], slopes[HQ], dsinks_want[HQ], dsinks_got[HQ];
+    for (int x = 0; x < BIAS; ++x) bias[x] = (float)((x * 37) % 101) / 50.0f - 1.0f;
+    for (int h = 0; h < HQ; ++h) {
+        sinks[h] = 0.25f * (float)h - 0.5f;
+        slopes[h] = 1.0f / (float)(4 << h);
+    }
+    fixture want, got;
+    assert_true(fixture_init(&want, &shape, FA_DTYPE_BF16, 7));
+    assert_true(fixture_init(&got, &shape, FA_DTYPE_BF16, 7));
+    fa_bias b = {bias, FA_DTYPE_F32, 0, SQ * SK, SK}, db_want = b, db_got = b;
+    db_want.data = dbias_want;
+    db_got.data = dbias_got;
+    fixture *runs[2] = {&want, &got};
+    for (int r = 0; r < 2; ++r) {
+        runs[r]->desc.causal = 1;
+        runs[r]->desc.dropout_p = 0.2f;
+        runs[r]->desc.softcap = 3.0f;
+        runs[r]->desc.alibi_slopes = slopes;
+        runs[r]->desc.sinks = sinks;
+        runs[r]->desc.bias = &b;
+    }
+    fa_context *ctx;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
+    static const int thread_counts[] = {1, 2, 3, 7};
+    for (size_t t = 0; t < sizeof thread_counts / sizeof thread_counts[0]; ++t) {
+        fixture *f = t ? &got : &want;
+        assert_int_equal(fa_context_set_num_threads(ctx, thread_counts[t]), FA_SUCCESS);
+        fixture_poison_forward(f);
+        fixture_poison_gradients(f);
+        assert_int_equal(fixture_forward(ctx, f), FA_SUCCESS);
+        assert_int_equal(fa_backward_ex(ctx, &f->desc, &f->q, &f->k, &f->v, &f->out, &f->dout, f->lse, &f->dq,
+                                        &f->dk, &f->dv, t ? dsinks_got : dsinks_want, t ? &db_got : &db_want),
+                         FA_SUCCESS);
+        if (!t) continue;
+        if (!fixture_forward_identical(&got, &want) || !fixture_gradients_identical(&got, &want) ||
+            memcmp(dsinks_got, dsinks_want, sizeof dsinks_got) || memcmp(dbias_got, dbias_want, sizeof dbias_got))
+            fail_msg("score modifiers: a result at %d threads differs from 1 thread", thread_counts[t]);
+    }
+    fa_context_destroy(ctx);
+    fixture_free(&want);
+    fixture_free(&got);
+}
+
 int main(void)
 {
-    struct CMUnitTest tests[sizeof cases / sizeof cases[0] + 1];
+    struct CMUnitTest tests[sizeof cases / sizeof cases[0] + 2];
     size_t count = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
         tests[count++] = (struct CMUnitTest){cases[i].name, run_case, NULL, NULL, (void *)&cases[i]};
     tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_small_problem_rows);
+    tests[count++] = (struct CMUnitTest){"score modifiers", test_score_modifiers, NULL, NULL, NULL};
     return _cmocka_run_group_tests("determinism", tests, count, NULL, NULL);
 }

@@ -24,6 +24,10 @@
  *   bf16_to_f32: dst[i] = bfloat16 src[i] widened (exact: the 16 bits become the top half).
  *   f32_to_f16: dst[i] = src[i] rounded to binary16, to nearest even, bit for bit as fa_f32_to_f16
  *             (common/half.h: overflow to inf, subnormal results, NaN quietened keeping the top payload).
+ *   gemm_nt:  C(i,j) = sum over p of a[i*lda + p] * b[j*ldb + p]  (A B^T, both operands' rows
+ *             contiguous; C written, not accumulated). For the decode's S^T = K Q^T with few
+ *             query rows, where gemm would fill a few lanes of its 2W columns: the ISA kernels
+ *             sum each element in the lanes of a vector, then across them, in a fixed order.
  * Results are deterministic: the same inputs give the same bits on every call and thread. */
 #ifndef FA_CPU_KERNELS_H
 #define FA_CPU_KERNELS_H
@@ -41,6 +45,8 @@ typedef struct fa_cpu_kernels {
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
+    void (*gemm_nt)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                    float *c, int64_t ldc);
     /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
     int64_t mr, nr, tile_step;
 } fa_cpu_kernels;

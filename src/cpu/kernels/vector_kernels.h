@@ -5,7 +5,9 @@
  *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VMAX, VMIN,
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
- *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored).
+ *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
+ *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
+ *   4 x NT_NR accumulators).
  * The register tile is MR x 2W: 2*MR accumulators, two B vectors and one broadcast of A. */
 #ifndef FA_VECTOR_KERNELS_H
 #define FA_VECTOR_KERNELS_H
@@ -87,6 +89,55 @@ static void KNAME(gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t
         KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 1,
                      VMASK(left < W ? left : W), VMASK(left > W ? left - W : 0));
     }
+}
+
+/* One block of C = A B^T: C[mi x nj], each element's products in the lanes of its own vector
+ * (the tail of p read as zeros), reduced once at the end by VHSUM. */
+FA_INLINE void KNAME(nt_block)(int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                               int64_t ldc, const int mi, const int nj)
+{
+    VEC acc[4][NT_NR];
+    for (int i = 0; i < mi; ++i)
+        for (int j = 0; j < nj; ++j) acc[i][j] = VZERO();
+    int64_t p = 0;
+    for (; p + W <= k; p += W) {
+        VEC bv[NT_NR];
+        for (int j = 0; j < nj; ++j) bv[j] = VLOAD(b + j * ldb + p);
+        for (int i = 0; i < mi; ++i) {
+            const VEC av = VLOAD(a + i * lda + p);
+            for (int j = 0; j < nj; ++j) acc[i][j] = VFMA(av, bv[j], acc[i][j]);
+        }
+    }
+    if (p < k) {
+        const MASK_T tail = VMASK(k - p);
+        VEC bv[NT_NR];
+        for (int j = 0; j < nj; ++j) bv[j] = VMLOAD(b + j * ldb + p, tail);
+        for (int i = 0; i < mi; ++i) {
+            const VEC av = VMLOAD(a + i * lda + p, tail);
+            for (int j = 0; j < nj; ++j) acc[i][j] = VFMA(av, bv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < mi; ++i)
+        for (int j = 0; j < nj; ++j) c[i * ldc + j] = VHSUM(acc[i][j]);
+}
+
+/* Blocks of 4 x NT_NR, then single rows and columns (all block shapes are compile-time constants). */
+static void KNAME(gemm_nt)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                           float *c, int64_t ldc)
+{
+    int64_t i = 0;
+#define FA_NT_AT(mi, nj) KNAME(nt_block)(k, a + i * lda, lda, b + j * ldb, ldb, c + i * ldc + j, ldc, mi, nj)
+    for (; i + 4 <= m; i += 4) {
+        int64_t j = 0;
+        for (; j + NT_NR <= n; j += NT_NR) FA_NT_AT(4, NT_NR);
+        for (; j < n; ++j) FA_NT_AT(4, 1);
+    }
+    for (; i < m; ++i) {
+        int64_t j = 0;
+        for (; j + NT_NR <= n; j += NT_NR) FA_NT_AT(1, NT_NR);
+        for (; j < n; ++j) FA_NT_AT(1, 1);
+    }
+#undef FA_NT_AT
 }
 
 static void KNAME(col_max)(const float *x, int64_t ld, int64_t rows, int64_t cols, float *out)
@@ -180,5 +231,5 @@ static void KNAME(f32_to_f16)(const float *src, uint16_t *dst, int64_t n)
     {                                                                                                     \
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
-        .mr = MR, .nr = 2 * W, .tile_step = 16,                                                           \
+        .gemm_nt = KNAME(gemm_nt), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }

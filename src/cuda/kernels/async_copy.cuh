@@ -7,6 +7,9 @@
 #include <stdint.h>
 
 #include "../gpu_runtime.h"
+#if !defined(__HIPCC__)
+#  include "ptx.cuh"
+#endif
 
 __device__ __forceinline__ void fa_copy16(uint16_t *smem_dst, const uint16_t *global_src, bool valid)
 {
@@ -15,9 +18,7 @@ __device__ __forceinline__ void fa_copy16(uint16_t *smem_dst, const uint16_t *gl
     if (valid) value = *reinterpret_cast<const uint4 *>(global_src);
     *reinterpret_cast<uint4 *>(smem_dst) = value;
 #else
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const int src_bytes = valid ? 16 : 0; /* 0: nothing read, the 16 bytes are zero-filled */
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global_src), "r"(src_bytes));
+    fa_ptx_cp_async16(smem_dst, global_src, valid);
 #endif
 }
 
@@ -25,7 +26,7 @@ __device__ __forceinline__ void fa_copy16(uint16_t *smem_dst, const uint16_t *gl
 __device__ __forceinline__ void fa_copy_commit(void)
 {
 #if !defined(__HIPCC__)
-    asm volatile("cp.async.commit_group;\n" ::);
+    fa_ptx_cp_async_commit();
 #endif
 }
 
@@ -34,7 +35,7 @@ __device__ __forceinline__ void fa_copy_commit(void)
 __device__ __forceinline__ void fa_copy_wait_all(void)
 {
 #if !defined(__HIPCC__)
-    asm volatile("cp.async.wait_group 0;\n" ::);
+    fa_ptx_cp_async_wait_all();
 #endif
 }
 #endif

@@ -33,6 +33,23 @@ __device__ __forceinline__ float dot_row(const float *a, const float *b, int64_t
     return acc;
 }
 
+/* One owned row's O += P V over a staged key tile: each lane its head-dim columns of o, rescaled
+ * by alpha, from the warp's probabilities sp[0..cols) (written by the whole warp before). */
+template <int DPL>
+__device__ __forceinline__ void accumulate_pv(float (&o)[DPL], float alpha, const float *sp, const float *sv,
+                                              int64_t cols, int64_t d, int64_t ld, int lane)
+{
+    fa_warp_sync();
+    for (int t = 0; t < DPL; ++t) {
+        const int64_t x = lane + t * FA_WARP_SIZE;
+        if (x >= d) break;
+        float acc = o[t] * alpha;
+        for (int64_t c = 0; c < cols; ++c) acc = fmaf(sp[c], sv[c * ld + x], acc);
+        o[t] = acc;
+    }
+    fa_warp_sync(); /* sp is rewritten by the next row */
+}
+
 /* The query tile a forward or dQ block owns: one block per (query tile, query head, batch), tiles
  * issued last to first so the longest causal rows start early. */
 struct query_block {
@@ -70,16 +87,19 @@ __device__ __forceinline__ bool stage_key_tile(const fa_gpu_params &p, const que
 
 /* Forward: Algorithm 1 with online softmax. */
 template <int BUCKET, int TILE>
-__global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params p)
+__global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
 {
+    FA_GPU_REQUIRE_BLOCK(kThreads);
+    const fa_gpu_params p = fa_sequence_params(params, blockIdx.z);
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
-    extern __shared__ float smem[];
+    FA_DYNAMIC_SMEM(float, smem);
     const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
     float *sq = smem, *sk = sq + TILE * ld, *sv = sk + TILE * ld;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
     float *sp = sv + TILE * ld + warp * TILE;
     const query_block qb = this_query_block<TILE>(p);
+    if (qb.rows <= 0) return; /* past its sequence (packed batch) */
     const int64_t b = qb.b, h = qb.h, i0 = qb.i0, rows = qb.rows;
 
     float o[RPW][DPL], m[RPW], l[RPW];
@@ -122,15 +142,7 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params p)
             }
             l[rr] = l[rr] * alpha + fa_warp_sum(row_sum);
             m[rr] = m_new;
-            fa_warp_sync();
-            for (int t = 0; t < DPL; ++t) {
-                const int64_t x = lane + t * W;
-                if (x >= d) break;
-                float acc = o[rr][t] * alpha;
-                for (int64_t c = 0; c < cols; ++c) acc = fmaf(sp[c], sv[c * ld + x], acc);
-                o[rr][t] = acc;
-            }
-            fa_warp_sync(); /* sp is rewritten by the next row */
+            accumulate_pv<DPL>(o[rr], alpha, sp, sv, cols, d, ld, lane);
         }
     }
 
@@ -145,13 +157,14 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params p)
             if (x < d) fa_store_elem(p.out.data, base + x, p.dtype, o[rr][t] * inv);
         }
         if (p.lse && lane == 0)
-            p.lse[(b * p.heads_q + h) * p.seqlen_q + i] = l[rr] > 0.0f ? m[rr] * FA_LN2 + logf(l[rr]) : -INFINITY;
+            p.lse[fa_stat_index(p, b, h, i)] = l[rr] > 0.0f ? m[rr] * FA_LN2 + logf(l[rr]) : -INFINITY;
     }
 }
 
 /* Backward pre-pass: delta = rowsum(dO o O), one warp per row, grid-stride. */
 __global__ void __launch_bounds__(kThreads) row_delta(const fa_gpu_params p)
 {
+    FA_GPU_REQUIRE_BLOCK(kThreads);
     const int W = FA_WARP_SIZE;
     const int64_t total = p.batch * p.heads_q * p.seqlen_q;
     const int64_t warps = static_cast<int64_t>(gridDim.x) * FA_GENERIC_WARPS;
@@ -163,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) row_delta(const fa_gpu_params p)
         for (int64_t x = lane; x < p.head_dim; x += W)
             acc = fmaf(fa_load_elem(p.dout.data, g_base + x, p.dtype), fa_load_elem(p.out.data, o_base + x, p.dtype), acc);
         acc = fa_warp_sum(acc);
-        if (lane == 0) p.delta[row] = acc;
+        if (lane == 0) p.delta[fa_stat_index(p, b, h, i)] = acc;
     }
 }
 
@@ -189,18 +202,21 @@ __device__ __forceinline__ element_grads recompute(const fa_gpu_params &p, float
 /* dQ_i = tau * sum_j dS_ij K_j: one block per (query tile, query head, batch), the forward's
  * structure with dS as the weights. No atomics: deterministic. */
 template <int BUCKET, int TILE>
-__global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params p)
+__global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params params)
 {
+    FA_GPU_REQUIRE_BLOCK(kThreads);
+    const fa_gpu_params p = fa_sequence_params(params, blockIdx.z);
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
-    extern __shared__ float smem[];
+    FA_DYNAMIC_SMEM(float, smem);
     const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
     float *sq = smem, *sdo = sq + TILE * ld, *sk = sdo + TILE * ld, *sv = sk + TILE * ld;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
     float *sds = sv + TILE * ld + warp * TILE;
     const query_block qb = this_query_block<TILE>(p);
+    if (qb.rows <= 0) return; /* past its sequence (packed batch) */
     const int64_t b = qb.b, h = qb.h, i0 = qb.i0, rows = qb.rows;
-    const int64_t stat_base = (b * p.heads_q + h) * p.seqlen_q + i0;
+    const int64_t stat_base = fa_stat_index(p, b, h, i0);
 
     float dq[RPW][DPL];
     for (int rr = 0; rr < RPW; ++rr)
@@ -256,11 +272,13 @@ __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params p)
  * batch) keeps its key rows' gradients in registers and streams every query tile of every query
  * head of its group, in a fixed order (deterministic, no atomics). */
 template <int BUCKET, int TILE>
-__global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params p)
+__global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params params)
 {
+    FA_GPU_REQUIRE_BLOCK(kThreads);
+    const fa_gpu_params p = fa_sequence_params(params, blockIdx.z);
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
-    extern __shared__ float smem[];
+    FA_DYNAMIC_SMEM(float, smem);
     const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
     float *sk = smem, *sv = sk + TILE * ld, *sq = sv + TILE * ld, *sdo = sq + TILE * ld;
     float *slse = sdo + TILE * ld, *sdelta = slse + TILE;
@@ -269,6 +287,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params p)
     const int64_t b = blockIdx.z, hk = blockIdx.y, group = p.heads_q / p.heads_kv;
     const int64_t j0 = static_cast<int64_t>(blockIdx.x) * TILE;
     const int64_t keys = p.seqlen_k - j0 < TILE ? p.seqlen_k - j0 : TILE;
+    if (keys <= 0) return; /* past its sequence (packed batch) */
 
     float dk[RPW][DPL], dv[RPW][DPL];
     for (int rr = 0; rr < RPW; ++rr)
@@ -284,7 +303,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params p)
             __syncthreads();
             fa_load_tile(p.q, p.dtype, b, i0, h, rows, TILE, d, sq, ld);
             fa_load_tile(p.dout, p.dtype, b, i0, h, rows, TILE, d, sdo, ld);
-            const int64_t stat_base = (b * p.heads_q + h) * p.seqlen_q + i0;
+            const int64_t stat_base = fa_stat_index(p, b, h, i0);
             for (int r = threadIdx.x; r < TILE; r += blockDim.x) {
                 slse[r] = r < rows ? p.lse[stat_base + r] * FA_LOG2E : -INFINITY;
                 sdelta[r] = r < rows ? p.delta[stat_base + r] : 0.0f;

@@ -70,8 +70,7 @@ __device__ __noinline__ bool dropout_keep_element(uint64_t seed, uint64_t offset
 
 __device__ __forceinline__ bool dropout_kept(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    const uint64_t e = ((static_cast<uint64_t>(b) * p.heads_q + h) * p.seqlen_q + i) * p.seqlen_k + j;
-    return dropout_keep_element(p.dropout_seed, p.dropout_offset, e, p.dropout_p);
+    return dropout_keep_element(p.dropout_seed, p.dropout_offset, fa_dropout_element(p, b, h, i, j), p.dropout_p);
 }
 
 /* Whether the block mask lets row i see key j, out of line for the same reason (two 64-bit
@@ -132,13 +131,16 @@ __device__ __forceinline__ void softmax_tile(const fa_gpu_params &p, const fa_ge
 }
 
 template <class L, int W>
-__global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) forward(const fa_gpu_params p)
+__global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) forward(const fa_gpu_params params)
 {
+    FA_GPU_REQUIRE_BLOCK(FA_TC_WARPS * L::kWarp);
+    const fa_gpu_params p = fa_sequence_params(params, blockIdx.z);
     constexpr int BC = FA_TC_BLOCK_COLS(W), BR = FA_TC_BLOCK_ROWS;
-    extern __shared__ __align__(16) uint16_t fa_tc_smem[];
+    FA_DYNAMIC_SMEM(uint16_t, fa_tc_smem);
     uint16_t *sq = fa_tc_smem, *sk = sq + BR * W, *sv = sk + BC * W;
     const int warp = threadIdx.x / L::kWarp, lane = threadIdx.x % L::kWarp;
     const fa_generic::query_block qb = fa_generic::this_query_block<BR>(p);
+    if (qb.rows <= 0) return; /* past its sequence (packed batch) */
 
     fa_key_range range[L::kSlots];
     int64_t row_index[L::kSlots];
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) forward(const fa_gpu_p
 #pragma unroll
         for (int sl = 0; sl < L::kSlots; ++sl)
             if (row_index[sl] - qb.i0 < qb.rows)
-                p.lse[(qb.b * p.heads_q + qb.h) * p.seqlen_q + row_index[sl]] =
+                p.lse[fa_stat_index(p, qb.b, qb.h, row_index[sl])] =
                     total[sl] > 0.0f ? (m[sl] + log2f(total[sl])) * FA_LN2 : -INFINITY;
     }
 }

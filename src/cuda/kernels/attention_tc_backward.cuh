@@ -53,16 +53,19 @@ __device__ __forceinline__ void store_rows(const fa_gpu_params &p, const fa_gpu_
 }
 
 template <class L, int W>
-__global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa_gpu_params p)
+__global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa_gpu_params params)
 {
+    FA_GPU_REQUIRE_BLOCK(FA_TC_WARPS * L::kWarp);
+    const fa_gpu_params p = fa_sequence_params(params, blockIdx.z);
     constexpr int BK = FA_TC_BLOCK_ROWS, BQ = FA_TC_BACKWARD_QUERY_TILE;
-    extern __shared__ __align__(16) uint16_t fa_tc_smem[];
+    FA_DYNAMIC_SMEM(uint16_t, fa_tc_smem);
     uint16_t *sk = fa_tc_smem, *sv = sk + BK * W, *sq = sv + BK * W, *sdo = sq + BQ * W;
     float *slse = reinterpret_cast<float *>(sdo + BQ * W), *sdelta = slse + BQ;
     const int warp = threadIdx.x / L::kWarp, lane = threadIdx.x % L::kWarp;
     const int64_t b = blockIdx.z, hk = blockIdx.y, group = p.heads_q / p.heads_kv;
     const int64_t j0 = static_cast<int64_t>(blockIdx.x) * BK;
     const int64_t keys = p.seqlen_k - j0 < BK ? p.seqlen_k - j0 : BK;
+    if (keys <= 0) return; /* past its sequence (packed batch) */
     const int64_t valid_k = fa_valid_keys(p, b);
 
     typename L::template acc<W> dk, dv;
@@ -81,7 +84,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
             load_tile<W>(p, p.q, b, i0, h, rows, BQ, sq);
             load_tile<W>(p, p.dout, b, i0, h, rows, BQ, sdo);
             fa_copy_commit();
-            const int64_t stat_base = (b * p.heads_q + h) * p.seqlen_q + i0;
+            const int64_t stat_base = fa_stat_index(p, b, h, i0);
             for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
                 slse[r] = r < rows ? p.lse[stat_base + r] * FA_LOG2E : -INFINITY;
                 sdelta[r] = r < rows ? p.delta[stat_base + r] : 0.0f;
@@ -113,13 +116,16 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
 }
 
 template <class L, int W>
-__global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dq(const fa_gpu_params p)
+__global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dq(const fa_gpu_params params)
 {
+    FA_GPU_REQUIRE_BLOCK(FA_TC_WARPS * L::kWarp);
+    const fa_gpu_params p = fa_sequence_params(params, blockIdx.z);
     constexpr int BR = FA_TC_BLOCK_ROWS, BC = FA_TC_BACKWARD_QUERY_TILE;
-    extern __shared__ __align__(16) uint16_t fa_tc_smem[];
+    FA_DYNAMIC_SMEM(uint16_t, fa_tc_smem);
     uint16_t *sq = fa_tc_smem, *sdo = sq + BR * W, *sk = sdo + BR * W, *sv = sk + BC * W;
     const int warp = threadIdx.x / L::kWarp, lane = threadIdx.x % L::kWarp;
     const fa_generic::query_block qb = fa_generic::this_query_block<BR>(p);
+    if (qb.rows <= 0) return; /* past its sequence (packed batch) */
 
     fa_key_range range[L::kSlots];
     int64_t row_index[L::kSlots];
@@ -128,7 +134,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dq(const fa_g
     for (int sl = 0; sl < L::kSlots; ++sl) {
         const int r = warp * FA_TC_WARP_ROWS + L::slot_row(lane, sl);
         row_index[sl] = qb.i0 + r;
-        const int64_t stat = (qb.b * p.heads_q + qb.h) * p.seqlen_q + row_index[sl];
+        const int64_t stat = fa_stat_index(p, qb.b, qb.h, row_index[sl]);
         range[sl] = r < qb.rows ? fa_row_keys(p, qb.b, row_index[sl]) : fa_key_range{0, 0};
         lse_log2[sl] = r < qb.rows ? p.lse[stat] * FA_LOG2E : -INFINITY;
         delta[sl] = r < qb.rows ? p.delta[stat] : 0.0f;

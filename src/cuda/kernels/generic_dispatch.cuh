@@ -1,13 +1,14 @@
 /* Runtime dispatch over the few instantiated generic kernels: (head-dim bucket, tile) pairs from
- * fa_gpu_tile_options() in plan.h, three kernels each, plus the delta pre-pass. */
+ * fa_gpu_tile_options() in plan.h, four kernels each (forward, the backward's two, the KV-cache
+ * attention), plus the untemplated delta pre-pass, checks, append and merge. */
 #ifndef FA_GPU_GENERIC_DISPATCH_CUH
 #define FA_GPU_GENERIC_DISPATCH_CUH
-#include "attention_generic.cuh"
+#include "attention_decode.cuh"
 
 typedef void (*fa_gpu_kernel)(fa_gpu_params);
 
 typedef struct fa_generic_set {
-    fa_gpu_kernel forward, backward_dq, backward_dkdv;
+    fa_gpu_kernel forward, backward_dq, backward_dkdv, decode;
 } fa_generic_set;
 
 template <int BUCKET, int TILE>
@@ -17,6 +18,7 @@ static fa_generic_set fa_generic_instance(void)
     set.forward = fa_generic::forward<BUCKET, TILE>;
     set.backward_dq = fa_generic::backward_dq<BUCKET, TILE>;
     set.backward_dkdv = fa_generic::backward_dkdv<BUCKET, TILE>;
+    set.decode = fa_decode::attend<BUCKET, TILE>;
     return set;
 }
 
@@ -34,7 +36,7 @@ static fa_generic_set fa_generic_kernels(int bucket, int tile)
     case 256016: return fa_generic_instance<256, 16>();
     case 256008: return fa_generic_instance<256, 8>();
     }
-    fa_generic_set none = {NULL, NULL, NULL};
+    fa_generic_set none = {NULL, NULL, NULL, NULL};
     return none;
 }
 #endif

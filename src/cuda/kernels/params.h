@@ -12,6 +12,26 @@ typedef struct fa_gpu_tensor {
     int64_t stride_batch, stride_seq, stride_head;
 } fa_gpu_tensor;
 
+/* A failed check of tables in device memory (varlen offsets, KV-cache lengths and pages), written
+ * by the check kernels; every kernel of a varlen or KV-cache call then writes nothing, and the
+ * plugin reports it at the next synchronize. */
+typedef enum fa_gpu_status_code {
+    FA_GPU_STATUS_OK,
+    FA_GPU_STATUS_VARLEN_FIRST,      /* cu_seqlens_*[0] != 0: value */
+    FA_GPU_STATUS_VARLEN_DECREASING, /* cu_seqlens_*[sequence + 1] < cu_seqlens_*[sequence] */
+    FA_GPU_STATUS_VARLEN_TOO_LONG,   /* a sequence longer than max_seqlen_*: value rows, limit */
+    FA_GPU_STATUS_VARLEN_TOTAL,      /* cu_seqlens_*[batch] != the tensors' rows: value, limit */
+    FA_GPU_STATUS_KV_NEGATIVE,       /* cache_seqlens[sequence] < 0: value */
+    FA_GPU_STATUS_KV_CAPACITY,       /* cached + new (value) above the capacity (limit) */
+    FA_GPU_STATUS_KV_PAGE            /* block_table[sequence][index] = value outside [0, limit) */
+} fa_gpu_status_code;
+
+typedef struct fa_gpu_status {
+    int32_t code;   /* fa_gpu_status_code; the first failure is kept */
+    int32_t array;  /* varlen: 0 cu_seqlens_q, 1 cu_seqlens_k */
+    int64_t sequence, index, value, limit;
+} fa_gpu_status;
+
 typedef struct fa_gpu_params {
     fa_gpu_tensor q, k, v, out, dout, dq, dk, dv;
     fa_dtype dtype;
@@ -28,7 +48,23 @@ typedef struct fa_gpu_params {
     float dropout_p;
     float keep_scale; /* 1 / (1 - p) */
     uint64_t dropout_seed, dropout_offset;
-    float *lse;   /* [batch, heads_q, seqlen_q], natural log */
-    float *delta; /* backward: rowsum(dO o O), same shape as lse (context workspace) */
+    float *lse;   /* natural log; row i of (b, h) at b * lse_stride_batch + h * lse_stride_head + i */
+    float *delta; /* backward: rowsum(dO o O), same layout as lse (context workspace) */
+    int64_t lse_stride_batch, lse_stride_head;
+    int64_t dropout_rows, dropout_cols; /* element ((b * heads_q + h) * rows + i) * cols + j */
+    /* Packed varlen batch: [varlen_batch + 1] offsets in device memory, or NULL. batch is then 1,
+     * seqlen_q and seqlen_k the total rows; kernels see one sequence per blockIdx.z through
+     * fa_sequence_params. */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    int64_t varlen_batch;
+    /* fa_forward_kvcache: k, v are the cache (seqlen_k its capacity per sequence), the tables
+     * device memory; the key chunks' partial (O, m, l) go to `partial`. */
+    fa_gpu_tensor k_new, v_new;
+    int64_t seqlen_new;
+    const int32_t *cache_seqlens, *block_table;
+    int64_t max_pages, page_size, num_pages;
+    int64_t kv_chunks;
+    float *partial;
+    fa_gpu_status *status; /* device; NULL for calls without device tables */
 } fa_gpu_params;
 #endif

@@ -9,9 +9,6 @@
 #include "generic_dispatch.cuh"
 #include "tile_fma.cuh"
 #include "tile_mma_sync.cuh"
-#if defined(__HIPCC__)
-#  include "../../hip/tile_mfma.cuh"
-#endif
 
 /* The kernels of one (layer, width): NULL entries where not instantiated. */
 typedef struct fa_tc_set {
@@ -51,22 +48,24 @@ static fa_tc_set fa_tc_kernels_of_dtype(fa_dtype dtype, int width)
     return none;
 }
 
+/* The tc family: the architecture's matrix instructions. NVIDIA: mma.sync, defined here. AMD:
+ * defined by the HIP plugin (src/hip/tc_matrix_kernels.cuh: MFMA for f16 where the device has it,
+ * matrix_cores on gfx908 and gfx90a, the plain-FMA layer otherwise). */
+static fa_tc_set fa_tc_matrix_kernels(fa_dtype dtype, int width, bool matrix_cores);
+#if !defined(__HIPCC__)
+static fa_tc_set fa_tc_matrix_kernels(fa_dtype dtype, int width, bool matrix_cores)
+{
+    (void)matrix_cores;
+    return fa_tc_kernels_of_dtype<fa_tc::mma_sync_layer>(dtype, width);
+}
+#endif
+
 /* The kernels of (family, dtype, padded width); NULL entries make the caller run the generic
- * kernels (f32, head dims above 256, backward above width 128, the generic family). tc is the
- * architecture's matrix instructions: mma.sync on NVIDIA; on AMD MFMA for f16 where the device has
- * it (matrix_cores: gfx908, gfx90a) and the plain-FMA layer otherwise. */
+ * kernels (f32, head dims above 256, backward above width 128, the generic family). */
 static fa_tc_set fa_tc_kernels(fa_gpu_family family, fa_dtype dtype, int width, bool matrix_cores)
 {
     if (family == FA_GPU_FAMILY_FMA) return fa_tc_kernels_of_dtype<fa_tc::fma_layer>(dtype, width);
-    if (family == FA_GPU_FAMILY_TC) {
-#if defined(__HIPCC__)
-        if (matrix_cores && dtype == FA_DTYPE_F16) return fa_tc_kernels_of_width<fa_tc::mfma_layer<FA_DTYPE_F16> >(width);
-        return fa_tc_kernels_of_dtype<fa_tc::fma_layer>(dtype, width);
-#else
-        (void)matrix_cores;
-        return fa_tc_kernels_of_dtype<fa_tc::mma_sync_layer>(dtype, width);
-#endif
-    }
+    if (family == FA_GPU_FAMILY_TC) return fa_tc_matrix_kernels(dtype, width, matrix_cores);
     fa_tc_set none = {NULL, NULL, NULL};
     return none;
 }

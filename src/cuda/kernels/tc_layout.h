@@ -6,14 +6,14 @@
  * row. Eight consecutive rows read at the same logical chunk (one ldmatrix phase) and eight
  * consecutive chunks of a row (one cp.async phase) then touch eight distinct 16-byte bank groups.
  *
- * Fragments (NVIDIA mma.sync m16n8k16, layouts in src/hip/mfma_layout.h): a warp owns 16 query
+ * Fragments (NVIDIA mma.sync m16n8k16, layouts in mma_layout.h): a warp owns 16 query
  * rows. An accumulator of 16 x N holds N / 8 n-tiles of 4 floats per lane: item 4 * t + c is
  * C item c of n-tile t. The plain-FMA layer instead gives lane l row l % 16 and columns
  * l / 16 + (W / 16) * item (W = warp size, 32 or 64). */
 #ifndef FA_GPU_TC_LAYOUT_H
 #define FA_GPU_TC_LAYOUT_H
 #include "../../common/hostdev.h"
-#include "../../hip/mfma_layout.h"
+#include "mma_layout.h"
 
 /* Element offset of logical (row, col) in a swizzled tile of `width` columns. */
 FA_HD int fa_tc_swizzle(int row, int col, int width)

@@ -109,10 +109,58 @@ __device__ __forceinline__ bool fa_element_visible(const fa_gpu_params &p, fa_ke
     return !p.block_mask || p.block_mask[(i / p.mask_block_q) * p.mask_cols + j / p.mask_block_k] != 0;
 }
 
+/* The shared Philox stream's element index of (b, h, i, j): the dense layout's, or for a packed
+ * batch the padded layout's (sequence b, rows of max_seqlen_q x max_seqlen_k). */
+__device__ __forceinline__ uint64_t fa_dropout_element(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    return ((static_cast<uint64_t>(b) * p.heads_q + h) * p.dropout_rows + i) * p.dropout_cols + j;
+}
+
 /* The shared Philox dropout stream (src/common/philox.h): element (b, h, i, j). */
 __device__ __forceinline__ bool fa_dropout_kept(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    const uint64_t e = ((static_cast<uint64_t>(b) * p.heads_q + h) * p.seqlen_q + i) * p.seqlen_k + j;
-    return fa_dropout_keep(p.dropout_seed, p.dropout_offset, e, p.dropout_p) != 0;
+    return fa_dropout_keep(p.dropout_seed, p.dropout_offset, fa_dropout_element(p, b, h, i, j), p.dropout_p) != 0;
+}
+
+/* Where row i of (b, h) sits in lse and delta. */
+__device__ __forceinline__ int64_t fa_stat_index(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i)
+{
+    return b * p.lse_stride_batch + h * p.lse_stride_head + i;
+}
+
+/* Rows s0.. of every head of t as a tensor of their own, whatever batch index is used. */
+__device__ __forceinline__ fa_gpu_tensor fa_rows_from(fa_gpu_tensor t, int64_t s0, fa_dtype dtype)
+{
+    if (t.data) t.data = static_cast<char *>(t.data) + s0 * t.stride_seq * (dtype == FA_DTYPE_F32 ? 4 : 2);
+    t.stride_batch = 0;
+    return t;
+}
+
+/* The problem a block of a packed varlen call works on: sequence b (blockIdx.z) as a dense
+ * problem over its rows, so the kernels run unchanged with b as the batch index (tensor batch
+ * strides 0, lse and delta from the sequence's first row, dropout in the padded layout). After a
+ * failed table check the sequence is empty: the block writes nothing. Dense calls: unchanged. */
+__device__ __forceinline__ fa_gpu_params fa_sequence_params(const fa_gpu_params &in, int64_t b)
+{
+    if (!in.cu_seqlens_q) return in;
+    fa_gpu_params p = in;
+    if (in.status->code != FA_GPU_STATUS_OK) {
+        p.seqlen_q = p.seqlen_k = 0;
+        return p;
+    }
+    const int64_t q0 = in.cu_seqlens_q[b], k0 = in.cu_seqlens_k[b];
+    p.seqlen_q = in.cu_seqlens_q[b + 1] - q0;
+    p.seqlen_k = in.cu_seqlens_k[b + 1] - k0;
+    p.q = fa_rows_from(in.q, q0, in.dtype);
+    p.out = fa_rows_from(in.out, q0, in.dtype);
+    p.dout = fa_rows_from(in.dout, q0, in.dtype);
+    p.dq = fa_rows_from(in.dq, q0, in.dtype);
+    p.k = fa_rows_from(in.k, k0, in.dtype);
+    p.v = fa_rows_from(in.v, k0, in.dtype);
+    p.dk = fa_rows_from(in.dk, k0, in.dtype);
+    p.dv = fa_rows_from(in.dv, k0, in.dtype);
+    if (p.lse) p.lse += q0;
+    if (p.delta) p.delta += q0;
+    return p;
 }
 #endif

@@ -4,55 +4,26 @@
 #ifndef FA_GPU_TILE_MMA_SYNC_CUH
 #define FA_GPU_TILE_MMA_SYNC_CUH
 #if !defined(__HIPCC__)
+#include "ptx.cuh"
 #include "tc_layout.h"
 #include "tile_layer.cuh"
 #include "warp.cuh"
 
 namespace fa_tc {
 
-__device__ __forceinline__ unsigned smem_address(const uint16_t *p)
-{
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t *row)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_address(row)));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const uint16_t *row)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_address(row)));
-}
-
 /* c += A B for one 16 x 8 x 16 step. */
 template <fa_dtype DT>
 __device__ __forceinline__ void mma_16x8x16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
-    if (DT == FA_DTYPE_F16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                     "{%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                     "{%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if (DT == FA_DTYPE_F16) fa_ptx_mma_m16n8k16_f16(c, a, b0, b1);
+    else fa_ptx_mma_m16n8k16_bf16(c, a, b0, b1);
 }
 
 /* Two f32 rounded (to nearest even) into one register: lo in the low half. */
 template <fa_dtype DT>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 {
-    uint32_t r;
-    if (DT == FA_DTYPE_F16) asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    else asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
+    return DT == FA_DTYPE_F16 ? fa_ptx_cvt_rn_f16x2(hi, lo) : fa_ptx_cvt_rn_bf16x2(hi, lo);
 }
 
 template <fa_dtype DT>
@@ -89,12 +60,12 @@ struct mma_sync_layer {
         for (int k0 = 0; k0 < W; k0 += 16) {
             uint32_t a[4];
             const fa_frag_coord ca = fa_tc_ldsm_a(lane, row0, k0);
-            ldmatrix_x4(a, sq + fa_tc_swizzle(ca.row, ca.col, W));
+            fa_ptx_ldmatrix_x4(a, sq + fa_tc_swizzle(ca.row, ca.col, W));
 #pragma unroll
             for (int n0 = 0; n0 < BC; n0 += 16) {
                 uint32_t b[4];
                 const fa_frag_coord cb = fa_tc_ldsm_b_nk(lane, n0, k0);
-                ldmatrix_x4(b, sk + fa_tc_swizzle(cb.row, cb.col, W));
+                fa_ptx_ldmatrix_x4(b, sk + fa_tc_swizzle(cb.row, cb.col, W));
                 mma_16x8x16<DT>(&s.v[n0 / 2], a, b[0], b[1]);     /* n-tile n0 / 8: items 4 (n0 / 8).. */
                 mma_16x8x16<DT>(&s.v[n0 / 2 + 4], a, b[2], b[3]); /* n-tile n0 / 8 + 1 */
             }
@@ -115,7 +86,7 @@ struct mma_sync_layer {
             for (int n0 = 0; n0 < W; n0 += 16) {
                 uint32_t b[4];
                 const fa_frag_coord cb = fa_tc_ldsm_b_kn_trans(lane, 16 * kstep, n0);
-                ldmatrix_x4_trans(b, sv + fa_tc_swizzle(cb.row, cb.col, W));
+                fa_ptx_ldmatrix_x4_trans(b, sv + fa_tc_swizzle(cb.row, cb.col, W));
                 mma_16x8x16<DT>(&o.v[n0 / 2], a, b[0], b[1]);
                 mma_16x8x16<DT>(&o.v[n0 / 2 + 4], a, b[2], b[3]);
             }

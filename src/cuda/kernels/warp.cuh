@@ -38,8 +38,7 @@ __device__ __forceinline__ float fa_shfl_idx(float v, int src_lane)
 __device__ __forceinline__ void fa_warp_sync(void)
 {
 #if defined(__HIPCC__)
-    __builtin_amdgcn_wave_barrier(); /* lanes of a wavefront execute in lockstep; orders LDS use */
-    __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "wavefront");
+    fa_gpu_wave_barrier();
 #else
     __syncwarp();
 #endif

@@ -34,6 +34,8 @@
 #define VLOAD_F16(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
 #define VSTORE_F16(p, v) vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(v))) /* FPCR rounding: nearest even */
 #define VLOAD_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))
+#define VHSUM(v) vaddvq_f32(v)
+#define NT_NR 4
 
 static inline float32x4_t neon_load_first(const float *p, int n)
 {

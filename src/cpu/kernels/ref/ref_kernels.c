@@ -51,6 +51,17 @@ static void ref_f32_to_f16(const float *src, uint16_t *dst, int64_t n)
     for (int64_t i = 0; i < n; ++i) dst[i] = fa_f32_to_f16(src[i]);
 }
 
+static void ref_gemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                        float *c, int64_t ldc)
+{
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < k; ++p) acc += a[i * lda + p] * b[j * ldb + p];
+            c[i * ldc + j] = acc;
+        }
+}
+
 const fa_cpu_kernels fa_cpu_kernels_ref = {
     .isa = "ref",
     .gemm = ref_gemm,
@@ -59,5 +70,6 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .f16_to_f32 = ref_f16_to_f32,
     .bf16_to_f32 = ref_bf16_to_f32,
     .f32_to_f16 = ref_f32_to_f16,
+    .gemm_nt = ref_gemm_nt,
     .mr = 1, .nr = 1, .tile_step = 16,
 };

@@ -5,9 +5,9 @@
  *   AMD CDNA (wave64): v_mfma_f32_16x16x16f16 (and _16x16x16bf16_1k on gfx90a, same layout),
  *                      v_mfma_f32_32x32x8f16, v_mfma_f32_16x16x8bf16 (gfx908 bf16).
  *   NVIDIA (warp32):   mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}. */
-#ifndef FA_MFMA_LAYOUT_H
-#define FA_MFMA_LAYOUT_H
-#include "../common/hostdev.h"
+#ifndef FA_GPU_MMA_LAYOUT_H
+#define FA_GPU_MMA_LAYOUT_H
+#include "../../common/hostdev.h"
 
 typedef enum fa_mma_shape {
     FA_MFMA_16X16X16,     /* 64 lanes: A 4 items, B 4, C 4 */

@@ -1,0 +1,302 @@
+/* fa-bench-decode: the KV-cache decode path and packed variable-length batches on the CPU, with
+ * their yardsticks measured in the same run:
+ *  - decode (fa_forward_kvcache, batch 1, heads_q 32, heads_kv 8, d 128, one new token appended per
+ *    step): bytes of K and V read per step / step time, as a fraction of the read bandwidth of a
+ *    large-array sum on the same threads, and tokens/s of one attention layer (and of 32 layers,
+ *    the attention part of a llama.cpp-style tokens/s figure);
+ *  - a varlen training step (forward + backward) on a packed batch of lengths drawn from 64..2048,
+ *    against the per-sequence dense runs one after another and against the padded batch.
+ * Each comparison runs its variants in interleaved rounds and keeps each one's best round (the
+ * median of its calls in that round), so that drift and other load on the machine hit all of them
+ * alike; only the ratios mean much.
+ * Usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5] [--only decode|varlen]
+ *                        [--clock wall|cpu] */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench_clock.h"
+#include "flashattn.h"
+
+static double now(void) { return bench_seconds(); }
+
+#define CHECK(expr)                                                                                \
+    do {                                                                                           \
+        fa_status st_ = (expr);                                                                    \
+        if (st_ != FA_SUCCESS) {                                                                   \
+            fprintf(stderr, "%s: %s: %s\n", #expr, fa_status_string(st_), fa_last_error());        \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* count elements of dtype (f32 or f16), normal values of magnitude 2^-5..1 (f16: sign, exponent 10..14, random
+ * mantissa): no subnormal, whose conversion or arithmetic can be slow, and nothing outside the
+ * range real activations have. */
+static void *alloc_values(size_t count, fa_dtype dtype)
+{
+    const size_t es = dtype == FA_DTYPE_F32 ? 4 : 2;
+    unsigned char *p = malloc(count * es);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", count * es);
+        exit(1);
+    }
+    uint64_t s = 0x9E3779B97F4A7C15ull ^ count;
+    for (size_t i = 0; i < count; ++i) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        const uint16_t h = (uint16_t)((s >> 63) << 15 | (10 + (s >> 40) % 5) << 10 | (s & 0x3ff));
+        if (dtype == FA_DTYPE_F32) {
+            const float f = (float)ldexp((double)(1024 + (h & 0x3ff)), (int)((h >> 10) & 31) - 25) * ((h >> 15) ? -1 : 1);
+            memcpy(p + i * 4, &f, 4);
+        } else {
+            memcpy(p + i * 2, &h, 2);
+        }
+    }
+    return p;
+}
+
+/* Median seconds of calls of fn, repeated for at least min_time (at least 3 times). */
+typedef void (*bench_fn)(void *arg);
+static double time_median(bench_fn fn, void *arg, double min_time)
+{
+    double t[64];
+    int n = 0;
+    fn(arg); /* warm-up */
+    const double start = now();
+    while (n < 64 && (n < 3 || now() - start < min_time)) {
+        const double t0 = now();
+        fn(arg);
+        t[n++] = now() - t0;
+    }
+    for (int i = 1; i < n; ++i)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; --j) {
+            const double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return t[n / 2];
+}
+
+/* The best median of each variant over interleaved rounds, each round min_time / rounds long. */
+static void time_rounds(int rounds, int count, const bench_fn *fns, void *const *args, double min_time, double *best)
+{
+    for (int v = 0; v < count; ++v) best[v] = INFINITY;
+    for (int r = 0; r < rounds; ++r)
+        for (int v = 0; v < count; ++v) {
+            const double t = time_median(fns[v], args[v], min_time / rounds / count);
+            if (t < best[v]) best[v] = t;
+        }
+}
+
+/* ---- read bandwidth --------------------------------------------------------------------------- */
+typedef struct sum_arg { const float *x; size_t n; int threads; double result; } sum_arg;
+
+static void array_sum(void *arg)
+{
+    sum_arg *a = arg;
+    double total = 0.0;
+#pragma omp parallel for num_threads(a->threads) reduction(+ : total) schedule(static)
+    for (size_t block = 0; block < a->n / 64; ++block) {
+        float acc[16] = {0};
+        const float *x = a->x + block * 64;
+        for (int i = 0; i < 64; i += 16)
+            for (int j = 0; j < 16; ++j) acc[j] += x[i + j];
+        float s = 0.0f;
+        for (int j = 0; j < 16; ++j) s += acc[j];
+        total += s;
+    }
+    a->result = total;
+}
+
+/* ---- decode ----------------------------------------------------------------------------------- */
+typedef struct decode_arg {
+    fa_context *ctx;
+    fa_attention_desc desc;
+    fa_tensor q, k_new, v_new, out;
+    fa_kv_cache cache;
+    float *lse;
+} decode_arg;
+
+static void decode_step(void *arg)
+{
+    decode_arg *a = arg;
+    CHECK(fa_forward_kvcache(a->ctx, &a->desc, &a->q, &a->cache, &a->k_new, &a->v_new, &a->out, a->lse));
+}
+
+static void bench_decode(fa_context *ctx, fa_dtype dtype, int64_t keys, sum_arg *sum, int rounds, double min_time)
+{
+    const int64_t hq = 32, hk = 8, d = 128;
+    const size_t es = dtype == FA_DTYPE_F32 ? 4 : 2;
+    const size_t cache_bytes = (size_t)(keys * hk * d) * es;
+    static int32_t cached[1];
+    cached[0] = (int32_t)(keys - 1); /* + the appended token = keys */
+    decode_arg a;
+    memset(&a, 0, sizeof a);
+    a.ctx = ctx;
+    fa_attention_desc_init(&a.desc);
+    a.desc.causal = 1;
+    void *kc = alloc_values(cache_bytes / es, dtype), *vc = alloc_values(cache_bytes / es, dtype);
+    void *q = alloc_values((size_t)(hq * d), dtype), *out = alloc_values((size_t)(hq * d), dtype);
+    void *kn = alloc_values((size_t)(hk * d), dtype), *vn = alloc_values((size_t)(hk * d), dtype);
+    a.lse = malloc((size_t)hq * sizeof(float));
+    a.q = (fa_tensor){q, dtype, 1, 1, hq, d, 0, 0, 0};
+    a.out = (fa_tensor){out, dtype, 1, 1, hq, d, 0, 0, 0};
+    a.k_new = (fa_tensor){kn, dtype, 1, 1, hk, d, 0, 0, 0};
+    a.v_new = (fa_tensor){vn, dtype, 1, 1, hk, d, 0, 0, 0};
+    a.cache.k = (fa_tensor){kc, dtype, 1, keys, hk, d, 0, 0, 0};
+    a.cache.v = (fa_tensor){vc, dtype, 1, keys, hk, d, 0, 0, 0};
+    a.cache.cache_seqlens = cached;
+    const bench_fn fns[2] = {array_sum, decode_step};
+    void *args[2] = {sum, &a};
+    double best[2];
+    time_rounds(rounds, 2, fns, args, 2.0 * min_time, best);
+    const double t = best[1], bandwidth = (double)(sum->n * sizeof(float)) / best[0] / 1e9;
+    const double rate = 2.0 * (double)cache_bytes / t / 1e9;
+    printf("decode  %-4s cache %6lld  %8.3f ms  K+V %7.1f MB  %6.2f GB/s  array sum %6.2f GB/s  ratio %.2f  "
+           "%7.0f tokens/s per layer (%6.1f for 32 layers)\n",
+           dtype == FA_DTYPE_F32 ? "f32" : "f16", (long long)keys, t * 1e3, 2.0 * (double)cache_bytes / 1e6, rate,
+           bandwidth, rate / bandwidth, 1.0 / t, 1.0 / t / 32.0);
+    free(kc);
+    free(vc);
+    free(q);
+    free(out);
+    free(kn);
+    free(vn);
+    free(a.lse);
+}
+
+/* ---- varlen training step --------------------------------------------------------------------- */
+typedef struct train_arg {
+    fa_context *ctx;
+    fa_attention_desc desc;
+    fa_tensor q, k, v, out, dout, dq, dk, dv;
+    float *lse;
+} train_arg;
+
+static void train_step(void *arg)
+{
+    train_arg *a = arg;
+    CHECK(fa_forward(a->ctx, &a->desc, &a->q, &a->k, &a->v, &a->out, a->lse));
+    CHECK(fa_backward(a->ctx, &a->desc, &a->q, &a->k, &a->v, &a->out, &a->dout, a->lse, &a->dq, &a->dk, &a->dv));
+}
+
+/* One training step's tensors of batch x rows, over buffers big enough for the packed total. */
+static void train_tensors(train_arg *a, float *const *buf, int64_t batch, int64_t rows, int64_t heads, int64_t d)
+{
+    fa_tensor *t[8] = {&a->q, &a->k, &a->v, &a->out, &a->dout, &a->dq, &a->dk, &a->dv};
+    for (int i = 0; i < 8; ++i) *t[i] = (fa_tensor){buf[i], FA_DTYPE_F32, batch, rows, heads, d, 0, 0, 0};
+}
+
+/* The dense runs of each sequence on its own, one after another: what packing must not exceed. */
+typedef struct per_sequence_arg {
+    train_arg step;
+    float *const *buf;
+    const int32_t *lens;
+    int sequences;
+    int64_t heads, d;
+} per_sequence_arg;
+
+static void per_sequence_steps(void *arg)
+{
+    per_sequence_arg *a = arg;
+    for (int b = 0; b < a->sequences; ++b) {
+        train_tensors(&a->step, a->buf, 1, a->lens[b], a->heads, a->d);
+        train_step(&a->step);
+    }
+}
+
+static void bench_varlen(fa_context *ctx, int sequences, int rounds, double min_time)
+{
+    const int64_t heads = 8, d = 64;
+    int32_t cu[17] = {0}, lens[16];
+    int64_t max_len = 0;
+    uint64_t s = 12345;
+    for (int b = 0; b < sequences; ++b) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        lens[b] = 64 + (int32_t)((s >> 33) % (2048 - 64 + 1));
+        cu[b + 1] = cu[b] + lens[b];
+        if (lens[b] > max_len) max_len = lens[b];
+    }
+    const int64_t total = cu[sequences], padded_rows = sequences * max_len;
+    float *buf[8];
+    for (int i = 0; i < 8; ++i) buf[i] = alloc_values((size_t)(padded_rows * heads * d), FA_DTYPE_F32);
+    float *lse = malloc((size_t)(padded_rows * heads) * sizeof(float));
+    train_arg packed, padded;
+    memset(&packed, 0, sizeof packed);
+    packed.ctx = ctx;
+    packed.lse = lse;
+    fa_attention_desc_init(&packed.desc);
+    packed.desc.causal = 1;
+    padded = packed;
+    per_sequence_arg each = {packed, buf, lens, sequences, heads, d};
+
+    const fa_varlen varlen = {sequences, cu, cu, max_len, max_len};
+    packed.desc.varlen = &varlen;
+    train_tensors(&packed, buf, 1, total, heads, d);
+    padded.desc.seqlens_k = lens; /* every padded query row computed, keys past each length masked */
+    train_tensors(&padded, buf, sequences, max_len, heads, d);
+
+    const bench_fn fns[3] = {train_step, per_sequence_steps, train_step};
+    void *args[3] = {&packed, &each, &padded};
+    double best[3];
+    time_rounds(rounds, 3, fns, args, 3.0 * min_time, best);
+    printf("varlen  %d sequences (64..2048, total %lld, max %lld), heads %lld, d %lld, causal, fwd+bwd:\n"
+           "        packed %.1f ms, per-sequence runs %.1f ms (packed / per-sequence %.3f), padded batch %.1f ms "
+           "(packed / padded %.3f)\n",
+           sequences, (long long)total, (long long)max_len, (long long)heads, (long long)d, best[0] * 1e3,
+           best[1] * 1e3, best[0] / best[1], best[2] * 1e3, best[0] / best[2]);
+    for (int i = 0; i < 8; ++i) free(buf[i]);
+    free(lse);
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 2, quick = 0, decode = 1, varlen = 1, rounds = 5;
+    double min_time = 0.5;
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--min-time") && i + 1 < argc) min_time = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--clock") && i + 1 < argc) bench_use_cpu_clock = !strcmp(argv[++i], "cpu");
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+            ++i;
+            decode = !strcmp(argv[i], "decode");
+            varlen = !strcmp(argv[i], "varlen");
+        }
+        else {
+            puts("usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5] [--only decode|varlen]\n"
+                 "                       [--clock wall|cpu]  (cpu: process CPU time / threads, for a loaded machine)\n"
+                 "  --min-time: seconds per variant of each comparison, spread over the rounds");
+            return strcmp(argv[i], "--help") ? 1 : 0;
+        }
+    }
+    fa_context *ctx;
+    CHECK(fa_context_create(FA_BACKEND_CPU, 0, &ctx));
+    CHECK(fa_context_set_num_threads(ctx, threads));
+    bench_cpu_threads = threads;
+    printf("%s\n", fa_context_info(ctx));
+
+    if (rounds < 1 || min_time <= 0.0) {
+        fprintf(stderr, "--rounds and --min-time must be positive\n");
+        return 1;
+    }
+    if (decode) {
+        /* 128 MiB (512 MiB without --quick) of floats: far beyond the last-level cache */
+        sum_arg sum = {NULL, (size_t)1 << (quick ? 25 : 27), threads, 0.0};
+        float *x = alloc_values(sum.n, FA_DTYPE_F32);
+        sum.x = x;
+        static const int64_t cache_lengths[] = {4096, 16384, 32768};
+        for (int dt = 0; dt < 2; ++dt)
+            for (int i = 0; i < (quick ? 1 : 3); ++i)
+                bench_decode(ctx, dt ? FA_DTYPE_F16 : FA_DTYPE_F32, cache_lengths[i], &sum, rounds, min_time);
+        free(x);
+    }
+    if (varlen) bench_varlen(ctx, quick ? 3 : 8, rounds, min_time);
+    fa_context_destroy(ctx);
+    return 0;
+}

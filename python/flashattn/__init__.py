@@ -1,0 +1,160 @@
+"""flashattn: exact attention with IO-aware tiling (FlashAttention) on CPU, CUDA and HIP.
+
+Tensors are [batch, seqlen, heads, head_dim] in float32, float16 or bfloat16, from any framework
+that speaks DLPack (NumPy, PyTorch, CuPy, JAX); they are read in place (strides honoured, the
+head_dim stride must be 1) and outputs come back in the input's framework. The backend follows
+the tensors' memory: host memory runs on the CPU backend, CUDA memory on the CUDA plugin, ROCm
+memory on the HIP plugin. ``flashattn.flash_attn_func`` (needs PyTorch) is a drop-in for
+FlashAttention-2's function with autograd and torch.compile support.
+
+Example::
+
+    out, lse = flashattn.forward(q, k, v, causal=True)
+"""
+
+from collections import namedtuple
+
+from . import _native
+from ._dlpack import converter_for, placement, wrap
+from ._errors import (BackendFailureError, BackendUnavailableError, Error, InvalidTypeError,
+                      InvalidValueError, NotSupportedError, OutOfMemoryError)
+
+__all__ = [
+    "forward", "backward", "dropout_mask", "tiling_for", "backends", "flash_attn_func",
+    "Error", "InvalidValueError", "InvalidTypeError", "NotSupportedError", "OutOfMemoryError",
+    "BackendUnavailableError", "BackendFailureError", "BackendStatus", "Tiling", "__version__",
+]
+
+#: Version of the loaded C library (fa_version_string()).
+__version__ = _native.version()
+
+BackendStatus = namedtuple("BackendStatus", ["available", "detail"])
+BackendStatus.__doc__ = "available: usable now; detail: fa_context_info() when available, else why not."
+Tiling = namedtuple("Tiling", ["block_rows", "block_cols"])
+Tiling.__doc__ = "The paper's tile sizes Br, Bc."
+
+_BACKEND_NUMBERS = {"auto": 0, "cpu": 1, "cuda": 2, "hip": 3}
+
+
+def _backend_number(backend):
+    try:
+        return _BACKEND_NUMBERS[backend]
+    except (KeyError, TypeError):
+        raise InvalidValueError("backend: %r is not one of %s" % (backend, ", ".join(_BACKEND_NUMBERS)), 1) from None
+
+
+def _pair(value, name):
+    try:
+        first, second = value
+        return int(first), int(second)
+    except (TypeError, ValueError):
+        raise InvalidValueError("%s: %r is not a pair of ints" % (name, value), 1) from None
+
+
+def _scale(softmax_scale):
+    if softmax_scale is None:
+        return 0.0  # the C API's 0: 1/sqrt(head_dim)
+    scale = float(softmax_scale)
+    if scale == 0.0:
+        raise InvalidValueError("softmax_scale: 0 is not a usable scale (None means 1/sqrt(head_dim))", 1)
+    return scale
+
+
+def _seed(value, name):
+    value = int(value)
+    if not 0 <= value < 2**64:
+        raise InvalidValueError("%s: %d is outside [0, 2^64)" % (name, value), 1)
+    return value
+
+
+def _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size):
+    """The option arguments of _native.forward/backward, in order."""
+    window_left, window_right = _pair(window, "window")
+    block_q, block_k = _pair(block_size, "block_size")
+    if seqlens_k is not None:
+        seqlens_k = [int(n) for n in (seqlens_k.tolist() if hasattr(seqlens_k, "tolist") else seqlens_k)]
+    if block_mask is not None:
+        import numpy
+
+        # Host memory, one byte per block; already-uint8 contiguous host arrays are not copied.
+        block_mask = numpy.ascontiguousarray(numpy.asarray(block_mask), dtype=numpy.uint8)
+    return (_scale(softmax_scale), bool(causal), window_left, window_right, seqlens_k, float(dropout_p),
+            _seed(seed, "seed"), _seed(offset, "offset"), block_mask, block_q, block_k)
+
+
+def forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), seqlens_k=None, dropout_p=0.0,
+            seed=0, offset=0, block_mask=None, block_size=(128, 128), backend="auto"):
+    """Attention forward: returns (out, lse).
+
+    q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim] with
+    heads_kv dividing heads_q (GQA/MQA). out has q's shape and dtype; lse is float32
+    [batch, heads_q, seqlen_q], the natural-log sum of exp of the scaled visible scores.
+
+    causal: bottom-right aligned when seqlen_q != seqlen_k. softmax_scale: None = 1/sqrt(head_dim).
+    window: (left, right) sliding window, -1 = unbounded. seqlens_k: [batch] valid keys per
+    sequence. dropout_p, seed, offset: dropout on P from the Philox stream (README "Dropout
+    stream"). block_mask: host [rows, cols] uint8/bool, nonzero = attend, blocks of block_size
+    = (block_q, block_k) tokens. backend: "auto" (follow the tensors' memory), "cpu", "cuda" or
+    "hip" (must match the memory).
+
+    On a GPU, the call runs on the framework's current stream (torch, CuPy) and is synchronized
+    before returning, because the outputs are new allocations any stream may read.
+    Raises a flashattn.Error subclass (ValueError/TypeError where apt) with fa_last_error()'s
+    message; nothing is returned or written on failure.
+    """
+    device, stream = placement(q)
+    options = _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size)
+    out, lse = _native.forward(q, k, v, None, None, True, *options, _backend_number(backend), stream)
+    convert = converter_for(q)
+    return wrap(convert, out, device), wrap(convert, lse, device)
+
+
+def backward(q, k, v, out, dout, lse, *, causal=False, softmax_scale=None, window=(-1, -1), seqlens_k=None,
+             dropout_p=0.0, seed=0, offset=0, block_mask=None, block_size=(128, 128), backend="auto"):
+    """Attention backward by recomputation: returns (dq, dk, dv) shaped like q, k, v.
+
+    out and lse must come from forward() on the same inputs with the same options (dropout
+    regenerated from the same seed and offset). dk and dv sum over the query heads of a group.
+    Options, streams and errors as in forward().
+    """
+    device, stream = placement(q)
+    options = _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size)
+    grads = _native.backward(q, k, v, out, dout, lse, None, None, None, *options, _backend_number(backend), stream)
+    convert = converter_for(q)
+    return tuple(wrap(convert, g, device) for g in grads)
+
+
+def dropout_mask(seed, offset, p, heads_q, seqlen_q, seqlen_k, batch_index, head_index):
+    """The dropout keep mask (1 = kept) of one (batch, query head) pair: a NumPy uint8 array
+    [seqlen_q, seqlen_k], the same stream every backend draws."""
+    import numpy
+
+    capsule = _native.dropout_mask(_seed(seed, "seed"), _seed(offset, "offset"), float(p), int(heads_q),
+                                   int(seqlen_q), int(seqlen_k), int(batch_index), int(head_index))
+    return wrap(numpy.from_dlpack, capsule, (1, 0))
+
+
+def tiling_for(sram_elements, head_dim):
+    """The paper's tiles for an on-chip memory of sram_elements: Bc = ceil(M/4d),
+    Br = min(Bc, d); (0, 0) for non-positive arguments."""
+    return Tiling(*_native.tiling_for(int(sram_elements), int(head_dim)))
+
+
+def backends():
+    """{"cpu": BackendStatus, "cuda": ..., "hip": ...}: which backends run here, and why not."""
+    return {name: BackendStatus(available, detail) for name, available, detail in _native.backends()}
+
+
+def __getattr__(name):
+    # PyTorch is imported only when its part is used, so the package works without it.
+    if name == "flash_attn_func":
+        try:
+            from ._torch import flash_attn_func
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            raise ModuleNotFoundError("flashattn.flash_attn_func needs PyTorch (pip install torch)", name="torch") from e
+
+        globals()[name] = flash_attn_func
+        return flash_attn_func
+    raise AttributeError("module 'flashattn' has no attribute %r" % name)

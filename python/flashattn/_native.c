@@ -1,0 +1,766 @@
+/*
+ * flashattn._native: the Python binding of the C API. Tensors come in through DLPack without a
+ * copy (strides honoured), outputs are written into caller-given DLPack tensors or allocated here
+ * in the backend's memory and handed out as DLPack capsules. Framework glue (which from_dlpack to
+ * call, torch's streams) lives in the Python package; this file only speaks DLPack and C.
+ *
+ * Ownership rules (ASan/refcount): every capsule we consume is renamed "used_dltensor" and its
+ * deleter called exactly once, in release_input(); every capsule we produce calls its deleter from
+ * the capsule destructor unless a consumer renamed it, per the DLPack protocol.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <flashattn.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- DLPack ABI (dlpack.h 1.0): the versioned capsule "dltensor_versioned" (read-only flag) and
+ * the unversioned "dltensor" of older producers and consumers. */
+typedef struct { int32_t device_type, device_id; } DLDevice;
+typedef struct { uint8_t code, bits; uint16_t lanes; } DLDataType;
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape, *strides; /* strides in elements; NULL = compact row-major */
+    uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+typedef struct { uint32_t major, minor; } DLPackVersion;
+typedef struct DLManagedTensorVersioned {
+    DLPackVersion version;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensorVersioned *self);
+    uint64_t flags;
+    DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+#define DLPACK_FLAG_READ_ONLY ((uint64_t)1 << 0)
+
+enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLROCM = 10, kDLCUDAManaged = 13 };
+enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
+
+/* flashattn._errors classes, looked up once at import. */
+static PyObject *error_classes[6]; /* indexed by fa_status */
+static PyObject *type_error_class;  /* InvalidTypeError: a tensor of the wrong kind */
+
+#define MAX_DEVICES 64
+static fa_context *contexts[4][MAX_DEVICES]; /* per backend and device, for the process's life */
+
+/* Raises cls(message, status): the flashattn.Error constructor's arguments. */
+static PyObject *raise_as(PyObject *cls, fa_status status, const char *message)
+{
+    PyObject *args = Py_BuildValue("(si)", message, (int)status);
+    if (args) {
+        PyErr_SetObject(cls, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+static PyObject *raise_status(fa_status status, const char *message)
+{
+    return raise_as((status > 0 && status < 6) ? error_classes[status] : error_classes[FA_ERROR_BACKEND_FAILURE],
+                    status, message);
+}
+
+static PyObject *raise_last_error(fa_status status) { return raise_status(status, fa_last_error()); }
+
+/* FA_ERROR_INVALID_VALUE found here, before the C API saw the call: as_type picks
+ * InvalidTypeError (a tensor of the wrong kind) over InvalidValueError. */
+__attribute__((format(printf, 2, 3))) static PyObject *raise_invalid(int as_type, const char *fmt, ...)
+{
+    char message[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    return raise_as(as_type ? type_error_class : error_classes[FA_ERROR_INVALID_VALUE], FA_ERROR_INVALID_VALUE,
+                    message);
+}
+#define raise_type(...) raise_invalid(1, __VA_ARGS__)
+#define raise_value(...) raise_invalid(0, __VA_ARGS__)
+
+/* ---- consuming inputs ---------------------------------------------------------------------- */
+typedef struct {
+    PyObject *capsule;              /* owned reference, NULL when empty */
+    DLManagedTensor *mt;            /* ours once the capsule is renamed (unversioned) */
+    DLManagedTensorVersioned *vmt;  /* or this (versioned) */
+    const DLTensor *tensor;         /* the view inside either */
+    int read_only;
+} dl_input;
+
+static void release_input(dl_input *in)
+{
+    if (in->mt && in->mt->deleter) in->mt->deleter(in->mt);
+    if (in->vmt && in->vmt->deleter) in->vmt->deleter(in->vmt);
+    in->mt = NULL;
+    in->vmt = NULL;
+    in->tensor = NULL;
+    Py_CLEAR(in->capsule);
+}
+
+static PyObject *max_version_kwargs; /* {"max_version": (1, 0)} */
+
+/* obj.__dlpack__(stream=..., max_version=(1, 0)), or without max_version for producers that
+ * predate DLPack 1.0 (they raise TypeError for the unknown keyword). */
+static PyObject *call_dlpack(PyObject *method, PyObject *stream)
+{
+    PyObject *args = PyTuple_New(0), *kwargs = PyDict_Copy(max_version_kwargs), *capsule = NULL;
+    if (args && kwargs && (stream == Py_None || PyDict_SetItemString(kwargs, "stream", stream) == 0)) {
+        capsule = PyObject_Call(method, args, kwargs);
+        if (!capsule && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyDict_DelItemString(kwargs, "max_version");
+            capsule = PyObject_Call(method, args, kwargs);
+        }
+    }
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    return capsule;
+}
+
+/* obj: a DLPack capsule or an object with __dlpack__ (called with stream= when stream is not None). */
+static int take_input(PyObject *obj, const char *name, PyObject *stream, dl_input *in)
+{
+    memset(in, 0, sizeof *in);
+    if (PyCapsule_CheckExact(obj)) {
+        Py_INCREF(obj);
+        in->capsule = obj;
+    } else {
+        PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
+        if (!method) {
+            PyErr_Clear();
+            raise_type("%s: %s is not a DLPack tensor (it has no __dlpack__)", name, Py_TYPE(obj)->tp_name);
+            return -1;
+        }
+        in->capsule = call_dlpack(method, stream);
+        Py_DECREF(method);
+        if (!in->capsule) return -1;
+    }
+    if (PyCapsule_IsValid(in->capsule, "dltensor_versioned")) {
+        DLManagedTensorVersioned *vmt = PyCapsule_GetPointer(in->capsule, "dltensor_versioned");
+        if (vmt->version.major != 1) {
+            Py_CLEAR(in->capsule); /* unconsumed: its destructor frees it */
+            raise_type("%s: DLPack version %u.%u is not supported (1.x)", name, vmt->version.major, vmt->version.minor);
+            return -1;
+        }
+        if (PyCapsule_SetName(in->capsule, "used_dltensor_versioned") < 0) {
+            Py_CLEAR(in->capsule);
+            return -1;
+        }
+        in->vmt = vmt;
+        in->tensor = &vmt->dl_tensor;
+        in->read_only = (vmt->flags & DLPACK_FLAG_READ_ONLY) != 0;
+    } else if (PyCapsule_IsValid(in->capsule, "dltensor")) {
+        DLManagedTensor *mt = PyCapsule_GetPointer(in->capsule, "dltensor");
+        if (PyCapsule_SetName(in->capsule, "used_dltensor") < 0) {
+            Py_CLEAR(in->capsule);
+            return -1;
+        }
+        in->mt = mt;
+        in->tensor = &mt->dl_tensor;
+    } else {
+        Py_CLEAR(in->capsule);
+        raise_type("%s: __dlpack__ did not return an unused DLPack capsule", name);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *dtype_name(DLDataType t, char *buf, size_t size)
+{
+    const char *kind = t.code == kDLFloat ? "float" : t.code == kDLBfloat ? "bfloat" : t.code == kDLInt ? "int"
+                     : t.code == kDLUInt ? "uint" : t.code == kDLBool ? "bool" : "code";
+    snprintf(buf, size, "%s%u%s", kind, (unsigned)t.bits, t.lanes != 1 ? "xN" : "");
+    return buf;
+}
+
+static int to_fa_dtype(const DLTensor *t, const char *name, fa_dtype *out)
+{
+    DLDataType d = t->dtype;
+    if (d.lanes == 1 && d.code == kDLFloat && d.bits == 32) *out = FA_DTYPE_F32;
+    else if (d.lanes == 1 && d.code == kDLFloat && d.bits == 16) *out = FA_DTYPE_F16;
+    else if (d.lanes == 1 && d.code == kDLBfloat && d.bits == 16) *out = FA_DTYPE_BF16;
+    else {
+        char buf[32];
+        raise_type("%s: dtype %s is not supported (float32, float16 or bfloat16)", name, dtype_name(d, buf, sizeof buf));
+        return -1;
+    }
+    return 0;
+}
+
+static fa_backend backend_of_device(int32_t device_type)
+{
+    switch (device_type) {
+    case kDLCPU: case kDLCUDAHost: return FA_BACKEND_CPU;
+    case kDLCUDA: case kDLCUDAManaged: return FA_BACKEND_CUDA;
+    case kDLROCM: return FA_BACKEND_HIP;
+    default: return FA_BACKEND_AUTO;
+    }
+}
+
+/* A [batch, seqlen, heads, head_dim] tensor. Size-1 dimensions take their packed stride (their
+ * stride never matters and frameworks report any value); zero or negative strides are refused
+ * here, because the C API reads all-zero strides as "packed". */
+static int to_fa_tensor(const DLTensor *t, const char *name, fa_tensor *out)
+{
+    if (t->ndim != 4)
+        return raise_value("%s: has %d dimensions, expected 4 [batch, seqlen, heads, head_dim]", name, (int)t->ndim), -1;
+    if (to_fa_dtype(t, name, &out->dtype) < 0) return -1;
+    static const char *dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
+    int64_t packed[4], strides[4];
+    packed[3] = 1;
+    for (int i = 2; i >= 0; --i) packed[i] = packed[i + 1] * (t->shape[i + 1] > 0 ? t->shape[i + 1] : 1);
+    for (int i = 0; i < 4; ++i) {
+        strides[i] = (!t->strides || t->shape[i] == 1) ? packed[i] : t->strides[i];
+        if (strides[i] <= 0 && t->shape[i] > 1)
+            return raise_value("%s: stride %lld of dimension %s is not positive (broadcast or reversed views are "
+                               "not supported; make the tensor contiguous)", name, (long long)strides[i], dim_names[i]), -1;
+    }
+    if (strides[3] != 1)
+        return raise_value("%s: head_dim stride is %lld; the last dimension must be contiguous", name,
+                           (long long)strides[3]), -1;
+    out->data = (char *)t->data + t->byte_offset;
+    out->batch = t->shape[0];
+    out->seqlen = t->shape[1];
+    out->heads = t->shape[2];
+    out->head_dim = t->shape[3];
+    out->stride_batch = strides[0];
+    out->stride_seq = strides[1];
+    out->stride_head = strides[2];
+    return 0;
+}
+
+static int same_device(const DLTensor *t, const DLTensor *ref, const char *name)
+{
+    if (t->device.device_type == ref->device.device_type && t->device.device_id == ref->device.device_id) return 0;
+    raise_value("%s: is on device (%d, %d), q on (%d, %d); all tensors must be on one device", name,
+                (int)t->device.device_type, (int)t->device.device_id, (int)ref->device.device_type,
+                (int)ref->device.device_id);
+    return -1;
+}
+
+/* lse: float32 [batch, heads_q, seqlen_q], packed (the C API takes a bare pointer). */
+static int check_lse(const DLTensor *t, const fa_tensor *q, float **out)
+{
+    int64_t want[3] = {q->batch, q->heads, q->seqlen};
+    if (t->ndim != 3 || t->shape[0] != want[0] || t->shape[1] != want[1] || t->shape[2] != want[2])
+        return raise_value("lse: expected shape [%lld, %lld, %lld] (batch, heads_q, seqlen_q)", (long long)want[0],
+                           (long long)want[1], (long long)want[2]), -1;
+    if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1)
+        return raise_type("lse: dtype must be float32"), -1;
+    if (t->strides && !((want[2] == 1 || t->strides[2] == 1) && (want[1] == 1 || t->strides[1] == want[2]) &&
+                        (want[0] == 1 || t->strides[0] == want[1] * want[2])))
+        return raise_value("lse: must be contiguous"), -1;
+    *out = (float *)((char *)t->data + t->byte_offset);
+    return 0;
+}
+
+/* ---- producing outputs ----------------------------------------------------------------------- */
+/* An output allocated here. It leaves as a "flashattn.output" capsule; _native.export() turns
+ * that into one DLPack capsule of the kind the consumer asked for, which then owns the memory. */
+typedef struct {
+    DLManagedTensor mt;            /* the unversioned view */
+    DLManagedTensorVersioned vmt;  /* the versioned view: same tensor, writable */
+    int64_t shape[4];
+    fa_context *ctx;               /* memory from fa_malloc on ctx; NULL = malloc */
+} exported;
+
+static void free_exported(exported *e)
+{
+    if (e->ctx) fa_free(e->ctx, e->mt.dl_tensor.data);
+    else free(e->mt.dl_tensor.data);
+    free(e);
+}
+
+static void exported_deleter(DLManagedTensor *mt) { free_exported(mt->manager_ctx); }
+static void exported_versioned_deleter(DLManagedTensorVersioned *vmt) { free_exported(vmt->manager_ctx); }
+
+static void dlpack_capsule_destructor(PyObject *capsule)
+{
+    /* Renamed to used_*: consumed, the consumer calls the deleter. */
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+        DLManagedTensor *mt = PyCapsule_GetPointer(capsule, "dltensor");
+        mt->deleter(mt);
+    } else if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+        DLManagedTensorVersioned *vmt = PyCapsule_GetPointer(capsule, "dltensor_versioned");
+        vmt->deleter(vmt);
+    }
+}
+
+/* The pending capsule's context is set once its output has been handed to a DLPack capsule. */
+static void pending_capsule_destructor(PyObject *capsule)
+{
+    if (!PyCapsule_GetContext(capsule)) free_exported(PyCapsule_GetPointer(capsule, "flashattn.output"));
+}
+
+static DLDataType dl_dtype(fa_dtype d)
+{
+    DLDataType t = {d == FA_DTYPE_BF16 ? kDLBfloat : kDLFloat, d == FA_DTYPE_F32 ? 32 : 16, 1};
+    return t;
+}
+
+/* A packed tensor of `ndim` dimensions in ctx's memory (or malloc'd host memory when ctx is NULL). */
+static exported *new_output(fa_context *ctx, DLDevice device, DLDataType dtype, int ndim, const int64_t *shape)
+{
+    exported *e = calloc(1, sizeof *e);
+    if (!e) return (exported *)PyErr_NoMemory();
+    size_t bytes = dtype.bits / 8;
+    for (int i = 0; i < ndim; ++i) {
+        e->shape[i] = shape[i];
+        bytes *= (size_t)shape[i];
+    }
+    void *data = NULL;
+    if (ctx) {
+        fa_status st = fa_malloc(ctx, bytes ? bytes : 1, &data);
+        if (st != FA_SUCCESS) {
+            free(e);
+            return (exported *)raise_last_error(st);
+        }
+    } else if (!(data = malloc(bytes ? bytes : 1))) {
+        free(e);
+        return (exported *)PyErr_NoMemory();
+    }
+    e->ctx = ctx;
+    e->mt.dl_tensor = (DLTensor){data, device, ndim, dtype, e->shape, NULL, 0};
+    e->mt.manager_ctx = e;
+    e->mt.deleter = exported_deleter;
+    e->vmt.version = (DLPackVersion){1, 0};
+    e->vmt.manager_ctx = e;
+    e->vmt.deleter = exported_versioned_deleter;
+    e->vmt.dl_tensor = e->mt.dl_tensor;
+    return e;
+}
+
+/* Wraps an output into a pending capsule, which then owns it (also on failure). */
+static PyObject *export_output(exported *e)
+{
+    PyObject *capsule = PyCapsule_New(e, "flashattn.output", pending_capsule_destructor);
+    if (!capsule) free_exported(e);
+    return capsule;
+}
+
+static void discard_output(exported *e)
+{
+    if (e) free_exported(e);
+}
+
+/* export(pending, versioned) -> a "dltensor_versioned" or "dltensor" capsule owning the output. */
+static PyObject *py_export(PyObject *self, PyObject *args)
+{
+    PyObject *pending;
+    int versioned;
+    if (!PyArg_ParseTuple(args, "O!p", &PyCapsule_Type, &pending, &versioned)) return NULL;
+    exported *e = PyCapsule_GetPointer(pending, "flashattn.output");
+    if (!e) return NULL;
+    if (PyCapsule_GetContext(pending)) {
+        PyErr_SetString(PyExc_BufferError, "flashattn: this output was already exported");
+        return NULL;
+    }
+    PyObject *capsule = versioned ? PyCapsule_New(&e->vmt, "dltensor_versioned", dlpack_capsule_destructor)
+                                  : PyCapsule_New(&e->mt, "dltensor", dlpack_capsule_destructor);
+    if (capsule && PyCapsule_SetContext(pending, e) < 0) { /* pending no longer owns e */
+        PyCapsule_SetName(capsule, "flashattn.failed"); /* so its destructor leaves e alone */
+        Py_CLEAR(capsule);
+    }
+    return capsule;
+}
+
+/* ---- contexts -------------------------------------------------------------------------------- */
+static fa_context *context_for(fa_backend backend, int device)
+{
+    if (device < 0 || device >= MAX_DEVICES)
+        return (fa_context *)raise_value("device: index %d is outside [0, %d)", device, MAX_DEVICES);
+    fa_context **slot = &contexts[backend][device];
+    if (!*slot) {
+        fa_status st = fa_context_create(backend, device, slot);
+        if (st != FA_SUCCESS) {
+            *slot = NULL;
+            return (fa_context *)raise_last_error(st);
+        }
+    }
+    return *slot;
+}
+
+/* ---- option parsing shared by forward and backward ------------------------------------------- */
+typedef struct {
+    fa_attention_desc desc;
+    int32_t *seqlens_k;
+    Py_ssize_t seqlens_k_count;
+    dl_input block_mask_input;
+    fa_block_mask block_mask;
+} options;
+
+static void release_options(options *o)
+{
+    free(o->seqlens_k);
+    o->seqlens_k = NULL;
+    release_input(&o->block_mask_input);
+}
+
+/* args: scale, causal, window_left, window_right, seqlens_k, dropout_p, seed, offset,
+ * block_mask, block_q, block_k. seqlens_k: None or a sequence of ints; block_mask: None or a
+ * host uint8/bool DLPack tensor [rows, cols], contiguous. */
+static int parse_options(PyObject *const *args, options *o)
+{
+    memset(o, 0, sizeof *o);
+    fa_attention_desc_init(&o->desc); /* by name only: the struct may grow a size field */
+    double scale = PyFloat_AsDouble(args[0]);
+    int causal = PyObject_IsTrue(args[1]);
+    long wl = PyLong_AsLong(args[2]), wr = PyLong_AsLong(args[3]);
+    double p = PyFloat_AsDouble(args[5]);
+    unsigned long long seed = PyLong_AsUnsignedLongLongMask(args[6]);
+    unsigned long long offset = PyLong_AsUnsignedLongLongMask(args[7]);
+    long bq = PyLong_AsLong(args[9]), bk = PyLong_AsLong(args[10]);
+    if (PyErr_Occurred() || causal < 0) return -1;
+    if (wl < INT32_MIN || wl > INT32_MAX || wr < INT32_MIN || wr > INT32_MAX)
+        return raise_value("window: (%ld, %ld) does not fit in 32 bits", wl, wr), -1;
+    if (bq < 1 || bq > INT32_MAX || bk < 1 || bk > INT32_MAX)
+        return raise_value("block_size: (%ld, %ld) must be positive 32-bit sizes", bq, bk), -1;
+    o->desc.softmax_scale = (float)scale;
+    o->desc.causal = causal;
+    o->desc.window_left = (int32_t)wl;
+    o->desc.window_right = (int32_t)wr;
+    o->desc.dropout_p = (float)p;
+    o->desc.dropout_seed = seed;
+    o->desc.dropout_offset = offset;
+    if (args[4] != Py_None) {
+        PyObject *seq = PySequence_Fast(args[4], "seqlens_k: must be None or a sequence of ints");
+        if (!seq) return -1;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        o->seqlens_k = malloc((size_t)(n ? n : 1) * sizeof *o->seqlens_k);
+        if (!o->seqlens_k) {
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (x == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            /* Out of range values are the C API's to report; clamp into int32 so they stay out of range. */
+            o->seqlens_k[i] = x > INT32_MAX ? INT32_MAX : x < INT32_MIN ? INT32_MIN : (int32_t)x;
+        }
+        Py_DECREF(seq);
+        o->desc.seqlens_k = o->seqlens_k;
+        o->seqlens_k_count = n;
+    }
+    if (args[8] != Py_None) {
+        if (take_input(args[8], "block_mask", Py_None, &o->block_mask_input) < 0) return -1;
+        const DLTensor *t = o->block_mask_input.tensor;
+        if (backend_of_device(t->device.device_type) != FA_BACKEND_CPU)
+            return raise_value("block_mask: must be in host memory"), -1;
+        if (t->ndim != 2) return raise_value("block_mask: has %d dimensions, expected 2 [rows, cols]", (int)t->ndim), -1;
+        if (t->dtype.bits != 8 || t->dtype.lanes != 1 || (t->dtype.code != kDLUInt && t->dtype.code != kDLBool))
+            return raise_type("block_mask: dtype must be uint8 or bool"), -1;
+        if (t->strides && !((t->shape[1] == 1 || t->strides[1] == 1) && (t->shape[0] == 1 || t->strides[0] == t->shape[1])))
+            return raise_value("block_mask: must be contiguous"), -1;
+        o->block_mask.block_q = (int32_t)bq;
+        o->block_mask.block_k = (int32_t)bk;
+        o->block_mask.rows = t->shape[0];
+        o->block_mask.cols = t->shape[1];
+        o->block_mask.mask = (const uint8_t *)t->data + t->byte_offset;
+        o->desc.block_mask = &o->block_mask;
+    }
+    return 0;
+}
+
+/* ---- one attention call ---------------------------------------------------------------------- */
+#define MAX_TENSORS 9
+typedef struct {
+    dl_input inputs[MAX_TENSORS];
+    int n_inputs;
+    exported *made[MAX_TENSORS]; /* outputs allocated here, exported on success */
+    int n_made;
+    const DLTensor *device_ref;  /* q's DLPack view: every tensor must share its device */
+    PyObject *stream;            /* DLPack stream number for __dlpack__, or None */
+    fa_context *ctx;
+    fa_backend backend;
+    options opts;
+} call;
+
+static void release_call(call *c)
+{
+    for (int i = 0; i < c->n_inputs; ++i) release_input(&c->inputs[i]);
+    for (int i = 0; i < c->n_made; ++i) discard_output(c->made[i]);
+    c->n_inputs = c->n_made = 0;
+    release_options(&c->opts);
+}
+
+static const DLTensor *bind_input(call *c, PyObject *obj, const char *name)
+{
+    dl_input *in = &c->inputs[c->n_inputs];
+    if (take_input(obj, name, c->stream, in) < 0) return NULL;
+    c->n_inputs++;
+    const DLTensor *t = in->tensor;
+    if (c->device_ref && same_device(t, c->device_ref, name) < 0) return NULL;
+    return t;
+}
+
+static int bind_tensor(call *c, PyObject *obj, const char *name, fa_tensor *t)
+{
+    const DLTensor *dl = bind_input(c, obj, name);
+    return dl ? to_fa_tensor(dl, name, t) : -1;
+}
+
+/* The caller's tensor, or a new packed one shaped like `like` in the context's memory. */
+static int bind_output(call *c, PyObject *obj, const char *name, const fa_tensor *like, fa_tensor *t)
+{
+    if (obj != Py_None) {
+        if (bind_tensor(c, obj, name, t) < 0) return -1;
+        return c->inputs[c->n_inputs - 1].read_only ? (raise_value("%s: is read-only", name), -1) : 0;
+    }
+    int64_t shape[4] = {like->batch, like->seqlen, like->heads, like->head_dim};
+    exported *e = new_output(c->ctx, c->device_ref->device, dl_dtype(like->dtype), 4, shape);
+    if (!e) return -1;
+    c->made[c->n_made++] = e;
+    *t = *like;
+    t->data = e->mt.dl_tensor.data;
+    t->stride_batch = t->stride_seq = t->stride_head = 0;
+    return 0;
+}
+
+static int bind_lse(call *c, PyObject *obj, const fa_tensor *q, float **lse)
+{
+    if (obj != Py_None) {
+        const DLTensor *dl = bind_input(c, obj, "lse");
+        return dl ? check_lse(dl, q, lse) : -1; /* may be read-only: backward only reads it */
+    }
+    int64_t shape[3] = {q->batch, q->heads, q->seqlen};
+    exported *e = new_output(c->ctx, c->device_ref->device, dl_dtype(FA_DTYPE_F32), 3, shape);
+    if (!e) return -1;
+    c->made[c->n_made++] = e;
+    *lse = e->mt.dl_tensor.data;
+    return 0;
+}
+
+/* q is bound first: its device picks the backend (an explicit backend must agree) and context. */
+static int begin_call(call *c, PyObject *q_obj, fa_tensor *q, PyObject *const *option_args, PyObject *backend_obj,
+                      PyObject *stream)
+{
+    memset(c, 0, sizeof *c);
+    c->stream = stream;
+    if (parse_options(option_args, &c->opts) < 0) return -1;
+    if (bind_tensor(c, q_obj, "q", q) < 0) return -1;
+    c->device_ref = c->inputs[0].tensor;
+    long requested = PyLong_AsLong(backend_obj);
+    if (requested == -1 && PyErr_Occurred()) return -1;
+    c->backend = backend_of_device(c->device_ref->device.device_type);
+    if (c->backend == FA_BACKEND_AUTO)
+        return raise_value("q: DLPack device type %d has no flashattn backend", (int)c->device_ref->device.device_type), -1;
+    if (requested != FA_BACKEND_AUTO && requested != (long)c->backend)
+        return raise_value("backend: \"%s\" cannot run on tensors in %s memory", fa_backend_name((fa_backend)requested),
+                           fa_backend_name(c->backend)), -1;
+    if (c->opts.desc.seqlens_k && c->opts.seqlens_k_count != q->batch)
+        return raise_value("seqlens_k: has %zd entries, expected batch = %lld", c->opts.seqlens_k_count,
+                           (long long)q->batch), -1;
+    c->ctx = context_for(c->backend, c->backend == FA_BACKEND_CPU ? 0 : c->device_ref->device.device_id);
+    if (!c->ctx) return -1;
+    if (c->backend != FA_BACKEND_CPU) {
+        /* DLPack's CUDA stream 1 is the legacy default stream, which the C API calls NULL. */
+        uintptr_t s = stream == Py_None ? 0 : (uintptr_t)PyLong_AsUnsignedLongLongMask(stream);
+        if (PyErr_Occurred()) return -1;
+        if (c->backend == FA_BACKEND_CUDA && s == 1) s = 0;
+        fa_status st = fa_context_set_stream(c->ctx, (void *)s);
+        if (st != FA_SUCCESS) return raise_last_error(st), -1;
+    }
+    return 0;
+}
+
+/* After a successful run: outputs allocated here become capsules (the rest of the tuple: None). */
+static PyObject *finish_call(call *c, fa_status st, const int *made_index, int n_results)
+{
+    if (st == FA_SUCCESS && c->n_made && c->backend != FA_BACKEND_CPU) st = fa_synchronize(c->ctx);
+    if (st != FA_SUCCESS) {
+        raise_last_error(st);
+        release_call(c);
+        return NULL;
+    }
+    PyObject *result = PyTuple_New(n_results);
+    for (int i = 0; result && i < n_results; ++i) {
+        PyObject *item;
+        if (made_index[i] < 0) {
+            Py_INCREF(Py_None);
+            item = Py_None;
+        } else {
+            exported *e = c->made[made_index[i]];
+            c->made[made_index[i]] = NULL; /* the capsule owns it now */
+            item = export_output(e);
+            if (!item) Py_CLEAR(result);
+        }
+        if (result) PyTuple_SET_ITEM(result, i, item);
+    }
+    release_call(c);
+    return result;
+}
+
+#define N_OPTION_ARGS 11
+
+/* forward(q, k, v, out, lse, want_lse, *options, backend, stream) -> (out | None, lse | None) */
+static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 + N_OPTION_ARGS + 2) return PyErr_Format(PyExc_TypeError, "forward: takes %d arguments", 6 + N_OPTION_ARGS + 2);
+    call c;
+    fa_tensor q, k, v, out;
+    float *lse = NULL;
+    int made_index[2] = {-1, -1};
+    if (begin_call(&c, args[0], &q, args + 6, args[6 + N_OPTION_ARGS], args[7 + N_OPTION_ARGS]) < 0) goto fail;
+    if (bind_tensor(&c, args[1], "k", &k) < 0 || bind_tensor(&c, args[2], "v", &v) < 0) goto fail;
+    if (args[3] == Py_None) made_index[0] = c.n_made;
+    if (bind_output(&c, args[3], "out", &q, &out) < 0) goto fail;
+    int want_lse = PyObject_IsTrue(args[5]);
+    if (want_lse < 0) goto fail;
+    if (args[4] != Py_None || want_lse) {
+        if (args[4] == Py_None) made_index[1] = c.n_made;
+        if (bind_lse(&c, args[4], &q, &lse) < 0) goto fail;
+    }
+    fa_status st;
+    if (c.backend == FA_BACKEND_CPU) {
+        Py_BEGIN_ALLOW_THREADS
+        st = fa_forward(c.ctx, &c.opts.desc, &q, &k, &v, &out, lse);
+        Py_END_ALLOW_THREADS
+    } else {
+        st = fa_forward(c.ctx, &c.opts.desc, &q, &k, &v, &out, lse); /* asynchronous; keeps the stream setting ours */
+    }
+    return finish_call(&c, st, made_index, 2);
+fail:
+    release_call(&c);
+    return NULL;
+}
+
+/* backward(q, k, v, out, dout, lse, dq, dk, dv, *options, backend, stream) -> (dq, dk, dv), None where given */
+static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9 + N_OPTION_ARGS + 2) return PyErr_Format(PyExc_TypeError, "backward: takes %d arguments", 9 + N_OPTION_ARGS + 2);
+    call c;
+    fa_tensor q, k, v, out, dout, dq, dk, dv;
+    float *lse = NULL;
+    int made_index[3] = {-1, -1, -1};
+    if (begin_call(&c, args[0], &q, args + 9, args[9 + N_OPTION_ARGS], args[10 + N_OPTION_ARGS]) < 0) goto fail;
+    if (bind_tensor(&c, args[1], "k", &k) < 0 || bind_tensor(&c, args[2], "v", &v) < 0 ||
+        bind_tensor(&c, args[3], "out", &out) < 0 || bind_tensor(&c, args[4], "dout", &dout) < 0)
+        goto fail;
+    if (args[5] == Py_None) {
+        raise_value("lse: is None (backward needs the forward's lse)");
+        goto fail;
+    }
+    if (bind_lse(&c, args[5], &q, &lse) < 0) goto fail;
+    const fa_tensor *like[3] = {&q, &k, &v};
+    fa_tensor *grads[3] = {&dq, &dk, &dv};
+    static const char *names[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) {
+        if (args[6 + i] == Py_None) made_index[i] = c.n_made;
+        if (bind_output(&c, args[6 + i], names[i], like[i], grads[i]) < 0) goto fail;
+    }
+    fa_status st;
+    if (c.backend == FA_BACKEND_CPU) {
+        Py_BEGIN_ALLOW_THREADS
+        st = fa_backward(c.ctx, &c.opts.desc, &q, &k, &v, &out, &dout, lse, &dq, &dk, &dv);
+        Py_END_ALLOW_THREADS
+    } else {
+        st = fa_backward(c.ctx, &c.opts.desc, &q, &k, &v, &out, &dout, lse, &dq, &dk, &dv);
+    }
+    return finish_call(&c, st, made_index, 3);
+fail:
+    release_call(&c);
+    return NULL;
+}
+
+/* dropout_mask(seed, offset, p, heads_q, seqlen_q, seqlen_k, batch_index, head_index) -> capsule uint8 [sq, sk] */
+static PyObject *py_dropout_mask(PyObject *self, PyObject *args)
+{
+    unsigned long long seed, offset;
+    double p;
+    long long heads, sq, sk, b, h;
+    if (!PyArg_ParseTuple(args, "KKdLLLLL", &seed, &offset, &p, &heads, &sq, &sk, &b, &h)) return NULL;
+    /* Non-positive sizes are the C API's to report; the buffer then only needs to exist. */
+    int64_t shape[2] = {sq > 0 ? sq : 0, sk > 0 ? sk : 0};
+    if (shape[1] && shape[0] > (int64_t)(PY_SSIZE_T_MAX / shape[1]))
+        return raise_value("seqlen_q x seqlen_k: %lld x %lld bytes do not fit in memory", sq, sk);
+    DLDevice host = {kDLCPU, 0};
+    DLDataType u8 = {kDLUInt, 8, 1};
+    exported *e = new_output(NULL, host, u8, 2, shape);
+    if (!e) return NULL;
+    fa_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = fa_dropout_mask(seed, offset, (float)p, heads, sq, sk, b, h, e->mt.dl_tensor.data);
+    Py_END_ALLOW_THREADS
+    if (st != FA_SUCCESS) {
+        discard_output(e);
+        return raise_last_error(st);
+    }
+    return export_output(e);
+}
+
+static PyObject *py_tiling_for(PyObject *self, PyObject *args)
+{
+    long long sram, d;
+    if (!PyArg_ParseTuple(args, "LL", &sram, &d)) return NULL;
+    fa_tiling t = fa_tiling_for(sram, d);
+    return Py_BuildValue("(LL)", (long long)t.block_rows, (long long)t.block_cols);
+}
+
+/* [(name, available, detail)]: detail is fa_context_info() or the reason it is unavailable. */
+static PyObject *py_backends(PyObject *self, PyObject *unused)
+{
+    static const fa_backend all[3] = {FA_BACKEND_CPU, FA_BACKEND_CUDA, FA_BACKEND_HIP};
+    PyObject *list = PyList_New(3);
+    for (int i = 0; list && i < 3; ++i) {
+        fa_context *ctx = NULL;
+        fa_status st = fa_context_create(all[i], 0, &ctx);
+        PyObject *item = st == FA_SUCCESS ? Py_BuildValue("(sOs)", fa_backend_name(all[i]), Py_True, fa_context_info(ctx))
+                                          : Py_BuildValue("(sOs)", fa_backend_name(all[i]), Py_False, fa_last_error());
+        fa_context_destroy(ctx);
+        if (!item) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
+static PyObject *py_version(PyObject *self, PyObject *unused) { return PyUnicode_FromString(fa_version_string()); }
+
+static PyMethodDef methods[] = {
+    {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
+     "forward(q, k, v, out, lse, want_lse, scale, causal, window_left, window_right, seqlens_k, dropout_p, seed, "
+     "offset, block_mask, block_q, block_k, backend, stream) -> (out capsule | None, lse capsule | None)"},
+    {"backward", (PyCFunction)(void (*)(void))py_backward, METH_FASTCALL,
+     "backward(q, k, v, out, dout, lse, dq, dk, dv, <options as forward>, backend, stream) -> (dq, dk, dv) capsules or None"},
+    {"export", py_export, METH_VARARGS, "export(output, versioned): the output as a DLPack capsule, once"},
+    {"dropout_mask", py_dropout_mask, METH_VARARGS, "fa_dropout_mask: a uint8 [seqlen_q, seqlen_k] capsule"},
+    {"tiling_for", py_tiling_for, METH_VARARGS, "fa_tiling_for: (block_rows, block_cols)"},
+    {"backends", py_backends, METH_NOARGS, "[(name, available, detail)] for cpu, cuda, hip"},
+    {"version", py_version, METH_NOARGS, "fa_version_string() of the loaded library"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "flashattn._native", .m_doc = "Binding of the flashattn C API", .m_size = -1,
+    .m_methods = methods};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    PyObject *errors = PyImport_ImportModule("flashattn._errors");
+    if (!errors) return NULL;
+    static const char *class_names[6] = {"Error", "InvalidValueError", "NotSupportedError", "OutOfMemoryError",
+                                         "BackendUnavailableError", "BackendFailureError"};
+    for (int i = 0; i < 6; ++i)
+        if (!(error_classes[i] = PyObject_GetAttrString(errors, class_names[i]))) goto fail;
+    if (!(type_error_class = PyObject_GetAttrString(errors, "InvalidTypeError"))) goto fail;
+    Py_DECREF(errors);
+    if (!(max_version_kwargs = Py_BuildValue("{s(ii)}", "max_version", 1, 0))) return NULL;
+    return PyModule_Create(&module);
+fail:
+    Py_DECREF(errors);
+    return NULL;
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# CI step for the Python package: `pip wheel .` (meson-python, build isolation, as a user's
+# `pip install .`), then a fresh virtual environment gets the wheel plus numpy, pytest and torch
+# (PyPI's torch is the CUDA build, ~5 GB installed; it runs on the CPU), and pytest runs the suite
+# in python/tests against the INSTALLED package from outside the source tree.
+# The wheel is built without the GPU plugins: the main build already compiles them (~8 min on the
+# 2-core CI machine) and nothing here can run them. Prints the time of each phase.
+#   FA_PY_CI_DIR=dir   work folder (default: a new temporary folder)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+work=${FA_PY_CI_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/flashattn-py.XXXXXX")}
+venv=$work/venv
+phase_start=$(date +%s)
+phase() { local now; now=$(date +%s); echo "ci-python: $1 in $((now - phase_start)) s"; phase_start=$now; }
+
+rm -rf "$venv" "$work/wheel"
+python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+"$venv/bin/python" -m pip install -q numpy pytest torch
+phase "installed numpy, pytest, torch"
+
+"$venv/bin/python" -m pip wheel -q --no-deps -w "$work/wheel" \
+  -Csetup-args=-Dcuda=disabled -Csetup-args=-Dhip=disabled "$root"
+"$venv/bin/python" -m pip install -q "$work"/wheel/flashattn-*.whl
+phase "built and installed the wheel ($(basename "$work"/wheel/flashattn-*.whl))"
+
+cd "$work"  # not the source tree: `import flashattn` must find the installed package
+status=0
+FLASHATTN_REQUIRE_TORCH=1 "$venv/bin/python" -m pytest -p no:cacheprovider -rs "$root/python/tests" || status=$?
+phase "pytest"
+if [ "$status" -eq 5 ]; then
+  echo "ci-python: pytest collected no tests"
+  exit 1
+fi
+"$venv/bin/python" "$root/examples/train_tiny_attention.py" --steps 3
+phase "example"
+exit "$status"

@@ -1,0 +1,404 @@
+/* fa_forward_kvcache on the CPU: append k_new/v_new into the cache, then attention of a few query
+ * rows against a long (possibly paged) cache.
+ * - GQA packing: the query rows of one kv head's group (group heads x seqlen_q positions, up to
+ *   DECODE_ROWS) form one tile, so each kv head's keys and values are read once per call, not
+ *   once per query head. A task walks its keys tile by tile; each key tile of every kv head is
+ *   staged front to back from the cache's [.., heads_kv, d] rows (a stream the prefetchers
+ *   follow; software prefetch of the next tile measured slower), S^T = K Q^T is a gemm_nt per
+ *   kv head, and one online-softmax step covers the rows of all kv heads (full vectors with few
+ *   rows per head).
+ * - Split-KV: when (batch, row tile) units are too few to keep the threads busy, each
+ *   sequence's keys are cut into chunks; each (unit, chunk) task computes a partial (O, m, l)
+ *   with the online softmax, and the partials are merged by their maxima in increasing chunk
+ *   order. The split is computed from the shape and the sequence lengths only, never from the
+ *   thread count, so results are bit-identical for any number of threads.
+ * - Paged caches are read through the block table, a run of keys per page.
+ * - NaN inputs propagate as in fa_forward (docs/ROBUSTNESS.md).
+ * Every buffer is allocated before the cache is written, so a failure leaves the cache intact. */
+#include <math.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "../common/alloc.h"
+#include "../common/error.h"
+#include "../common/visibility.h"
+#include "cpu_backend.h"
+#include "cpu_tile.h"
+
+#define DECODE_ROWS 64        /* query rows per tile and kv head */
+#define DECODE_KEYS 32        /* keys per online-softmax step: K and V of all heads stay in L2 */
+#define DECODE_TASKS 128      /* tasks a split aims at: 4 per thread on 32 threads */
+#define DECODE_MIN_CHUNK 256  /* keys: shorter chunks cost more in merging than they share */
+
+typedef struct decode_plan {
+    int64_t group, rows, tile_rows, row_tiles, units;
+    int64_t splits; /* most chunks a sequence is cut into */
+    int64_t chunks; /* partials kept per unit: the most chunks of any sequence of this call */
+    size_t partial_floats; /* one (unit, chunk): O [heads_kv x rows x d], m, l [heads_kv x rows] */
+} decode_plan;
+
+static decode_plan make_plan(const fa_problem *p)
+{
+    decode_plan plan;
+    plan.group = p->heads_q / p->heads_kv;
+    plan.rows = plan.group * p->seqlen_q;
+    plan.tile_rows = plan.rows < DECODE_ROWS ? plan.rows : DECODE_ROWS;
+    plan.row_tiles = (plan.rows + plan.tile_rows - 1) / plan.tile_rows;
+    plan.units = p->batch * plan.row_tiles;
+    plan.splits = plan.units >= DECODE_TASKS ? 1 : (DECODE_TASKS + plan.units - 1) / plan.units;
+    plan.partial_floats = (size_t)(p->heads_kv * plan.tile_rows * (p->head_dim + 2));
+    return plan;
+}
+
+static int64_t sequence_keys(const fa_kv_problem *kp, int64_t b) { return kp->cache_seqlens[b] + kp->seqlen_new; }
+
+/* Sequence b's key chunks: from the shape and its length only. */
+static int64_t chunk_count(const fa_kv_problem *kp, const decode_plan *plan, int64_t b)
+{
+    const int64_t chunks = (sequence_keys(kp, b) + DECODE_MIN_CHUNK - 1) / DECODE_MIN_CHUNK;
+    return chunks > plan->splits ? plan->splits : chunks < 1 ? 1 : chunks;
+}
+
+/* Keys [*lo, *hi) of chunk c of sequence b (empty past the sequence's chunk count). */
+static void chunk_range(const fa_kv_problem *kp, const decode_plan *plan, int64_t b, int64_t c, int64_t *lo,
+                        int64_t *hi)
+{
+    const int64_t keys = sequence_keys(kp, b), chunks = chunk_count(kp, plan, b);
+    const int64_t len = (keys + chunks - 1) / chunks;
+    *lo = c * len < keys ? c * len : keys;
+    *hi = (c + 1) * len < keys ? (c + 1) * len : keys;
+}
+
+/* Where key position j of sequence b lives in the cache tensors: (batch or page, row). */
+static void key_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slot_b, int64_t *slot_s)
+{
+    if (!kp->block_table) {
+        *slot_b = b;
+        *slot_s = j;
+        return;
+    }
+    *slot_b = kp->block_table[b * kp->max_pages_per_seq + j / kp->page_size];
+    *slot_s = j % kp->page_size;
+}
+
+static void append_new(const fa_kv_problem *kp)
+{
+    const fa_problem *p = &kp->attn;
+    const size_t row_bytes = (size_t)p->head_dim * (p->dtype == FA_DTYPE_F32 ? 4 : 2);
+    for (int64_t b = 0; b < p->batch; ++b)
+        for (int64_t t = 0; t < kp->seqlen_new; ++t) {
+            int64_t sb, ss;
+            key_slot(kp, b, kp->cache_seqlens[b] + t, &sb, &ss);
+            for (int64_t h = 0; h < p->heads_kv; ++h) {
+                memcpy(fa_row_ptr(&p->k, sb, ss, h), fa_row_ptr(&kp->k_new, b, t, h), row_bytes);
+                memcpy(fa_row_ptr(&p->v, sb, ss, h), fa_row_ptr(&kp->v_new, b, t, h), row_bytes);
+            }
+        }
+}
+
+/* Per-thread memory: the row tile's query rows of every kv head, one key tile (K and V, when they
+ * are not read in place), the scores S^T of every kv head's rows, the softmax vectors, the
+ * NaN marks, the merge's row and the rows' key ranges. */
+typedef struct decode_scratch {
+    float *q, *st, *k, *v, *k_stage, *v_stage, *tile_max, *shift, *alpha, *tile_sum, *acc;
+    unsigned char *poisoned;
+    fa_key_range *ranges;
+} decode_scratch;
+
+static size_t scratch_bytes(const fa_problem *p)
+{
+    const int64_t d = p->head_dim, cols = p->heads_kv * DECODE_ROWS;
+    const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 2 * DECODE_KEYS * d +
+                                   2 * DECODE_KEYS * p->heads_kv * d + 4 * cols + d);
+    return (floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + (size_t)cols + 63) & ~(size_t)63;
+}
+
+static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
+{
+    const int64_t d = p->head_dim, cols = p->heads_kv * DECODE_ROWS;
+    float *f = (float *)base;
+    w->q = f; f += cols * d;
+    w->st = f; f += DECODE_KEYS * cols;
+    w->k = f; f += DECODE_KEYS * d;
+    w->v = f; f += DECODE_KEYS * d;
+    w->k_stage = f; f += DECODE_KEYS * p->heads_kv * d;
+    w->v_stage = f; f += DECODE_KEYS * p->heads_kv * d;
+    w->tile_max = f; f += cols;
+    w->shift = f; f += cols;
+    w->alpha = f; f += cols;
+    w->tile_sum = f; f += cols;
+    w->acc = f; f += d;
+    w->ranges = (fa_key_range *)f; /* f is 8-aligned: the float count above is even */
+    w->poisoned = (unsigned char *)(w->ranges + DECODE_ROWS);
+}
+
+/* Rows [j0, j0 + n) of sequence b, head h of a cache tensor as an f32 matrix: in place for f32
+ * rows in one slot (each element is used once per row tile, so the cache-set conflicts that make
+ * the forward copy strided tiles do not arise), else copied and widened into scratch. */
+static const float *load_rows(const fa_kv_problem *kp, const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b,
+                              int64_t j0, int64_t n, int64_t h, float *scratch, int64_t *ld)
+{
+    const int64_t d = t->head_dim;
+    for (int64_t done = 0; done < n;) {
+        int64_t sb, ss, run_ld;
+        key_slot(kp, b, j0 + done, &sb, &ss);
+        const int64_t room = kp->block_table ? kp->page_size - ss : n;
+        const int64_t run = n - done < room ? n - done : room;
+        if (run == n && t->dtype == FA_DTYPE_F32) {
+            *ld = t->stride_seq;
+            return fa_row_ptr(t, sb, ss, h);
+        }
+        float *dst = scratch + done * d;
+        const float *rows = fa_cpu_view_rows(t, kern, sb, ss, h, run, dst, &run_ld);
+        if (rows != dst)
+            for (int64_t r = 0; r < run; ++r) memcpy(dst + r * d, rows + r * run_ld, (size_t)d * sizeof(float));
+        done += run;
+    }
+    *ld = d;
+    return scratch;
+}
+
+/* Row r of kv head hk's packed tile: query position i, query head h. */
+static void tile_row(const decode_plan *plan, int64_t hk, int64_t r, int64_t *i, int64_t *h)
+{
+    *i = r / plan->group;
+    *h = hk * plan->group + r % plan->group;
+}
+
+/* Unit u = (b, row tile): its sequence and rows [r0, r0 + rows) of every kv head's tile. */
+static void unit_rows(const decode_plan *plan, int64_t u, int64_t *b, int64_t *r0, int64_t *rows)
+{
+    *b = u / plan->row_tiles;
+    *r0 = u % plan->row_tiles * plan->tile_rows;
+    *rows = plan->rows - *r0 < plan->tile_rows ? plan->rows - *r0 : plan->tile_rows;
+}
+
+/* Whether a cache tensor's heads lie side by side in each row, so that a key tile of every head
+ * is one run of rows (one block when contiguous). */
+static int heads_adjacent(const fa_tensor *t) { return t->stride_head == t->head_dim; }
+
+/* Keys [j0, j0 + n) of sequence b, every head, copied and widened to f32 stage[x][h][c]: the
+ * cache is read front to back in long runs (measured: 1.5x faster than reading each head's
+ * rows in place, whose 4 KiB steps the hardware prefetchers do not follow), and the products
+ * then read the tile from L2 whatever the heads' stride. */
+static void stage_rows(const fa_kv_problem *kp, const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t j0,
+                       int64_t n, float *stage)
+{
+    const int64_t width = t->heads * t->head_dim;
+    for (int64_t x = 0; x < n; ++x) {
+        int64_t sb, ss;
+        key_slot(kp, b, j0 + x, &sb, &ss);
+        const void *src = fa_row_ptr(t, sb, ss, 0);
+        float *dst = stage + x * width;
+        if (t->dtype == FA_DTYPE_F32) memcpy(dst, src, (size_t)width * sizeof(float));
+        else if (t->dtype == FA_DTYPE_F16) kern->f16_to_f32(src, dst, width);
+        else
+            for (int64_t h = 0; h < t->heads; ++h) fa_cpu_load_rows(t, sb, ss, h, 1, dst + h * t->head_dim, 0);
+    }
+}
+
+/* Whether any of the n floats is NaN (a vectorisable scan; the exact rows are found only then). */
+static int any_nan(const float *x, int64_t n)
+{
+    int found = 0;
+    for (int64_t e = 0; e < n; ++e) found |= x[e] != x[e];
+    return found;
+}
+
+/* Where a (unit, chunk) partial keeps its values: O rows, then m and l, column c = hk * rows + r. */
+typedef struct partial_view {
+    float *o, *m, *l;
+} partial_view;
+
+static partial_view partial_at(const fa_problem *p, const decode_plan *plan, float *partial)
+{
+    const int64_t cols = p->heads_kv * plan->tile_rows;
+    return (partial_view){partial, partial + cols * p->head_dim, partial + cols * (p->head_dim + 1)};
+}
+
+/* One online-softmax step of the unit's rows of every kv head on the keys [j0, j0 + n). The
+ * scores of all kv heads form one transposed tile S^T[x][hk * rows + r], so that the softmax
+ * vectors are full (a GQA group has few rows per kv head); the scale is applied inside the
+ * exponential. */
+static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64_t b, int64_t rows, int64_t j0,
+                      int64_t n, decode_scratch *w, partial_view out)
+{
+    const fa_problem *p = &kp->attn;
+    const int64_t d = p->head_dim, cols = p->heads_kv * rows;
+    float *st = w->st;
+    for (int64_t hk = 0; hk < p->heads_kv; ++hk) {
+        int64_t ldk = p->heads_kv * d;
+        const float *kh =
+            heads_adjacent(&p->k) ? w->k_stage + hk * d : load_rows(kp, &p->k, kern, b, j0, n, hk, w->k, &ldk);
+        kern->gemm_nt(n, rows, d, kh, ldk, w->q + hk * DECODE_ROWS * d, d, st + hk * rows, cols); /* S^T = K Q^T */
+    }
+    int seen_by_all = 1;
+    for (int64_t r = 0; r < rows && seen_by_all; ++r) seen_by_all = w->ranges[r].lo <= j0 && w->ranges[r].hi >= j0 + n;
+    /* Masked scores become -inf. A NaN score a row sees (NaN in its query or in the key) cannot go
+     * through the vector exp, which clamps its argument: the row is marked instead, and its l
+     * becomes NaN after the step, which the merge turns into a NaN row and lse as fa_forward does. */
+    int any_poisoned = 0;
+    if (!seen_by_all || any_nan(st, n * cols)) {
+        memset(w->poisoned, 0, (size_t)cols);
+        for (int64_t x = 0; x < n; ++x) {
+            float *col = st + x * cols;
+            const int64_t j = j0 + x;
+            for (int64_t c = 0; c < cols; ++c) {
+                const fa_key_range range = w->ranges[c % rows];
+                const int seen = j >= range.lo && j < range.hi;
+                if (seen && col[c] != col[c]) w->poisoned[c] = 1, any_poisoned = 1;
+                if (!seen || col[c] != col[c]) col[c] = -INFINITY;
+            }
+        }
+    }
+    fa_cpu_softmax_step(kern, p->scale, cols, n, st, cols, out.m, out.l, w->tile_max, w->shift, w->alpha,
+                        w->tile_sum);
+    for (int64_t c = 0; any_poisoned && c < cols; ++c)
+        if (w->poisoned[c]) out.l[c] = NAN;
+    for (int64_t hk = 0; hk < p->heads_kv; ++hk) {
+        int64_t ldv = p->heads_kv * d;
+        const float *vh =
+            heads_adjacent(&p->v) ? w->v_stage + hk * d : load_rows(kp, &p->v, kern, b, j0, n, hk, w->v, &ldv);
+        float *o = out.o + hk * rows * d;
+        const float *ph = st + hk * rows, *alpha = w->alpha + hk * rows;
+        if (seen_by_all) {
+            kern->gemm(rows, d, n, ph, 1, cols, vh, ldv, o, d, alpha, 1); /* O = alpha O + P V */
+            continue;
+        }
+        /* P is 0 at the keys a row cannot see, but 0 x NaN is NaN: where rows see different parts
+         * of the tile (causal edge, window), each row multiplies only its own keys, so a NaN in V
+         * reaches exactly the rows that see it. A row that sees none of the tile keeps O (alpha 1). */
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t lo = w->ranges[r].lo > j0 ? w->ranges[r].lo : j0;
+            const int64_t hi = w->ranges[r].hi < j0 + n ? w->ranges[r].hi : j0 + n;
+            if (hi > lo)
+                kern->gemm(1, d, hi - lo, ph + (lo - j0) * cols + r, 1, cols, vh + (lo - j0) * ldv, ldv, o + r * d, d,
+                           alpha + r, 1);
+        }
+    }
+}
+
+/* One (unit, chunk) task: the partial O (unnormalised), m and l of the unit's rows of every kv
+ * head over the chunk's keys. */
+static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t u,
+                       int64_t c, decode_scratch *w, float *partial)
+{
+    const fa_problem *p = &kp->attn;
+    const int64_t d = p->head_dim;
+    int64_t b, r0, rows;
+    unit_rows(plan, u, &b, &r0, &rows);
+    const partial_view out = partial_at(p, plan, partial);
+    const int64_t cols = p->heads_kv * rows;
+    memset(out.o, 0, (size_t)(cols * d) * sizeof(float));
+    for (int64_t x = 0; x < cols; ++x) {
+        out.m[x] = -INFINITY;
+        out.l[x] = 0.0f;
+    }
+    int64_t lo, hi;
+    chunk_range(kp, plan, b, c, &lo, &hi);
+    const int64_t keys = sequence_keys(kp, b);
+    int64_t seen_lo = INT64_MAX, seen_hi = 0;
+    for (int64_t r = 0; r < rows; ++r) { /* a row's keys depend on its query position only */
+        const int64_t i = (r0 + r) / plan->group;
+        w->ranges[r] = fa_visible_keys(i, p->seqlen_q, keys, keys, p->causal, p->window_left, p->window_right);
+        if (w->ranges[r].hi <= w->ranges[r].lo) continue;
+        if (w->ranges[r].lo < seen_lo) seen_lo = w->ranges[r].lo;
+        if (w->ranges[r].hi > seen_hi) seen_hi = w->ranges[r].hi;
+    }
+    if (seen_lo > lo) lo = seen_lo;
+    if (seen_hi < hi) hi = seen_hi;
+    if (hi <= lo) return;
+    for (int64_t hk = 0; hk < p->heads_kv; ++hk)
+        for (int64_t r = 0; r < rows; ++r) {
+            int64_t i, h;
+            tile_row(plan, hk, r0 + r, &i, &h);
+            fa_cpu_load_rows(&p->q, b, i, h, 1, w->q + (hk * DECODE_ROWS + r) * d, d);
+        }
+    for (int64_t j0 = lo; j0 < hi; j0 += DECODE_KEYS) {
+        const int64_t n = hi - j0 < DECODE_KEYS ? hi - j0 : DECODE_KEYS;
+        if (heads_adjacent(&p->k)) stage_rows(kp, &p->k, kern, b, j0, n, w->k_stage);
+        if (heads_adjacent(&p->v)) stage_rows(kp, &p->v, kern, b, j0, n, w->v_stage);
+        tile_step(kp, kern, b, rows, j0, n, w, out);
+    }
+}
+
+/* The unit's chunks merged in increasing chunk order: O = sum_c e^(m_c - M) O_c / l with
+ * l = sum_c e^(m_c - M) l_c, lse = M + log l. */
+static void merge_unit(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t u,
+                       float *partials, float *acc)
+{
+    const fa_problem *p = &kp->attn;
+    const int64_t d = p->head_dim;
+    int64_t b, r0, rows;
+    unit_rows(plan, u, &b, &r0, &rows);
+    float *first = partials + (size_t)(u * plan->chunks) * plan->partial_floats;
+    for (int64_t hk = 0; hk < p->heads_kv; ++hk)
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t col = hk * rows + r;
+            float top = -INFINITY, sum = 0.0f;
+            int poisoned = 0; /* a chunk saw a NaN score: the row is NaN, lse too */
+            for (int64_t c = 0; c < plan->chunks; ++c) {
+                const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
+                if (in.m[col] > top) top = in.m[col];
+                if (in.l[col] != in.l[col]) poisoned = 1;
+            }
+            memset(acc, 0, (size_t)d * sizeof(float));
+            if (poisoned) top = sum = NAN;
+            for (int64_t c = 0; !poisoned && top != -INFINITY && c < plan->chunks; ++c) {
+                const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
+                if (in.m[col] == -INFINITY) continue;
+                const float weight = expf(in.m[col] - top);
+                sum += weight * in.l[col];
+                for (int64_t x = 0; x < d; ++x) acc[x] += weight * in.o[col * d + x];
+            }
+            const float inv = poisoned ? NAN : sum > 0.0f ? 1.0f / sum : 0.0f;
+            for (int64_t x = 0; x < d; ++x) acc[x] *= inv;
+            int64_t i, h;
+            tile_row(plan, hk, r0 + r, &i, &h);
+            fa_cpu_store_rows(&p->out, kern, b, i, h, 1, acc, d);
+            if (p->lse) p->lse[fa_lse_index(p, b, h, i)] = poisoned ? NAN : sum > 0.0f ? top + logf(sum) : -INFINITY;
+        }
+}
+
+fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
+{
+    const fa_cpu_state *s = state;
+    const fa_problem *p = &kp->attn;
+    decode_plan plan = make_plan(p);
+    plan.chunks = 1;
+    for (int64_t b = 0; b < p->batch; ++b)
+        if (chunk_count(kp, &plan, b) > plan.chunks) plan.chunks = chunk_count(kp, &plan, b);
+    const int threads = fa_cpu_thread_count(s->num_threads);
+    const int64_t tasks = plan.units * plan.chunks;
+    const size_t per_thread = scratch_bytes(p);
+    float *partials = fa_host_alloc((size_t)tasks * plan.partial_floats * sizeof(float));
+    char *scratch = fa_host_alloc(per_thread * (size_t)threads);
+    if (!partials || !scratch) {
+        fa_host_free(partials);
+        fa_host_free(scratch);
+        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_forward_kvcache: cannot allocate %lld partial tiles",
+                            (long long)tasks);
+    }
+    append_new(kp);
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        const int me = omp_get_thread_num();
+#else
+        const int me = 0;
+#endif
+        decode_scratch w;
+        scratch_carve(scratch + (size_t)me * per_thread, p, &w);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tasks; ++t)
+            chunk_task(kp, s->kernels, &plan, t / plan.chunks, t % plan.chunks, &w,
+                       partials + (size_t)t * plan.partial_floats);
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < plan.units; ++u) merge_unit(kp, s->kernels, &plan, u, partials, w.acc);
+    }
+    fa_host_free(scratch);
+    fa_host_free(partials);
+    return FA_SUCCESS;
+}

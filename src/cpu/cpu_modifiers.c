@@ -1,0 +1,132 @@
+/* GCC keeps the selects of fast_tanh and the masking as branches (no vector loop) unless it may
+ * assume FP operations do not trap; the values computed are the same either way. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+#include "cpu_modifiers.h"
+
+#include <string.h>
+
+#include "../common/alloc.h"
+#include "../common/error.h"
+#include "kernels/exp_poly.h"
+
+/* tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)) with exp from the kernels' polynomial, written
+ * without branches or libm calls so that the loop over a tile column vectorizes (libm's tanhf
+ * costs several times the rest of the tile's work). Absolute error below 2^-22: the score moves
+ * by at most softcap * 2^-22. |x| >= 9 gives +-1 (tanh(9) = 1 - 3e-8). */
+static inline float fast_tanh(float x)
+{
+    float a = fabsf(x);
+    a = a < 9.0f ? a : 9.0f;
+    const float y = -2.0f * a; /* exp(y) in (1.5e-8, 1] */
+    const float n = (float)(int32_t)(y * FA_EXP_LOG2E - 0.5f); /* round(y log2 e): y < 0, truncation is ceil */
+    const float r = (y - n * FA_EXP_LN2_HI) - n * FA_EXP_LN2_LO;
+    float poly = FA_EXP_P0;
+    poly = poly * r + FA_EXP_P1;
+    poly = poly * r + FA_EXP_P2;
+    poly = poly * r + FA_EXP_P3;
+    poly = poly * r + FA_EXP_P4;
+    poly = poly * r + FA_EXP_P5;
+    poly = poly * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    const float t = 1.0f - 2.0f / (poly * two_n + 1.0f);
+    return copysignf(t, x);
+}
+
+void fa_cpu_modify_scores(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
+                          int64_t cols, float *st, int64_t ld, float *cap_grad)
+{
+    const int64_t n = rows->count, diag0 = rows->i0 + p->seqlen_k - p->seqlen_q;
+    const float cap = p->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    const float slope = p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
+    /* One simple loop per modifier over the contiguous query lanes of a key column, with 32-bit
+     * indices (int64 -> float conversions do not vectorize before AVX-512), so each vectorizes. */
+    const int32_t count = (int32_t)n;
+    for (int64_t c = 0; c < cols; ++c) {
+        float *keys = st + c * ld;
+        if (cap > 0.0f && cap_grad) {
+            float *grad = cap_grad + c * ld;
+            for (int32_t r = 0; r < count; ++r) {
+                const float x = keys[r], t = fast_tanh(x * inv_cap);
+                grad[r] = 1.0f - t * t;
+                keys[r] = x == -INFINITY ? x : cap * t; /* masked stays masked */
+            }
+        } else if (cap > 0.0f) {
+            for (int32_t r = 0; r < count; ++r) {
+                const float x = keys[r], t = fast_tanh(x * inv_cap);
+                keys[r] = x == -INFINITY ? x : cap * t;
+            }
+        }
+        if (slope != 0.0f) { /* -inf minus a finite distance stays -inf */
+            const float offset = (float)(diag0 - (j0 + c));
+            for (int32_t r = 0; r < count; ++r) keys[r] -= slope * fabsf(offset + (float)r);
+        }
+    }
+    if (!p->bias.data) return;
+    for (int64_t r = 0; r < n; ++r) { /* one bias row per query: read along the keys */
+        const void *row = fa_cpu_bias_row(&p->bias, b, h, rows->i0 + r);
+        float *s = st + r;
+        for (int64_t c = 0; c < cols; ++c) {
+            const int64_t j = j0 + c;
+            const float bias = p->bias.dtype == FA_DTYPE_F32 ? ((const float *)row)[j]
+                               : p->bias.dtype == FA_DTYPE_F16 ? fa_f16_to_f32(((const uint16_t *)row)[j])
+                                                               : fa_bf16_to_f32(((const uint16_t *)row)[j]);
+            const float x = s[c * ld];
+            s[c * ld] = x == -INFINITY ? x : x + bias; /* masked stays masked, whatever the bias */
+        }
+    }
+}
+
+fa_status fa_cpu_sink_gradients(const fa_problem *p)
+{
+    const int64_t d = p->head_dim;
+    float *rows = fa_host_alloc((size_t)(2 * d) * sizeof(float));
+    if (!rows) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "backward: cannot allocate two rows for dsinks");
+    for (int64_t h = 0; h < p->heads_q; ++h) {
+        const float sink = fa_cpu_sink(p, h);
+        double sum = 0.0;
+        for (int64_t b = 0; b < p->batch && sink != -INFINITY; ++b)
+            for (int64_t i = 0; i < p->seqlen_q; ++i) {
+                const float lse = p->lse[fa_lse_index(p, b, h, i)];
+                if (lse == -INFINITY) continue;
+                fa_cpu_load_rows(&p->out, b, i, h, 1, rows, d);
+                fa_cpu_load_rows(&p->dout, b, i, h, 1, rows + d, d);
+                double delta = 0.0;
+                for (int64_t c = 0; c < d; ++c) delta += (double)rows[c] * (double)rows[d + c];
+                sum -= exp((double)sink - (double)lse) * delta;
+            }
+        p->dsinks[h] = (float)sum;
+    }
+    fa_host_free(rows);
+    return FA_SUCCESS;
+}
+
+void fa_cpu_store_bias_row(const fa_bias *bias, int64_t b, int64_t h, int64_t i, int64_t j0, const float *src,
+                           int64_t n)
+{
+    void *row = fa_cpu_bias_row(bias, b, h, i);
+    switch (bias->dtype) {
+    case FA_DTYPE_F32:
+        memcpy((float *)row + j0, src, (size_t)n * sizeof(float));
+        break;
+    case FA_DTYPE_F16:
+        for (int64_t c = 0; c < n; ++c) ((uint16_t *)row)[j0 + c] = fa_f32_to_f16(src[c]);
+        break;
+    case FA_DTYPE_BF16:
+        for (int64_t c = 0; c < n; ++c) ((uint16_t *)row)[j0 + c] = fa_f32_to_bf16(src[c]);
+        break;
+    }
+}
+
+void fa_cpu_zero_bias(const fa_bias *bias, int64_t batches, int64_t heads, int64_t rows, int64_t keys)
+{
+    const int64_t nb = bias->stride_batch ? batches : 1, nh = bias->stride_head ? heads : 1;
+    const int64_t nr = bias->stride_q ? rows : 1;
+    for (int64_t b = 0; b < nb; ++b)
+        for (int64_t h = 0; h < nh; ++h)
+            for (int64_t i = 0; i < nr; ++i)
+                memset(fa_cpu_bias_row(bias, b, h, i), 0, (size_t)keys * (bias->dtype == FA_DTYPE_F32 ? 4 : 2));
+}

@@ -1,0 +1,41 @@
+/* Score modifiers on the CPU (softcap, ALiBi, sinks, additive bias): applied to a transposed score
+ * tile after the scale and the masks, read tile by tile like K and V (no N x N buffer), and the
+ * gradients of the learnable ones (sinks, bias). */
+#ifndef FA_CPU_MODIFIERS_H
+#define FA_CPU_MODIFIERS_H
+#include <math.h>
+#include <stdint.h>
+
+#include "cpu_tile.h"
+
+/* 1 when scores must exist explicitly before the exponential (softcap, ALiBi or bias): the scale
+ * cannot then be folded into it. Sinks alone need no explicit scores. */
+static inline int fa_cpu_scores_modified(const fa_problem *p)
+{
+    return p->softcap > 0.0f || p->alibi_slopes || p->bias.data;
+}
+
+/* The sink logit of query head h, -inf when there is none. */
+static inline float fa_cpu_sink(const fa_problem *p, int64_t h) { return p->sinks ? p->sinks[h] : -INFINITY; }
+
+/* On the tile st (key c, query r at st[c * ld + r]) of rows and keys [j0, j0 + cols) of (b, h),
+ * scaled and masked (masked = -inf, left alone): softcap, then ALiBi, then the bias.
+ * cap_grad (NULL = not wanted; softcap only) receives d score / d (scaled q.k) = 1 - tanh^2. */
+void fa_cpu_modify_scores(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
+                          int64_t cols, float *st, int64_t ld, float *cap_grad);
+
+/* dsinks[h] = -sum over (b, i) of exp(sink_h - lse) * D_i (D = rowsum(dO o O)), summed in a fixed
+ * order in double, for the whole (dense or packed) problem. */
+fa_status fa_cpu_sink_gradients(const fa_problem *p);
+
+/* Element (b, h, i, j) of a bias: its address, and stores of f32 rows into a dbias. */
+static inline void *fa_cpu_bias_row(const fa_bias *bias, int64_t b, int64_t h, int64_t i)
+{
+    const int64_t offset = b * bias->stride_batch + h * bias->stride_head + i * bias->stride_q;
+    return (char *)bias->data + offset * (bias->dtype == FA_DTYPE_F32 ? 4 : 2);
+}
+void fa_cpu_store_bias_row(const fa_bias *bias, int64_t b, int64_t h, int64_t i, int64_t j0, const float *src,
+                           int64_t n);
+/* Zeros dbias over [batches, heads_q, rows, keys] (its broadcast axes count once). */
+void fa_cpu_zero_bias(const fa_bias *bias, int64_t batches, int64_t heads, int64_t rows, int64_t keys);
+#endif

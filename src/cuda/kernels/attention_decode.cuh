@@ -1,0 +1,259 @@
+/* fa_forward_kvcache on the GPU, and the device-side checks of tables in device memory.
+ *  - check_varlen / check_kvcache: one thread walks the offsets or the cache lengths and pages in
+ *    sequence order and records the first failure in the context's status record; every later
+ *    kernel of the call then writes nothing, and the plugin reports it at the next synchronize
+ *    (reading the tables on the host would need a synchronisation).
+ *  - append: k_new/v_new into the cache at cache_seqlens[b] + t, through the block table.
+ *  - attend: the generic forward's structure (fa_generic) for a few query rows against a long
+ *    cache. The query heads of a GQA group are packed into the rows of one block (row r: query
+ *    position r / group, head hk * group + r % group), so each kv head's keys are read once per
+ *    row tile, not once per query head; the keys of each sequence are cut into kv_chunks chunks
+ *    (a count from the shape only), one block per (row tile, chunk, kv head, sequence), each
+ *    leaving its rows' partial (O, m, l) in the workspace.
+ *  - merge: per row, the chunks combined in increasing chunk order (deterministic), O and lse. */
+#ifndef FA_GPU_ATTENTION_DECODE_CUH
+#define FA_GPU_ATTENTION_DECODE_CUH
+#include "attention_generic.cuh"
+
+namespace fa_decode {
+
+using fa_generic::kThreads;
+
+__device__ __forceinline__ bool failed(const fa_gpu_params &p) { return p.status->code != FA_GPU_STATUS_OK; }
+
+__device__ __forceinline__ void record(const fa_gpu_params &p, fa_gpu_status_code code, int array, int64_t sequence,
+                                       int64_t index, int64_t value, int64_t limit)
+{
+    p.status->code = code;
+    p.status->array = array;
+    p.status->sequence = sequence;
+    p.status->index = index;
+    p.status->value = value;
+    p.status->limit = limit;
+}
+
+/* The offsets of one array: first 0, non-decreasing, lengths within max_len, last == total. */
+__device__ __forceinline__ bool offsets_valid(const fa_gpu_params &p, int array, const int32_t *cu, int64_t max_len,
+                                              int64_t total)
+{
+    if (cu[0] != 0) return record(p, FA_GPU_STATUS_VARLEN_FIRST, array, 0, 0, cu[0], 0), false;
+    for (int64_t b = 0; b < p.varlen_batch; ++b) {
+        const int64_t len = static_cast<int64_t>(cu[b + 1]) - cu[b];
+        if (len < 0) return record(p, FA_GPU_STATUS_VARLEN_DECREASING, array, b, b + 1, cu[b + 1], cu[b]), false;
+        if (len > max_len) return record(p, FA_GPU_STATUS_VARLEN_TOO_LONG, array, b, b, len, max_len), false;
+    }
+    if (cu[p.varlen_batch] != total)
+        return record(p, FA_GPU_STATUS_VARLEN_TOTAL, array, p.varlen_batch, p.varlen_batch, cu[p.varlen_batch], total),
+               false;
+    return true;
+}
+
+/* One thread: the packed batch's offsets (fa_validate_varlen_offsets of the core, on the device). */
+__global__ void __launch_bounds__(kThreads) check_varlen(const fa_gpu_params p)
+{
+    FA_GPU_REQUIRE_BLOCK(kThreads);
+    if (threadIdx.x != 0 || failed(p)) return;
+    if (offsets_valid(p, 0, p.cu_seqlens_q, p.dropout_rows, p.seqlen_q))
+        (void)offsets_valid(p, 1, p.cu_seqlens_k, p.dropout_cols, p.seqlen_k);
+}
+
+/* One thread: lengths not negative, cached + new within the capacity or the pages, every page used
+ * in range (fa_validate_kvcache_tables of the core, on the device). */
+__global__ void __launch_bounds__(kThreads) check_kvcache(const fa_gpu_params p)
+{
+    FA_GPU_REQUIRE_BLOCK(kThreads);
+    if (threadIdx.x != 0 || failed(p)) return;
+    for (int64_t b = 0; b < p.batch; ++b) {
+        const int64_t cached = p.cache_seqlens[b], total = cached + p.seqlen_new;
+        if (cached < 0) return record(p, FA_GPU_STATUS_KV_NEGATIVE, 0, b, b, cached, 0);
+        if (total > p.seqlen_k) return record(p, FA_GPU_STATUS_KV_CAPACITY, 0, b, b, total, p.seqlen_k);
+        if (!p.block_table) continue;
+        const int64_t pages = (total + p.page_size - 1) / p.page_size;
+        for (int64_t x = 0; x < pages; ++x) {
+            const int32_t page = p.block_table[b * p.max_pages + x];
+            if (page < 0 || page >= p.num_pages) return record(p, FA_GPU_STATUS_KV_PAGE, 0, b, x, page, p.num_pages);
+        }
+    }
+}
+
+/* Element offset of key j of sequence b, head h, in a cache tensor: through the block table when
+ * paged ([num_pages, page_size, heads, d]), else [batch, capacity, heads, d]. */
+__device__ __forceinline__ int64_t key_offset(const fa_gpu_params &p, const fa_gpu_tensor &t, int64_t b, int64_t j, int64_t h)
+{
+    if (!p.block_table) return fa_row_offset(t, b, j, h);
+    return fa_row_offset(t, p.block_table[b * p.max_pages + j / p.page_size], j % p.page_size, h);
+}
+
+/* One block per (new token, kv head, sequence): the token's K and V rows into the cache. */
+__global__ void __launch_bounds__(kThreads) append(const fa_gpu_params p)
+{
+    FA_GPU_REQUIRE_BLOCK(kThreads);
+    if (failed(p)) return;
+    const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int64_t j = p.cache_seqlens[b] + t;
+    const int64_t k_dst = key_offset(p, p.k, b, j, h), v_dst = key_offset(p, p.v, b, j, h);
+    const int64_t k_src = fa_row_offset(p.k_new, b, t, h), v_src = fa_row_offset(p.v_new, b, t, h);
+    for (int64_t x = threadIdx.x; x < p.head_dim; x += blockDim.x) {
+        fa_store_elem(p.k.data, k_dst + x, p.dtype, fa_load_elem(p.k_new.data, k_src + x, p.dtype));
+        fa_store_elem(p.v.data, v_dst + x, p.dtype, fa_load_elem(p.v_new.data, v_src + x, p.dtype));
+    }
+}
+
+/* The packed rows of one kv head: group query heads x seqlen_q positions. */
+__device__ __forceinline__ int64_t packed_rows(const fa_gpu_params &p) { return p.heads_q / p.heads_kv * p.seqlen_q; }
+
+/* Partial (O, m, l) of row r of (sequence b, kv head hk, chunk c): O rows first, then m, then l. */
+__device__ __forceinline__ int64_t partial_row(const fa_gpu_params &p, int64_t b, int64_t hk, int64_t c, int64_t r)
+{
+    return ((b * p.heads_kv + hk) * p.kv_chunks + c) * packed_rows(p) + r;
+}
+__device__ __forceinline__ int64_t partial_rows(const fa_gpu_params &p)
+{
+    return p.batch * p.heads_kv * p.kv_chunks * packed_rows(p);
+}
+
+/* Keys [lo, hi) of chunk c of a sequence with `keys` keys (empty past the last key). */
+__device__ __forceinline__ fa_key_range chunk_keys(const fa_gpu_params &p, int64_t keys, int64_t c)
+{
+    const int64_t len = (keys + p.kv_chunks - 1) / p.kv_chunks;
+    fa_key_range r;
+    r.lo = c * len < keys ? c * len : keys;
+    r.hi = r.lo + len < keys ? r.lo + len : keys;
+    return r;
+}
+
+/* tile[x * ld + c] = cache row of key j0 + x, head h, sequence b (zero past `valid` keys). */
+__device__ __forceinline__ void load_key_tile(const fa_gpu_params &p, const fa_gpu_tensor &t, int64_t b, int64_t j0,
+                                              int64_t h, int64_t valid, int tile_rows, float *tile, int64_t ld)
+{
+    const int64_t d = p.head_dim, total = static_cast<int64_t>(tile_rows) * d;
+    for (int64_t e = threadIdx.x; e < total; e += blockDim.x) {
+        const int64_t x = e / d, c = e - x * d;
+        tile[x * ld + c] = x < valid ? fa_load_elem(t.data, key_offset(p, t, b, j0 + x, h) + c, p.dtype) : 0.0f;
+    }
+}
+
+template <int BUCKET, int TILE>
+__global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
+{
+    FA_GPU_REQUIRE_BLOCK(kThreads);
+    if (failed(p)) return;
+    constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
+    constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
+    FA_DYNAMIC_SMEM(float, smem);
+    const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
+    float *sq = smem, *sk = sq + TILE * ld, *sv = sk + TILE * ld;
+    const int warp = threadIdx.x / W, lane = threadIdx.x % W;
+    float *sp = sv + TILE * ld + warp * TILE;
+    const int64_t b = blockIdx.z, hk = blockIdx.y, group = p.heads_q / p.heads_kv;
+    const int64_t c = blockIdx.x % p.kv_chunks, r0 = blockIdx.x / p.kv_chunks * TILE;
+    const int64_t rows = packed_rows(p) - r0 < TILE ? packed_rows(p) - r0 : TILE;
+    const int64_t keys = p.cache_seqlens[b] + p.seqlen_new;
+    /* Keys of the chunk any row may see: ranges never shrink from one query position to the next. */
+    const fa_key_range chunk = chunk_keys(p, keys, c);
+    const fa_key_range first = fa_visible_keys(r0 / group, p.seqlen_q, keys, keys, p.causal, p.window_left, p.window_right);
+    const fa_key_range last =
+        fa_visible_keys((r0 + rows - 1) / group, p.seqlen_q, keys, keys, p.causal, p.window_left, p.window_right);
+    const int64_t lo = first.lo > chunk.lo ? first.lo : chunk.lo, hi = last.hi < chunk.hi ? last.hi : chunk.hi;
+
+    float o[RPW][DPL], m[RPW], l[RPW];
+    for (int rr = 0; rr < RPW; ++rr) {
+        m[rr] = -INFINITY;
+        l[rr] = 0.0f;
+        for (int t = 0; t < DPL; ++t) o[rr][t] = 0.0f;
+    }
+    for (int64_t e = threadIdx.x; e < TILE * d; e += blockDim.x) {
+        const int64_t r = e / d, x = e - r * d, i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
+        sq[r * ld + x] = r < rows ? fa_load_elem(p.q.data, fa_row_offset(p.q, b, i, h) + x, p.dtype) : 0.0f;
+    }
+
+    for (int64_t j0 = lo; j0 < hi; j0 += TILE) {
+        const int64_t cols = hi - j0 < TILE ? hi - j0 : TILE;
+        __syncthreads(); /* Q visible; the previous tile is no longer read */
+        load_key_tile(p, p.k, b, j0, hk, cols, TILE, sk, ld);
+        load_key_tile(p, p.v, b, j0, hk, cols, TILE, sv, ld);
+        __syncthreads();
+        for (int rr = 0; rr < RPW; ++rr) {
+            const int r = warp * RPW + rr;
+            if (r >= rows) break;
+            fa_key_range range =
+                fa_visible_keys((r0 + r) / group, p.seqlen_q, keys, keys, p.causal, p.window_left, p.window_right);
+            if (range.lo < chunk.lo) range.lo = chunk.lo;
+            if (range.hi > chunk.hi) range.hi = chunk.hi;
+            if (range.hi <= j0 || range.lo >= j0 + cols) continue;
+            float s[CPL], tile_max = -INFINITY;
+            for (int cc = 0; cc < CPL; ++cc) {
+                const int col = lane + cc * W;
+                s[cc] = -INFINITY;
+                if (col < cols && j0 + col >= range.lo && j0 + col < range.hi)
+                    s[cc] = fa_generic::dot_row(sq + r * ld, sk + col * ld, d) * p.scale_log2;
+                tile_max = fmaxf(tile_max, s[cc]);
+            }
+            tile_max = fa_warp_max(tile_max);
+            if (tile_max == -INFINITY) continue; /* warp-uniform: nothing visible in this row */
+            const float m_new = fmaxf(m[rr], tile_max);
+            const float alpha = fa_exp2(m[rr] - m_new);
+            float row_sum = 0.0f;
+            for (int cc = 0; cc < CPL; ++cc) {
+                const int col = lane + cc * W;
+                const float prob = fa_exp2(s[cc] - m_new);
+                row_sum += prob;
+                if (col < TILE) sp[col] = prob;
+            }
+            l[rr] = l[rr] * alpha + fa_warp_sum(row_sum);
+            m[rr] = m_new;
+            fa_generic::accumulate_pv<DPL>(o[rr], alpha, sp, sv, cols, d, ld, lane);
+        }
+    }
+
+    float *part_o = p.partial, *part_m = part_o + partial_rows(p) * d, *part_l = part_m + partial_rows(p);
+    for (int rr = 0; rr < RPW; ++rr) {
+        const int r = warp * RPW + rr;
+        if (r >= rows) break;
+        const int64_t row = partial_row(p, b, hk, c, r0 + r);
+        for (int t = 0; t < DPL; ++t) {
+            const int64_t x = lane + t * W;
+            if (x < d) part_o[row * d + x] = o[rr][t];
+        }
+        if (lane == 0) {
+            part_m[row] = m[rr];
+            part_l[row] = l[rr];
+        }
+    }
+}
+
+/* One warp per packed row (grid-stride): O = sum_c 2^(m_c - M) O_c / L, L = sum_c 2^(m_c - M) l_c,
+ * lse = (M + log2 L) ln 2, the chunks taken in increasing order. */
+__global__ void __launch_bounds__(kThreads) merge(const fa_gpu_params p)
+{
+    FA_GPU_REQUIRE_BLOCK(kThreads);
+    if (failed(p)) return;
+    const int W = FA_WARP_SIZE, lane = threadIdx.x % W;
+    const int64_t rows = packed_rows(p), group = p.heads_q / p.heads_kv, d = p.head_dim;
+    const int64_t total = p.batch * p.heads_kv * rows, warps = static_cast<int64_t>(gridDim.x) * FA_GENERIC_WARPS;
+    const float *part_o = p.partial, *part_m = part_o + partial_rows(p) * d, *part_l = part_m + partial_rows(p);
+    for (int64_t n = blockIdx.x * FA_GENERIC_WARPS + threadIdx.x / W; n < total; n += warps) {
+        const int64_t r = n % rows, hk = n / rows % p.heads_kv, b = n / (rows * p.heads_kv);
+        float top = -INFINITY, sum = 0.0f;
+        for (int64_t c = 0; c < p.kv_chunks; ++c) top = fmaxf(top, part_m[partial_row(p, b, hk, c, r)]);
+        for (int64_t c = 0; top != -INFINITY && c < p.kv_chunks; ++c) {
+            const int64_t row = partial_row(p, b, hk, c, r);
+            if (part_m[row] != -INFINITY) sum += fa_exp2(part_m[row] - top) * part_l[row];
+        }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const int64_t i = r / group, h = hk * group + r % group, out_base = fa_row_offset(p.out, b, i, h);
+        for (int64_t x = lane; x < d; x += W) {
+            float acc = 0.0f;
+            for (int64_t c = 0; top != -INFINITY && c < p.kv_chunks; ++c) {
+                const int64_t row = partial_row(p, b, hk, c, r);
+                if (part_m[row] != -INFINITY) acc = fmaf(fa_exp2(part_m[row] - top), part_o[row * d + x], acc);
+            }
+            fa_store_elem(p.out.data, out_base + x, p.dtype, acc * inv);
+        }
+        if (p.lse && lane == 0)
+            p.lse[fa_stat_index(p, b, h, i)] = sum > 0.0f ? (top + log2f(sum)) * FA_LN2 : -INFINITY;
+    }
+}
+
+} // namespace fa_decode
+#endif

@@ -1,0 +1,409 @@
+/* Packed variable-length batches and fa_forward_kvcache on a GPU backend (a GPU or the emulated
+ * suite), each against the CPU backend run on the same inputs (tests/core checks the CPU against
+ * the oracle): outputs within the dtype's tolerance, the KV cache after the append identical byte
+ * for byte, the GPU's results bit-identical across two runs. Tables in device memory that fail
+ * their checks: the call writes nothing, and the next fa_synchronize returns
+ * FA_ERROR_INVALID_VALUE naming the sequence. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "flashattn.h"
+#include "gpu_tests.h"
+#include "harness.h"
+#include "test_arrays.h"
+
+/* n values of dtype on the host and their device copy. */
+typedef struct buffer {
+    void *host, *dev;
+    size_t n;
+    fa_dtype dtype;
+} buffer;
+
+static buffer buffer_new(fa_context *ctx, size_t n, fa_dtype dtype, uint64_t seed)
+{
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    assert_non_null(f);
+    if (seed) {
+        double *x = test_random_doubles(seed, n);
+        for (size_t i = 0; i < n; ++i) f[i] = (float)x[i];
+        free(x);
+    } else {
+        for (size_t i = 0; i < n; ++i) f[i] = NAN; /* outputs: a value never written shows up */
+    }
+    buffer b = {to_dtype(f, n, dtype), NULL, n, dtype};
+    free(f);
+    assert_int_equal(fa_malloc(ctx, (n ? n : 1) * dtype_size(dtype), &b.dev), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, b.dev, b.host, n * dtype_size(dtype)), FA_SUCCESS);
+    return b;
+}
+
+/* The device copy's current contents, as a new host array. */
+static void *buffer_fetch(fa_context *ctx, const buffer *b)
+{
+    void *x = malloc((b->n ? b->n : 1) * dtype_size(b->dtype));
+    assert_non_null(x);
+    assert_int_equal(fa_memcpy_d2h(ctx, x, b->dev, b->n * dtype_size(b->dtype)), FA_SUCCESS);
+    return x;
+}
+
+static void buffer_free(fa_context *ctx, buffer *b)
+{
+    fa_free(ctx, b->dev);
+    free(b->host);
+}
+
+static int32_t *table_upload(fa_context *ctx, const int32_t *t, size_t n)
+{
+    void *dev;
+    assert_int_equal(fa_malloc(ctx, n * sizeof *t, &dev), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, dev, t, n * sizeof *t), FA_SUCCESS);
+    return dev;
+}
+
+/* max |got - want| / max(1, max |want|); equal infinities and NaN against NaN count as equal, any
+ * other non-finite value as INFINITY. */
+static double relative_error(const void *got, const void *want, size_t n, fa_dtype dtype)
+{
+    double worst = 0.0, scale = 1.0;
+    for (size_t i = 0; i < n; ++i) {
+        const double g = from_dtype(got, i, dtype), w = from_dtype(want, i, dtype);
+        if (isnan(w) || isnan(g) || isinf(w) || isinf(g)) {
+            if (!(g == w || (isnan(g) && isnan(w)))) return INFINITY;
+            continue;
+        }
+        if (fabs(g - w) > worst) worst = fabs(g - w);
+        if (fabs(w) > scale) scale = fabs(w);
+    }
+    return worst / scale;
+}
+
+static void expect_close(const char *what, const char *name, const void *got, const void *want, size_t n,
+                         fa_dtype dtype)
+{
+    const double error = relative_error(got, want, n, dtype), tol = fa_case_tolerance(dtype);
+    print_message("  %-24s [%s] %-4s GPU vs CPU %.2e (tolerance %.0e)\n", name, fa_dtype_label(dtype), what, error, tol);
+    if (!(error <= tol)) fail_msg("%s [%s]: %s differs from the CPU backend by %g", name, fa_dtype_label(dtype), what, error);
+}
+
+/* ---- packed variable-length batches ---------------------------------------------------------- */
+typedef struct varlen_gpu_case {
+    const char *name;
+    int64_t batch, heads_q, heads_kv, head_dim;
+    int32_t len_q[4], len_k[4];
+    int causal;
+    int32_t window_left;
+    float dropout_p;
+    int32_t block_q, block_k; /* 0: no block mask */
+} varlen_gpu_case;
+
+static const varlen_gpu_case varlen_cases[] = {
+    {"causal_gqa_empty_len1", 4, 4, 2, 32, {0, 1, 37, 70}, {5, 1, 37, 90}, 1, -1, 0.0f, 0, 0},
+    {"dropout_window_blocks", 3, 2, 2, 48, {7, 0, 20}, {9, 3, 33}, 0, 6, 0.2f, 16, 8},
+};
+
+/* Forward and backward of case c on ctx; out, lse, dq, dk, dv fetched to the host. */
+typedef struct varlen_result { void *out, *dq, *dk, *dv; float *lse; } varlen_result;
+
+static void varlen_run(fa_context *ctx, int on_device, const varlen_gpu_case *c, fa_dtype dtype, varlen_result *res)
+{
+    int32_t cu_q[5] = {0}, cu_k[5] = {0};
+    int64_t max_q = 1, max_k = 1;
+    for (int64_t b = 0; b < c->batch; ++b) {
+        cu_q[b + 1] = cu_q[b] + c->len_q[b];
+        cu_k[b + 1] = cu_k[b] + c->len_k[b];
+        if (c->len_q[b] > max_q) max_q = c->len_q[b];
+        if (c->len_k[b] > max_k) max_k = c->len_k[b];
+    }
+    const int64_t tq = cu_q[c->batch], tk = cu_k[c->batch], d = c->head_dim;
+    const size_t nq = (size_t)(tq * c->heads_q * d), nk = (size_t)(tk * c->heads_kv * d);
+    buffer q = buffer_new(ctx, nq, dtype, 1), k = buffer_new(ctx, nk, dtype, 2), v = buffer_new(ctx, nk, dtype, 3);
+    buffer dout = buffer_new(ctx, nq, dtype, 4), out = buffer_new(ctx, nq, dtype, 0), dq = buffer_new(ctx, nq, dtype, 0);
+    buffer dk = buffer_new(ctx, nk, dtype, 0), dv = buffer_new(ctx, nk, dtype, 0);
+    buffer lse = buffer_new(ctx, (size_t)(c->heads_q * tq), FA_DTYPE_F32, 0);
+    fa_varlen vl = {c->batch, cu_q, cu_k, max_q, max_k};
+    if (on_device) {
+        vl.cu_seqlens_q = table_upload(ctx, cu_q, (size_t)c->batch + 1);
+        vl.cu_seqlens_k = table_upload(ctx, cu_k, (size_t)c->batch + 1);
+    }
+    uint8_t mask[64];
+    fa_block_mask bm = {c->block_q, c->block_k, 0, 0, mask};
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    desc.varlen = &vl;
+    desc.causal = c->causal;
+    desc.window_left = c->window_left;
+    desc.dropout_p = c->dropout_p;
+    desc.dropout_seed = 99;
+    desc.dropout_offset = 5;
+    if (c->block_q) {
+        bm.rows = (max_q + c->block_q - 1) / c->block_q;
+        bm.cols = (max_k + c->block_k - 1) / c->block_k;
+        assert_true(bm.rows * bm.cols <= (int64_t)sizeof mask);
+        for (int64_t e = 0; e < bm.rows * bm.cols; ++e) mask[e] = (e * 3 + e / bm.cols) % 4 != 0;
+        desc.block_mask = &bm;
+    }
+    const fa_tensor tq_ = {q.dev, dtype, 1, tq, c->heads_q, d, 0, 0, 0}, tk_ = {k.dev, dtype, 1, tk, c->heads_kv, d, 0, 0, 0};
+    fa_tensor tv_ = tk_, to_ = tq_, tdo_ = tq_, tdq_ = tq_, tdk_ = tk_, tdv_ = tk_;
+    tv_.data = v.dev;
+    to_.data = out.dev;
+    tdo_.data = dout.dev;
+    tdq_.data = dq.dev;
+    tdk_.data = dk.dev;
+    tdv_.data = dv.dev;
+    fa_status st = fa_forward(ctx, &desc, &tq_, &tk_, &tv_, &to_, lse.dev);
+    if (st == FA_SUCCESS) st = fa_backward(ctx, &desc, &tq_, &tk_, &tv_, &to_, &tdo_, lse.dev, &tdq_, &tdk_, &tdv_);
+    if (st == FA_SUCCESS) st = fa_synchronize(ctx);
+    if (st != FA_SUCCESS) fail_msg("%s on %s: %s", c->name, fa_backend_name(fa_context_backend(ctx)), fa_last_error());
+    res->out = buffer_fetch(ctx, &out);
+    res->dq = buffer_fetch(ctx, &dq);
+    res->dk = buffer_fetch(ctx, &dk);
+    res->dv = buffer_fetch(ctx, &dv);
+    res->lse = buffer_fetch(ctx, &lse);
+    if (on_device) {
+        fa_free(ctx, (void *)vl.cu_seqlens_q);
+        fa_free(ctx, (void *)vl.cu_seqlens_k);
+    }
+    buffer *all[] = {&q, &k, &v, &dout, &out, &dq, &dk, &dv, &lse};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) buffer_free(ctx, all[i]);
+}
+
+static void varlen_result_free(varlen_result *r)
+{
+    free(r->out);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
+    free(r->lse);
+}
+
+static void check_varlen(void **state, fa_dtype dtype)
+{
+    fa_context *ctx = context_or_skip(state), *cpu;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &cpu), FA_SUCCESS);
+    for (size_t i = 0; i < sizeof varlen_cases / sizeof varlen_cases[0]; ++i) {
+        const varlen_gpu_case *c = &varlen_cases[i];
+        varlen_result gpu, again, ref;
+        varlen_run(ctx, 1, c, dtype, &gpu);
+        varlen_run(cpu, 0, c, dtype, &ref);
+        int64_t tq = 0, tk = 0;
+        for (int64_t b = 0; b < c->batch; ++b) {
+            tq += c->len_q[b];
+            tk += c->len_k[b];
+        }
+        const size_t nq = (size_t)(tq * c->heads_q * c->head_dim), nk = (size_t)(tk * c->heads_kv * c->head_dim);
+        expect_close("out", c->name, gpu.out, ref.out, nq, dtype);
+        expect_close("lse", c->name, gpu.lse, ref.lse, (size_t)(tq * c->heads_q), FA_DTYPE_F32);
+        expect_close("dq", c->name, gpu.dq, ref.dq, nq, dtype);
+        expect_close("dk", c->name, gpu.dk, ref.dk, nk, dtype);
+        expect_close("dv", c->name, gpu.dv, ref.dv, nk, dtype);
+        varlen_run(ctx, 1, c, dtype, &again); /* a second run: the same bits */
+        assert_memory_equal(again.out, gpu.out, nq * dtype_size(dtype));
+        assert_memory_equal(again.dk, gpu.dk, nk * dtype_size(dtype));
+        varlen_result_free(&gpu);
+        varlen_result_free(&again);
+        varlen_result_free(&ref);
+    }
+    fa_context_destroy(cpu);
+}
+void test_gpu_varlen_f32(void **state) { check_varlen(state, FA_DTYPE_F32); }
+void test_gpu_varlen_f16(void **state) { check_varlen(state, FA_DTYPE_F16); }
+void test_gpu_varlen_bf16(void **state) { check_varlen(state, FA_DTYPE_BF16); }
+
+/* ---- KV cache ---------------------------------------------------------------------------------- */
+typedef struct kv_gpu_case {
+    const char *name;
+    int64_t batch, heads_q, heads_kv, head_dim, seqlen_q, seqlen_new;
+    int64_t page_size; /* 0: contiguous */
+    int64_t capacity;  /* tokens per sequence */
+    int32_t cached[3];
+    int causal;
+    int32_t window_left;
+} kv_gpu_case;
+
+static const kv_gpu_case kv_cases[] = {
+    {"contiguous_decode_gqa8", 2, 8, 1, 64, 1, 1, 0, 300, {250, 7}, 1, -1},
+    {"paged16_q3_window", 3, 4, 2, 32, 3, 3, 16, 1024, {600, 0, 33}, 1, 20},
+    {"paged5_noncausal_q4", 2, 4, 4, 16, 4, 0, 5, 100, {37, 99}, 0, -1},
+};
+
+/* One call's tensors and tables; `cache_seqlens` and `table` point at host or device copies. */
+typedef struct kv_run {
+    buffer q, k_new, v_new, k_cache, v_cache, out, lse;
+    int32_t cached[3], *table, *cached_dev, *table_dev;
+    int64_t slots, slot_len, max_pages;
+} kv_run;
+
+static void kv_setup(fa_context *ctx, const kv_gpu_case *c, fa_dtype dtype, kv_run *r)
+{
+    memset(r, 0, sizeof *r);
+    memcpy(r->cached, c->cached, sizeof r->cached);
+    const int64_t d = c->head_dim;
+    if (c->page_size) {
+        r->slot_len = c->page_size;
+        r->max_pages = c->capacity / c->page_size;
+        r->slots = c->batch * r->max_pages + 2; /* pages handed out back to front, interleaved */
+        r->table = malloc((size_t)(c->batch * r->max_pages) * sizeof *r->table);
+        assert_non_null(r->table);
+        for (int64_t x = 0; x < r->max_pages; ++x)
+            for (int64_t b = 0; b < c->batch; ++b)
+                r->table[b * r->max_pages + x] = (int32_t)(r->slots - 1 - (x * c->batch + b));
+    } else {
+        r->slot_len = c->capacity;
+        r->slots = c->batch;
+    }
+    const size_t cache_n = (size_t)(r->slots * r->slot_len * c->heads_kv * d);
+    r->q = buffer_new(ctx, (size_t)(c->batch * c->seqlen_q * c->heads_q * d), dtype, 11);
+    r->k_new = buffer_new(ctx, (size_t)(c->batch * c->seqlen_new * c->heads_kv * d), dtype, 12);
+    r->v_new = buffer_new(ctx, (size_t)(c->batch * c->seqlen_new * c->heads_kv * d), dtype, 13);
+    r->k_cache = buffer_new(ctx, cache_n, dtype, 14);
+    r->v_cache = buffer_new(ctx, cache_n, dtype, 15);
+    r->out = buffer_new(ctx, (size_t)(c->batch * c->seqlen_q * c->heads_q * d), dtype, 0);
+    r->lse = buffer_new(ctx, (size_t)(c->batch * c->heads_q * c->seqlen_q), FA_DTYPE_F32, 0);
+}
+
+/* The call on ctx; tables from host memory (CPU) or uploaded (GPU). */
+static fa_status kv_call(fa_context *ctx, int on_device, const kv_gpu_case *c, kv_run *r)
+{
+    const fa_dtype dtype = r->q.dtype;
+    const int64_t d = c->head_dim;
+    fa_kv_cache cache;
+    memset(&cache, 0, sizeof cache);
+    cache.k = (fa_tensor){r->k_cache.dev, dtype, r->slots, r->slot_len, c->heads_kv, d, 0, 0, 0};
+    cache.v = cache.k;
+    cache.v.data = r->v_cache.dev;
+    cache.cache_seqlens = r->cached;
+    cache.block_table = r->table;
+    cache.max_pages_per_seq = r->max_pages;
+    if (on_device) {
+        if (!r->cached_dev) r->cached_dev = table_upload(ctx, r->cached, (size_t)c->batch);
+        if (r->table && !r->table_dev) r->table_dev = table_upload(ctx, r->table, (size_t)(c->batch * r->max_pages));
+        cache.cache_seqlens = r->cached_dev;
+        cache.block_table = r->table_dev;
+    }
+    const fa_tensor q = {r->q.dev, dtype, c->batch, c->seqlen_q, c->heads_q, d, 0, 0, 0};
+    const fa_tensor k_new = {r->k_new.dev, dtype, c->batch, c->seqlen_new, c->heads_kv, d, 0, 0, 0};
+    fa_tensor v_new = k_new, out = q;
+    v_new.data = r->v_new.dev;
+    out.data = r->out.dev;
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    desc.causal = c->causal;
+    desc.window_left = c->window_left;
+    return fa_forward_kvcache(ctx, &desc, &q, &cache, c->seqlen_new ? &k_new : NULL, c->seqlen_new ? &v_new : NULL,
+                              &out, r->lse.dev);
+}
+
+static void kv_free(fa_context *ctx, kv_run *r)
+{
+    buffer *all[] = {&r->q, &r->k_new, &r->v_new, &r->k_cache, &r->v_cache, &r->out, &r->lse};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) buffer_free(ctx, all[i]);
+    if (r->cached_dev) fa_free(ctx, r->cached_dev);
+    if (r->table_dev) fa_free(ctx, r->table_dev);
+    free(r->table);
+}
+
+static void check_kvcache(void **state, fa_dtype dtype)
+{
+    fa_context *ctx = context_or_skip(state), *cpu;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &cpu), FA_SUCCESS);
+    for (size_t i = 0; i < sizeof kv_cases / sizeof kv_cases[0]; ++i) {
+        const kv_gpu_case *c = &kv_cases[i];
+        kv_run gpu, ref;
+        kv_setup(ctx, c, dtype, &gpu);
+        kv_setup(cpu, c, dtype, &ref);
+        if (kv_call(ctx, 1, c, &gpu) != FA_SUCCESS || fa_synchronize(ctx) != FA_SUCCESS)
+            fail_msg("%s on %s: %s", c->name, fa_backend_name(fa_context_backend(ctx)), fa_last_error());
+        assert_int_equal(kv_call(cpu, 0, c, &ref), FA_SUCCESS);
+        void *out = buffer_fetch(ctx, &gpu.out), *lse = buffer_fetch(ctx, &gpu.lse);
+        void *k_cache = buffer_fetch(ctx, &gpu.k_cache), *v_cache = buffer_fetch(ctx, &gpu.v_cache);
+        void *ref_out = buffer_fetch(cpu, &ref.out), *ref_lse = buffer_fetch(cpu, &ref.lse);
+        void *ref_k = buffer_fetch(cpu, &ref.k_cache), *ref_v = buffer_fetch(cpu, &ref.v_cache);
+        expect_close("out", c->name, out, ref_out, gpu.out.n, dtype);
+        expect_close("lse", c->name, lse, ref_lse, gpu.lse.n, FA_DTYPE_F32);
+        assert_memory_equal(k_cache, ref_k, gpu.k_cache.n * dtype_size(dtype)); /* the append, byte for byte */
+        assert_memory_equal(v_cache, ref_v, gpu.v_cache.n * dtype_size(dtype));
+        /* Again (the append rewrites the same slots): the same bits. */
+        assert_int_equal(kv_call(ctx, 1, c, &gpu), FA_SUCCESS);
+        void *again = buffer_fetch(ctx, &gpu.out);
+        assert_memory_equal(again, out, gpu.out.n * dtype_size(dtype));
+        void *held[] = {out, lse, k_cache, v_cache, ref_out, ref_lse, ref_k, ref_v, again};
+        for (size_t h = 0; h < sizeof held / sizeof held[0]; ++h) free(held[h]);
+        kv_free(ctx, &gpu);
+        kv_free(cpu, &ref);
+    }
+    fa_context_destroy(cpu);
+}
+void test_gpu_kvcache_f32(void **state) { check_kvcache(state, FA_DTYPE_F32); }
+void test_gpu_kvcache_f16(void **state) { check_kvcache(state, FA_DTYPE_F16); }
+
+/* ---- tables in device memory that fail their checks --------------------------------------------- */
+
+/* The call returned FA_SUCCESS (only shapes are checked on the host); the next synchronize names
+ * the table; out and the cache keep every byte; the synchronize after that succeeds. */
+static void expect_deferred_error(fa_context *ctx, const char *prefix, const buffer *const *kept, size_t count)
+{
+    const fa_status st = fa_synchronize(ctx);
+    print_message("  fa_synchronize: %s: %s\n", fa_status_string(st), fa_last_error());
+    assert_int_equal(st, FA_ERROR_INVALID_VALUE);
+    assert_memory_equal(fa_last_error(), prefix, strlen(prefix));
+    for (size_t i = 0; i < count; ++i) {
+        void *now = buffer_fetch(ctx, kept[i]);
+        assert_memory_equal(now, kept[i]->host, kept[i]->n * dtype_size(kept[i]->dtype));
+        free(now);
+    }
+    assert_int_equal(fa_synchronize(ctx), FA_SUCCESS);
+}
+
+void test_gpu_bad_tables(void **state)
+{
+    fa_context *ctx = context_or_skip(state);
+    static const kv_gpu_case contiguous = {"bad", 2, 4, 2, 16, 2, 1, 0, 20, {3, 20}, 1, -1}; /* 20 + 1 > 20 */
+    static const kv_gpu_case paged = {"bad_paged", 2, 4, 2, 16, 2, 1, 4, 20, {3, 10}, 1, -1};
+    kv_run r;
+    kv_setup(ctx, &contiguous, FA_DTYPE_F32, &r);
+    assert_int_equal(kv_call(ctx, 1, &contiguous, &r), FA_SUCCESS);
+    const buffer *kept[] = {&r.k_cache, &r.v_cache, &r.out, &r.lse};
+    expect_deferred_error(ctx, "cache->cache_seqlens[1]: sequence 1", kept, 4);
+    kv_free(ctx, &r);
+
+    kv_setup(ctx, &paged, FA_DTYPE_F32, &r);
+    r.table[1 * r.max_pages + 0] = (int32_t)r.slots; /* one past the last page */
+    assert_int_equal(kv_call(ctx, 1, &paged, &r), FA_SUCCESS);
+    const buffer *kept_paged[] = {&r.k_cache, &r.v_cache, &r.out, &r.lse};
+    expect_deferred_error(ctx, "cache->block_table[1][0]", kept_paged, 4);
+    kv_free(ctx, &r);
+
+    /* Packed batch with decreasing key offsets: forward and backward write nothing. */
+    enum { H = 2, D = 16, TQ = 9, TK = 9 };
+    static const int32_t cu_q[4] = {0, 3, 3, 9}, cu_k[4] = {0, 5, 4, 9};
+    buffer q = buffer_new(ctx, TQ * H * D, FA_DTYPE_F32, 1), k = buffer_new(ctx, TK * H * D, FA_DTYPE_F32, 2);
+    buffer out = buffer_new(ctx, TQ * H * D, FA_DTYPE_F32, 0), lse = buffer_new(ctx, TQ * H, FA_DTYPE_F32, 0);
+    buffer dq = buffer_new(ctx, TQ * H * D, FA_DTYPE_F32, 0), dk = buffer_new(ctx, TK * H * D, FA_DTYPE_F32, 0);
+    fa_varlen vl = {3, table_upload(ctx, cu_q, 4), table_upload(ctx, cu_k, 4), 6, 5};
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    desc.varlen = &vl;
+    const fa_tensor tq = {q.dev, FA_DTYPE_F32, 1, TQ, H, D, 0, 0, 0}, tk = {k.dev, FA_DTYPE_F32, 1, TK, H, D, 0, 0, 0};
+    fa_tensor to = tq, tdq = tq, tdk = tk;
+    to.data = out.dev;
+    tdq.data = dq.dev;
+    tdk.data = dk.dev;
+    assert_int_equal(fa_forward(ctx, &desc, &tq, &tk, &tk, &to, lse.dev), FA_SUCCESS);
+    const buffer *kept_varlen[] = {&out, &lse};
+    expect_deferred_error(ctx, "desc->varlen->cu_seqlens_k[2]", kept_varlen, 2);
+    assert_int_equal(fa_backward(ctx, &desc, &tq, &tk, &tk, &tq, &tq, lse.dev, &tdq, &tdk, &tdk), FA_SUCCESS);
+    const buffer *kept_grads[] = {&dq, &dk};
+    expect_deferred_error(ctx, "desc->varlen->cu_seqlens_k[2]", kept_grads, 2);
+    fa_free(ctx, (void *)vl.cu_seqlens_q);
+    fa_free(ctx, (void *)vl.cu_seqlens_k);
+    buffer *all[] = {&q, &k, &out, &lse, &dq, &dk};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) buffer_free(ctx, all[i]);
+}

@@ -1,0 +1,99 @@
+#!/bin/sh
+# Builds and runs one client (tests/core/test_client.c: prints the backends available, then a
+# forward and backward checked against closed forms) against flashattn in one of three ways:
+#   pkgconfig  install into a temporary DESTDIR, compile with pkg-config's flags
+#   cmake      install, add the fake plugin as the CUDA plugin, MOVE the installed tree, then
+#              find_package(flashattn) from the moved tree; the client must load the plugin from
+#              the moved tree, and from FLASHATTN_PLUGIN_DIR when that is set
+#   meson      a parent Meson project with this repository as subprojects/flashattn and
+#              dependency('flashattn') (forced to the subproject even if one is installed); the
+#              plugin is found beside the library in the build tree
+# The fake plugin (tests/plugin/fake_plugin.c) reports no devices, naming the file it was loaded from, so the
+# client's "cuda:" line says which copy the registry opened.
+# Environment (set by tests/install/meson.build): FA_MESON FA_BUILD FA_PREFIX FA_LIBDIR FA_CC
+# FA_CLIENT FA_SANITIZE FA_FAKE_PLUGIN FA_SOURCE FA_VERSION FA_INCOMPATIBLE_VERSIONS FA_HERE, and
+# FA_SKIP_REASON (non-empty: this way cannot be tested here; exit 77, skipped)
+set -eu
+way=$1
+if [ -n "${FA_SKIP_REASON:-}" ]; then
+    echo "consume $way: skipped: $FA_SKIP_REASON"
+    exit 77
+fi
+case $FA_LIBDIR in /*) libdir=$FA_LIBDIR ;; *) libdir=$FA_PREFIX/$FA_LIBDIR ;; esac
+stage=$(mktemp -d "${TMPDIR:-/tmp}/flashattn-$way.XXXXXX")
+trap 'rm -rf "$stage"' EXIT INT TERM
+fail() { echo "consume $way: $*"; exit 1; }
+sanitize_flags=
+case $FA_SANITIZE in none | "") ;; *) sanitize_flags="-fsanitize=$FA_SANITIZE" ;; esac
+
+install_tree() { # into $stage/dest, the DESTDIR root
+    "$FA_MESON" install -C "$FA_BUILD" --destdir "$stage/dest" --no-rebuild --quiet >"$stage/install.log" 2>&1 || {
+        cat "$stage/install.log"; fail "meson install failed"; }
+    test -f "$stage/dest$FA_PREFIX/include/flashattn.h" || fail "header not installed"
+}
+
+# Runs the client ($1, with the rest as environment), shows its output, and requires the forward
+# and backward to pass and the fake plugin to be reported at the given path ($plugin_at).
+run_client() {
+    client=$1; shift
+    env "$@" "$client" >"$stage/run.log" 2>&1 || { cat "$stage/run.log"; fail "client failed"; }
+    sed 's/^/  | /' "$stage/run.log"
+    grep -q "forward and backward match" "$stage/run.log" || fail "client did not check its results"
+    if [ -n "${plugin_at:-}" ]; then
+        grep -qF "fake test plugin at $plugin_at," "$stage/run.log" || fail "the plugin was not loaded from $plugin_at"
+    fi
+}
+
+case $way in
+pkgconfig)
+    install_tree
+    test -f "$stage/dest$libdir/pkgconfig/flashattn.pc" || fail "flashattn.pc not installed"
+    export PKG_CONFIG_PATH="$stage/dest$libdir/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$stage/dest"
+    unset PKG_CONFIG_LIBDIR || true
+    flags=$(pkg-config --cflags --libs flashattn)
+    echo "pkg-config: $flags"
+    # shellcheck disable=SC2086 # flags are lists of words; a sanitized library needs its runtime first
+    "$FA_CC" -std=c11 -Wall -Werror -o "$stage/client" "$FA_CLIENT" $sanitize_flags $flags -lm
+    run_client "$stage/client" LD_LIBRARY_PATH="$stage/dest$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    ;;
+cmake)
+    install_tree
+    test -f "$stage/dest$libdir/cmake/flashattn/flashattnConfig.cmake" || fail "flashattnConfig.cmake not installed"
+    test -f "$stage/dest$libdir/cmake/flashattn/flashattnConfigVersion.cmake" || fail "flashattnConfigVersion.cmake not installed"
+    mkdir -p "$stage/dest$libdir/flashattn"
+    cp "$FA_FAKE_PLUGIN" "$stage/dest$libdir/flashattn/libflashattn-cuda.so"
+    mv "$stage/dest" "$stage/moved"
+    moved=$stage/moved$FA_PREFIX moved_libdir=$stage/moved$libdir
+    echo "installed under $stage/dest$FA_PREFIX, moved to $moved"
+    cmake -S "$FA_HERE/cmake" -B "$stage/build" -DCMAKE_PREFIX_PATH="$moved" -DCMAKE_C_COMPILER="$FA_CC" \
+        -DCMAKE_C_FLAGS="$sanitize_flags" -DCMAKE_EXE_LINKER_FLAGS="$sanitize_flags" \
+        -DFA_CLIENT_SOURCE="$FA_CLIENT" -DFA_VERSION="$FA_VERSION" -DFA_INCOMPATIBLE_VERSIONS="$FA_INCOMPATIBLE_VERSIONS" \
+        >"$stage/cmake.log" 2>&1 || { cat "$stage/cmake.log"; fail "cmake configure failed"; }
+    grep "flashattn" "$stage/cmake.log" | sed 's/^/  cmake: /'
+    grep -qF "plugins in $moved_libdir/flashattn" "$stage/cmake.log" || fail "flashattn_PLUGIN_DIR is not in the moved tree"
+    cmake --build "$stage/build" >"$stage/cmake-build.log" 2>&1 || { cat "$stage/cmake-build.log"; fail "cmake build failed"; }
+    # The client finds the moved library through the RPATH CMake gives it, and its plugins beside it.
+    plugin_at=$moved_libdir/flashattn/libflashattn-cuda.so run_client "$stage/build/client" FLASHATTN_PLUGIN_DIR=
+    mkdir "$stage/override"
+    cp "$FA_FAKE_PLUGIN" "$stage/override/libflashattn-cuda.so"
+    echo "with FLASHATTN_PLUGIN_DIR=$stage/override:"
+    plugin_at=$stage/override/libflashattn-cuda.so run_client "$stage/build/client" FLASHATTN_PLUGIN_DIR="$stage/override"
+    ;;
+meson)
+    parent=$stage/parent
+    mkdir -p "$parent/subprojects"
+    cp "$FA_HERE/meson-parent/meson.build" "$FA_HERE/meson-parent/meson_options.txt" "$parent/"
+    cp "$FA_CLIENT" "$parent/client.c"
+    ln -s "$FA_SOURCE" "$parent/subprojects/flashattn"
+    "$FA_MESON" setup "$parent/build" "$parent" --force-fallback-for=flashattn -Dflashattn_version="$FA_VERSION" >"$stage/setup.log" 2>&1 || {
+        cat "$stage/setup.log"; fail "meson setup of the parent project failed"; }
+    grep -q "Dependency flashattn found: YES .*(overridden)" "$stage/setup.log" || {
+        cat "$stage/setup.log"; fail "dependency('flashattn') did not come from the subproject"; }
+    "$FA_MESON" compile -C "$parent/build" >"$stage/compile.log" 2>&1 || { cat "$stage/compile.log"; fail "build failed"; }
+    # GPU plugins are found beside the subproject's library in the build tree.
+    cp "$FA_FAKE_PLUGIN" "$parent/build/subprojects/flashattn/src/libflashattn-cuda.so"
+    plugin_at=$parent/build/subprojects/flashattn/src/libflashattn-cuda.so run_client "$parent/build/client" FLASHATTN_PLUGIN_DIR=
+    ;;
+*) fail "unknown way (pkgconfig, cmake, meson)" ;;
+esac
+echo "consume $way: OK"
