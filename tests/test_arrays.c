@@ -85,3 +85,12 @@ double test_load_element(const void *buf, size_t index, fa_dtype dtype)
     if (exp == 0) return sign * ldexp(man, -24);
     return sign * ldexp(1024 + man, exp - 25);
 }
+
+int32_t *test_page_table(int64_t batch, int64_t max_pages, int64_t pages)
+{
+    int32_t *table = malloc((size_t)(batch * max_pages) * sizeof *table);
+    if (!table) return NULL;
+    for (int64_t x = 0; x < max_pages; ++x)
+        for (int64_t b = 0; b < batch; ++b) table[b * max_pages + x] = (int32_t)(pages - 1 - (x * batch + b));
+    return table;
+}

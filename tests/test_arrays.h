@@ -17,4 +17,9 @@ double test_relative_error(const double *ref, const float *got, size_t n);
 /* Element index of buf in dtype: stored from x (already representable in dtype) / loaded. */
 void test_store_element(void *buf, size_t index, fa_dtype dtype, double x);
 double test_load_element(const void *buf, size_t index, fa_dtype dtype);
+/* A paged KV cache's block table [batch, max_pages] over `pages` pages (pages >= batch * max_pages):
+ * handed out back to front and interleaved across sequences (page x of sequence b is
+ * pages - 1 - (x * batch + b)), so no sequence's pages are contiguous or in order. malloc'd, NULL
+ * when out of memory. */
+int32_t *test_page_table(int64_t batch, int64_t max_pages, int64_t pages);
 #endif

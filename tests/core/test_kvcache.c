@@ -169,13 +169,10 @@ static void run_setup(kv_run *r, const kv_case *c)
     if (c->page_size) {
         r->slot_len = c->page_size;
         r->max_pages = c->capacity / c->page_size;
-        /* Pages handed out back to front and interleaved across sequences, plus 3 unused ones. */
+        /* Every sequence's pages, plus 3 unused ones (test_page_table scatters them). */
         r->slots = c->batch * r->max_pages + 3;
-        r->table = malloc((size_t)(c->batch * r->max_pages) * sizeof *r->table);
+        r->table = test_page_table(c->batch, r->max_pages, r->slots);
         assert_non_null(r->table);
-        for (int64_t x = 0; x < r->max_pages; ++x)
-            for (int64_t b = 0; b < c->batch; ++b)
-                r->table[b * r->max_pages + x] = (int32_t)(r->slots - 1 - (x * c->batch + b));
     } else {
         r->slot_len = c->capacity;
         r->slots = c->batch;

@@ -249,12 +249,9 @@ static void kv_setup(fa_context *ctx, const kv_gpu_case *c, fa_dtype dtype, kv_r
     if (c->page_size) {
         r->slot_len = c->page_size;
         r->max_pages = c->capacity / c->page_size;
-        r->slots = c->batch * r->max_pages + 2; /* pages handed out back to front, interleaved */
-        r->table = malloc((size_t)(c->batch * r->max_pages) * sizeof *r->table);
+        r->slots = c->batch * r->max_pages + 2; /* 2 unused pages */
+        r->table = test_page_table(c->batch, r->max_pages, r->slots);
         assert_non_null(r->table);
-        for (int64_t x = 0; x < r->max_pages; ++x)
-            for (int64_t b = 0; b < c->batch; ++b)
-                r->table[b * r->max_pages + x] = (int32_t)(r->slots - 1 - (x * c->batch + b));
     } else {
         r->slot_len = c->capacity;
         r->slots = c->batch;
