@@ -2,12 +2,11 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "context.h"
 #include "error.h"
 #include "sized_struct.h"
 #include "tiling.h"
 #include "validate.h"
-
-fa_status fa_context_backend_state(fa_context *ctx, const fa_backend_iface **iface, void **state);
 
 void fa_attention_desc_init(fa_attention_desc *desc)
 {

@@ -1,8 +1,11 @@
 /* Contexts: a backend interface plus that backend's state. Every call checks its handle and
  * forwards to the backend; argument validation of attention calls lives in validate.c. */
+#include "context.h"
+
 #include <stdlib.h>
 
 #include "alloc.h"
+#include "dtype.h"
 #include "error.h"
 #include "registry.h"
 
@@ -119,7 +122,7 @@ fa_status fa_context_tiling(fa_context *ctx, int64_t head_dim, fa_dtype dtype, f
     CHECK_CTX(ctx);
     if (!tiling) return fa_set_error(FA_ERROR_INVALID_VALUE, "tiling: is NULL");
     if (head_dim <= 0) return fa_set_error(FA_ERROR_INVALID_VALUE, "head_dim: %lld is not positive", (long long)head_dim);
-    if (dtype != FA_DTYPE_F32 && dtype != FA_DTYPE_F16 && dtype != FA_DTYPE_BF16)
+    if (!fa_dtype_known(dtype))
         return fa_set_error(FA_ERROR_INVALID_VALUE, "dtype: unknown dtype %d", (int)dtype);
     int64_t sram = 0;
     fa_status st = ctx->iface->tiling(ctx->state, head_dim, dtype, tiling, &sram);
@@ -136,7 +139,6 @@ const char *fa_context_info(fa_context *ctx)
     return ctx->iface->info(ctx->state);
 }
 
-/* Used by attention.c: the context's interface and state after a NULL check. */
 fa_status fa_context_backend_state(fa_context *ctx, const fa_backend_iface **iface, void **state)
 {
     CHECK_CTX(ctx);

@@ -38,7 +38,7 @@ PLUGIN_SLOT(hip_slot, FA_BACKEND_HIP, "libflashattn-hip.so")
 
 static plugin_slot *const plugins[] = {&cuda_slot, &hip_slot};
 
-static const fa_host_api host_api = {FA_BACKEND_ABI_VERSION, fa_set_error};
+static const fa_host_api host_api = {.abi_version = FA_BACKEND_ABI_VERSION, .set_error = fa_set_error};
 
 static plugin_slot *slot_for(fa_backend kind)
 {

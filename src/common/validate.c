@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "error.h"
 
 #define INVALID(...) fa_set_error(FA_ERROR_INVALID_VALUE, __VA_ARGS__)
@@ -23,16 +24,12 @@ int fa_checked_add(int64_t a, int64_t b, int64_t *result)
     return 1;
 }
 
-size_t fa_dtype_size(fa_dtype dtype) { return dtype == FA_DTYPE_F32 ? 4 : 2; }
-
-static int valid_dtype(fa_dtype d) { return d == FA_DTYPE_F32 || d == FA_DTYPE_F16 || d == FA_DTYPE_BF16; }
-
 /* Checks one tensor and returns it with explicit strides. */
 static fa_status check_tensor(const char *name, const fa_tensor *t, fa_tensor *out)
 {
     if (!t) return INVALID("%s: is NULL", name);
     if (!t->data) return INVALID("%s: data is NULL", name);
-    if (!valid_dtype(t->dtype)) return INVALID("%s: unknown dtype %d", name, (int)t->dtype);
+    if (!fa_dtype_known(t->dtype)) return INVALID("%s: unknown dtype %d", name, (int)t->dtype);
     /* Element access through a misaligned pointer is undefined behaviour (and faults on GPUs). */
     if ((uintptr_t)t->data % fa_dtype_size(t->dtype) != 0)
         return INVALID("%s: data is not aligned to its %zu-byte elements", name, fa_dtype_size(t->dtype));
@@ -132,7 +129,7 @@ fa_status fa_validate_varlen_offsets(const fa_problem *p)
 static fa_status check_bias(const char *name, const fa_bias *bias, const int64_t extent[4], fa_bias *out)
 {
     if (!bias->data) return INVALID("%s->data: is NULL", name);
-    if (!valid_dtype(bias->dtype)) return INVALID("%s->dtype: unknown dtype %d", name, (int)bias->dtype);
+    if (!fa_dtype_known(bias->dtype)) return INVALID("%s->dtype: unknown dtype %d", name, (int)bias->dtype);
     if ((uintptr_t)bias->data % fa_dtype_size(bias->dtype) != 0)
         return INVALID("%s->data: is not aligned to its %zu-byte elements", name, fa_dtype_size(bias->dtype));
     const int64_t strides[3] = {bias->stride_batch, bias->stride_head, bias->stride_q};

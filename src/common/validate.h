@@ -29,5 +29,4 @@ fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp);
 /* a * b and a + b for non-negative int64, returning 0 on overflow. */
 int fa_checked_mul(int64_t a, int64_t b, int64_t *result);
 int fa_checked_add(int64_t a, int64_t b, int64_t *result);
-size_t fa_dtype_size(fa_dtype dtype);
 #endif

@@ -107,10 +107,25 @@ static const char *cpu_info(void *state)
 }
 
 static const fa_backend_iface cpu_iface = {
-    FA_BACKEND_ABI_VERSION, FA_BACKEND_CPU, "cpu", cpu_device_count, cpu_open, cpu_close,
-    cpu_set_num_threads, cpu_set_stream, cpu_synchronize, cpu_mem_alloc, cpu_mem_free, cpu_copy, cpu_copy,
-    cpu_tiling, cpu_info, fa_cpu_forward, fa_cpu_backward, FA_BACKEND_HOST_MEMORY | FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS,
-    fa_cpu_forward_kvcache,
+    .abi_version = FA_BACKEND_ABI_VERSION,
+    .kind = FA_BACKEND_CPU,
+    .name = "cpu",
+    .device_count = cpu_device_count,
+    .open = cpu_open,
+    .close = cpu_close,
+    .set_num_threads = cpu_set_num_threads,
+    .set_stream = cpu_set_stream,
+    .synchronize = cpu_synchronize,
+    .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free,
+    .copy_h2d = cpu_copy,
+    .copy_d2h = cpu_copy,
+    .tiling = cpu_tiling,
+    .info = cpu_info,
+    .forward = fa_cpu_forward,
+    .backward = fa_cpu_backward,
+    .features = FA_BACKEND_HOST_MEMORY | FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS,
+    .forward_kvcache = fa_cpu_forward_kvcache,
 };
 
 const fa_backend_iface *fa_cpu_backend_iface(void) { return &cpu_iface; }

@@ -86,7 +86,7 @@ static void key_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slo
 static void append_new(const fa_kv_problem *kp)
 {
     const fa_problem *p = &kp->attn;
-    const size_t row_bytes = (size_t)p->head_dim * (p->dtype == FA_DTYPE_F32 ? 4 : 2);
+    const size_t row_bytes = (size_t)p->head_dim * fa_dtype_size(p->dtype);
     for (int64_t b = 0; b < p->batch; ++b)
         for (int64_t t = 0; t < kp->seqlen_new; ++t) {
             int64_t sb, ss;

@@ -128,5 +128,5 @@ void fa_cpu_zero_bias(const fa_bias *bias, int64_t batches, int64_t heads, int64
     for (int64_t b = 0; b < nb; ++b)
         for (int64_t h = 0; h < nh; ++h)
             for (int64_t i = 0; i < nr; ++i)
-                memset(fa_cpu_bias_row(bias, b, h, i), 0, (size_t)keys * (bias->dtype == FA_DTYPE_F32 ? 4 : 2));
+                memset(fa_cpu_bias_row(bias, b, h, i), 0, (size_t)keys * fa_dtype_size(bias->dtype));
 }

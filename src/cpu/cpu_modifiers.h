@@ -32,7 +32,7 @@ fa_status fa_cpu_sink_gradients(const fa_problem *p);
 static inline void *fa_cpu_bias_row(const fa_bias *bias, int64_t b, int64_t h, int64_t i)
 {
     const int64_t offset = b * bias->stride_batch + h * bias->stride_head + i * bias->stride_q;
-    return (char *)bias->data + offset * (bias->dtype == FA_DTYPE_F32 ? 4 : 2);
+    return (char *)bias->data + offset * (int64_t)fa_dtype_size(bias->dtype);
 }
 void fa_cpu_store_bias_row(const fa_bias *bias, int64_t b, int64_t h, int64_t i, int64_t j0, const float *src,
                            int64_t n);

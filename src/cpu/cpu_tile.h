@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "../common/backend.h"
+#include "../common/dtype.h"
 #include "../common/half.h"
 #include "../common/philox.h"
 #include "../common/visibility.h"
@@ -15,7 +16,7 @@
 static inline void *fa_row_ptr(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
 {
     const int64_t offset = b * t->stride_batch + s * t->stride_seq + h * t->stride_head;
-    return (char *)t->data + offset * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
+    return (char *)t->data + offset * (int64_t)fa_dtype_size(t->dtype);
 }
 
 /* Where row i of (b, h) sits in p->lse. */
