@@ -49,19 +49,38 @@ static fa_status check_features(const fa_backend_iface *iface, const fa_problem 
     return iface->features & FA_BACKEND_HOST_MEMORY ? fa_validate_varlen_offsets(p) : FA_SUCCESS;
 }
 
+/* One attention call on its way to the backend: the context's interface and state, and the
+ * caller's desc read once. Every entry point starts with call_begin. */
+typedef struct attention_call {
+    const fa_backend_iface *iface;
+    void *state;
+    fa_attention_desc desc;
+} attention_call;
+
+static fa_status call_begin(fa_context *ctx, const fa_attention_desc *desc, attention_call *call)
+{
+    fa_status st = fa_context_backend_state(ctx, &call->iface, &call->state);
+    return st == FA_SUCCESS ? read_desc(desc, &call->desc) : st;
+}
+
+/* The validated problem of a forward or backward (validated: the validation's status) handed to
+ * run, one of the backend's entry points, once the backend has the features it needs. */
+static fa_status call_run(const attention_call *call, fa_status validated, const fa_problem *p,
+                          fa_status (*run)(void *state, const fa_problem *p))
+{
+    fa_status st = validated == FA_SUCCESS ? check_features(call->iface, p) : validated;
+    return st == FA_SUCCESS ? run(call->state, p) : st;
+}
+
 fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
                      const fa_tensor *v, fa_tensor *out, float *lse)
 {
-    const fa_backend_iface *iface;
-    void *state;
+    attention_call call;
     fa_problem p;
-    fa_attention_desc full;
-    fa_status st = fa_context_backend_state(ctx, &iface, &state);
-    if (st == FA_SUCCESS) st = read_desc(desc, &full);
-    if (st == FA_SUCCESS) st = fa_validate_forward(&full, q, k, v, out, lse, &p);
-    if (st == FA_SUCCESS) st = check_features(iface, &p);
-    if (st == FA_SUCCESS) st = iface->forward(state, &p);
-    return st;
+    fa_status st = call_begin(ctx, desc, &call);
+    if (st != FA_SUCCESS) return st;
+    st = fa_validate_forward(&call.desc, q, k, v, out, lse, &p);
+    return call_run(&call, st, &p, call.iface->forward);
 }
 
 fa_status fa_backward(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
@@ -75,36 +94,34 @@ fa_status fa_backward_ex(fa_context *ctx, const fa_attention_desc *desc, const f
                          const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout, const float *lse,
                          fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, float *dsinks, const fa_bias *dbias)
 {
-    const fa_backend_iface *iface;
-    void *state;
+    attention_call call;
     fa_problem p;
-    fa_attention_desc full;
-    fa_status st = fa_context_backend_state(ctx, &iface, &state);
-    if (st == FA_SUCCESS) st = read_desc(desc, &full);
-    if (st == FA_SUCCESS) st = fa_validate_backward(&full, q, k, v, out, dout, lse, dq, dk, dv, dsinks, dbias, &p);
-    if (st == FA_SUCCESS) st = check_features(iface, &p);
-    if (st == FA_SUCCESS) st = iface->backward(state, &p);
-    return st;
+    fa_status st = call_begin(ctx, desc, &call);
+    if (st != FA_SUCCESS) return st;
+    st = fa_validate_backward(&call.desc, q, k, v, out, dout, lse, dq, dk, dv, dsinks, dbias, &p);
+    return call_run(&call, st, &p, call.iface->backward);
+}
+
+/* What a validated KV-cache problem needs from the backend. */
+static fa_status check_kvcache_features(const fa_backend_iface *iface, const fa_kv_problem *p)
+{
+    if (!iface->forward_kvcache)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "fa_forward_kvcache: the %s backend does not implement the KV-cache "
+                            "path yet", iface->name);
+    /* Tables in device memory are the backend's to check (without a host sync). */
+    return iface->features & FA_BACKEND_HOST_MEMORY ? fa_validate_kvcache_tables(p) : FA_SUCCESS;
 }
 
 fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
                              const fa_kv_cache *cache, const fa_tensor *k_new, const fa_tensor *v_new, fa_tensor *out,
                              float *lse)
 {
-    const fa_backend_iface *iface;
-    void *state;
+    attention_call call;
     fa_kv_problem p;
-    fa_attention_desc full;
-    fa_status st = fa_context_backend_state(ctx, &iface, &state);
-    if (st == FA_SUCCESS) st = read_desc(desc, &full);
-    if (st == FA_SUCCESS) st = fa_validate_kvcache(&full, q, cache, k_new, v_new, out, lse, &p);
-    if (st == FA_SUCCESS && !iface->forward_kvcache)
-        st = fa_set_error(FA_ERROR_NOT_SUPPORTED, "fa_forward_kvcache: the %s backend does not implement the KV-cache "
-                          "path yet", iface->name);
-    /* Tables in device memory are the backend's to check (without a host sync). */
-    if (st == FA_SUCCESS && (iface->features & FA_BACKEND_HOST_MEMORY)) st = fa_validate_kvcache_tables(&p);
-    if (st == FA_SUCCESS) st = iface->forward_kvcache(state, &p);
-    return st;
+    fa_status st = call_begin(ctx, desc, &call);
+    if (st == FA_SUCCESS) st = fa_validate_kvcache(&call.desc, q, cache, k_new, v_new, out, lse, &p);
+    if (st == FA_SUCCESS) st = check_kvcache_features(call.iface, &p);
+    return st == FA_SUCCESS ? call.iface->forward_kvcache(call.state, &p) : st;
 }
 
 fa_tiling fa_tiling_for(int64_t sram_elements, int64_t head_dim)
