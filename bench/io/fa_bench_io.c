@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "flashattn.h"
+#include "flashattn_io.h"
 
 #define CHECK(call)                                                                                               \
     do {                                                                                                          \

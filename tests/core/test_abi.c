@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "flashattn.h"
+#include "flashattn_io.h"
 
 /* fa_attention_desc of the first sized layout (0.2 without varlen), copied field for field. */
 typedef struct old_attention_desc {

@@ -1,4 +1,4 @@
-/* A client of the public API only (flashattn.h and libc): it prints the backends available (or why
+/* A client of the public API only (flashattn.h, flashattn_io.h and libc): it prints the backends available (or why
  * not), the library picks its backend (AUTO, FLASHATTN_BACKEND unset), and a forward plus backward
  * are checked against closed forms. Also built by tests/install/consume.sh against the installed
  * package three ways, so it uses no test framework: it exits 0 on success and 1 with a message on
@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "flashattn.h"
+#include "flashattn_io.h"
 
 enum { SEQ_Q = 5, SEQ_K = 7, DIM = 16 };
 #define N_Q (SEQ_Q * DIM)
@@ -109,6 +110,21 @@ int main(void)
         }
     for (int i = 0; i < 9; ++i) CALL(fa_free(ctx, dev[i]));
     fa_context_destroy(ctx);
+
+    /* The IO model's header is installed too; its default tiles are the paper's (fa_tiling_for). */
+    fa_io_problem io;
+    fa_io_problem_init(&io);
+    io.seqlen_q = SEQ_Q;
+    io.seqlen_k = SEQ_K;
+    io.head_dim = DIM;
+    io.sram_elements = 4096;
+    fa_io_counts counts;
+    CALL(fa_io_estimate(&io, FA_IO_FORWARD, &counts));
+    const fa_tiling paper = fa_tiling_for(io.sram_elements, DIM);
+    check(counts.block_rows == paper.block_rows, "IO model block_rows", (double)counts.block_rows,
+          (double)paper.block_rows);
+    check(counts.block_cols == paper.block_cols, "IO model block_cols", (double)counts.block_cols,
+          (double)paper.block_cols);
     if (failures) return 1;
     printf("test_client: forward and backward match the closed forms\n");
     return 0;

@@ -29,7 +29,9 @@ case $FA_SANITIZE in none | "") ;; *) sanitize_flags="-fsanitize=$FA_SANITIZE" ;
 install_tree() { # into $stage/dest, the DESTDIR root
     "$FA_MESON" install -C "$FA_BUILD" --destdir "$stage/dest" --no-rebuild --quiet >"$stage/install.log" 2>&1 || {
         cat "$stage/install.log"; fail "meson install failed"; }
-    test -f "$stage/dest$FA_PREFIX/include/flashattn.h" || fail "header not installed"
+    for header in flashattn.h flashattn_io.h; do
+        test -f "$stage/dest$FA_PREFIX/include/$header" || fail "$header not installed"
+    done
 }
 
 # Runs the client ($1, with the rest as environment), shows its output, and requires the forward

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "flashattn.h"
+#include "flashattn_io.h"
 #include "oracle.h"
 
 /* Uniform in [-1, 1) from a fixed-seed LCG: reproducible inputs. */

@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "error.h"
+#include "../common/alloc.h"
+#include "../common/error.h"
+#include "../common/philox.h"
 #include "io_model.h"
-#include "philox.h"
 
 /* An on-chip buffer: a header linking it into the live list, then the floats. The list lets a
  * run that stops on an allocation failure release whatever its loops still held. */

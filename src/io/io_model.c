@@ -7,9 +7,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "error.h"
-#include "sized_struct.h"
-#include "validate.h"
+#include "../common/error.h"
+#include "../common/sized_struct.h"
+#include "../common/tiling.h"
+#include "../common/validate.h"
 
 #define INVALID(...) fa_set_error(FA_ERROR_INVALID_VALUE, __VA_ARGS__)
 
@@ -119,9 +120,7 @@ fa_status fa_io_plan_make(const fa_io_problem *problem, fa_io_pass pass, fa_io_p
             plan->br = p->block_rows;
             plan->bc = p->block_cols;
         } else {
-            const fa_tiling t = fa_tiling_for(p->sram_elements, p->head_dim);
-            plan->br = t.block_rows;
-            plan->bc = t.block_cols;
+            fa_paper_tiles(p->sram_elements, p->head_dim, &plan->br, &plan->bc);
         }
         plan->tr = ceil_div(plan->nq, plan->br);
         plan->tc = ceil_div(plan->nk, plan->bc);

@@ -3,7 +3,7 @@
  * What is counted, line by line, is in docs/IO.md. */
 #ifndef FA_IO_MODEL_H
 #define FA_IO_MODEL_H
-#include "flashattn.h"
+#include "flashattn_io.h"
 
 typedef struct fa_io_plan {
     fa_io_algorithm algorithm;
