@@ -14,6 +14,7 @@
 #include "cpu_backend.h"
 #include "cpu_modifiers.h"
 #include "cpu_nan.h"
+#include "cpu_scratch.h"
 #include "cpu_tile.h"
 
 #ifndef FA_CPU_MAX_QUERY_GROUP
@@ -29,38 +30,34 @@ typedef struct query_tile {
 } query_tile;
 
 /* Per-thread memory: one K_j, V_j (and a NaN-free V_j) shared by the block's query tiles, one
- * score tile and its per-query vectors, and `group` query tiles. */
+ * score tile and its per-query vectors, and `group` query tiles of br x d. */
 typedef struct forward_scratch {
+    int64_t group, br, bc, d;
     float *k, *v, *v_clean, *st, *tile_max, *shift, *alpha, *tile_sum;
     query_tile tiles[FA_CPU_MAX_QUERY_GROUP];
 } forward_scratch;
 
-static void *forward_scratch_alloc(forward_scratch *w, int64_t group, int64_t br, int64_t bc, int64_t d)
+static void forward_scratch_layout(fa_cpu_scratch *s, void *scratch)
 {
-    const int64_t per_tile = 2 * br * d + 3 * br;
-    const int64_t floats = (3 * bc * d + bc * br + 4 * br + group * per_tile + 1) & ~(int64_t)1; /* ranges 8-aligned */
-    char *base = fa_host_alloc((size_t)floats * sizeof(float) + (size_t)(group * br) * sizeof(fa_key_range));
-    if (!base) return NULL;
-    float *f = (float *)base;
-    w->k = f; f += bc * d;
-    w->v = f; f += bc * d;
-    w->v_clean = f; f += bc * d;
-    w->st = f; f += bc * br;
-    w->tile_max = f; f += br;
-    w->shift = f; f += br;
-    w->alpha = f; f += br;
-    w->tile_sum = f; f += br;
-    fa_key_range *ranges = (fa_key_range *)(base + (size_t)floats * sizeof(float));
-    for (int64_t g = 0; g < group; ++g) {
+    forward_scratch *w = scratch;
+    const int64_t br = w->br, bc = w->bc, d = w->d;
+    w->k = fa_cpu_scratch_floats(s, bc * d);
+    w->v = fa_cpu_scratch_floats(s, bc * d);
+    w->v_clean = fa_cpu_scratch_floats(s, bc * d);
+    w->st = fa_cpu_scratch_floats(s, bc * br);
+    w->tile_max = fa_cpu_scratch_floats(s, br);
+    w->shift = fa_cpu_scratch_floats(s, br);
+    w->alpha = fa_cpu_scratch_floats(s, br);
+    w->tile_sum = fa_cpu_scratch_floats(s, br);
+    for (int64_t g = 0; g < w->group; ++g) {
         query_tile *t = &w->tiles[g];
-        t->qt = f; f += d * br;
-        t->o = f; f += br * d;
-        t->m = f; f += br;
-        t->l = f; f += br;
-        t->poison = f; f += br;
-        t->ranges = ranges + g * br;
+        t->qt = fa_cpu_scratch_floats(s, d * br);
+        t->o = fa_cpu_scratch_floats(s, br * d);
+        t->m = fa_cpu_scratch_floats(s, br);
+        t->l = fa_cpu_scratch_floats(s, br);
+        t->poison = fa_cpu_scratch_floats(s, br);
     }
-    return base;
+    for (int64_t g = 0; g < w->group; ++g) w->tiles[g].ranges = fa_cpu_scratch_ranges(s, br);
 }
 
 static void query_tile_begin(const fa_problem *p, const fa_cpu_kernels *kern, const fa_cpu_nan_inputs *nan, int64_t br,
@@ -73,8 +70,8 @@ static void query_tile_begin(const fa_problem *p, const fa_cpu_kernels *kern, co
     for (int64_t r = 0; r < rows_n; ++r) {
         t->m[r] = sink;
         t->l[r] = sink == -INFINITY ? 0.0f : 1.0f;
-        t->poison[r] = nan->q && t->ranges[r].hi > t->ranges[r].lo && fa_cpu_row_has_nan(&p->q, b, i0 + r, h);
     }
+    fa_cpu_nan_rows_begin(nan, p, b, h, &t->rows, t->poison);
     memset(t->o, 0, (size_t)(rows_n * p->head_dim) * sizeof(float));
     if (t->rows.key_hi > t->rows.key_lo) fa_cpu_load_transposed(&p->q, kern, b, i0, h, rows_n, t->qt, br);
 }
@@ -88,10 +85,7 @@ static void query_tile_end(const fa_problem *p, const fa_cpu_kernels *kern, int6
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int64_t c = 0; c < d; ++c) t->o[r * d + c] *= inv;
         float lse = l > 0.0f ? t->m[r] + logf(l) : -INFINITY;
-        if (t->poison[r] != 0.0f) {
-            for (int64_t c = 0; c < d; ++c) t->o[r * d + c] = NAN;
-            lse = NAN;
-        }
+        fa_cpu_nan_row_end(t->poison[r], t->o + r * d, d, &lse);
         if (p->lse) p->lse[fa_lse_index(p, b, h, i0 + r)] = lse;
     }
     fa_cpu_store_rows(&p->out, kern, b, i0, h, t->rows.count, t->o, d);
@@ -101,14 +95,14 @@ static void query_tile_end(const fa_problem *p, const fa_cpu_kernels *kern, int6
 typedef struct forward_task_ctx {
     const fa_problem *p;
     const fa_cpu_kernels *kern;
-    const fa_cpu_nan_inputs *nan;
     int64_t br, b, h, hk;
     int fold;           /* exp(scale * s - m): the scale folded into the exponential (scale > 0) */
     int modified;       /* softcap, ALiBi or bias: explicit scores (no folding) */
     float scale_in_exp;
     int64_t j0;         /* the key tile: keys j0.. */
-    const float *k, *v, *v_clean; /* v_clean: V_j with NaN replaced by 0, or NULL */
-    int64_t ldk, ldv;
+    const float *k;     /* K_j; V_j is in nan_tile (P multiplies V_j or its NaN-free copy) */
+    int64_t ldk;
+    fa_cpu_nan_tile nan_tile;
 } forward_task_ctx;
 
 /* The fewest query rows worth a gemm of their own: the kernels' register tile width (the query
@@ -160,18 +154,17 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
             return;
         }
     }
-    const float *k = c->k + (key0 - c->j0) * c->ldk, *v = c->v + (key0 - c->j0) * c->ldv;
+    const float *k = c->k + (key0 - c->j0) * c->ldk;
+    int64_t ldv;
+    const float *v = fa_cpu_nan_values(&c->nan_tile, key0, d, &ldv);
     kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0); /* S^T = K Q^T */
     if (vis != FA_TILE_FULL || !c->fold) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
     if (c->modified) fa_cpu_modify_scores(p, c->b, c->h, &rows, key0, keys, w->st, br, NULL);
     fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max, w->shift,
                         w->alpha, w->tile_sum);
     if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, br);
-    if (c->nan->k) fa_cpu_mark_nan_keys(p, c->b, c->hk, rows.range, rows.i0, count, key0, keys, t->poison + r0);
-    const float *v_used = c->v_clean ? c->v_clean + (key0 - c->j0) * d : v;
-    kern->gemm(count, d, keys, w->st, 1, br, v_used, c->v_clean ? d : c->ldv, t->o + r0 * d, d, w->alpha,
-               1); /* O = alpha O + P V */
-    if (c->v_clean) fa_cpu_poison_from_v(p, rows.range, rows.i0, count, key0, keys, v, c->ldv, t->o + r0 * d);
+    kern->gemm(count, d, keys, w->st, 1, br, v, ldv, t->o + r0 * d, d, w->alpha, 1); /* O = alpha O + P V */
+    fa_cpu_nan_step(&c->nan_tile, p, &rows, key0, keys, t->poison + r0, t->o + r0 * d);
 }
 
 /* One task: `group` consecutive query tiles of (b, h) from i0. Each key tile K_j, V_j is loaded
@@ -182,8 +175,7 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
 static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const fa_cpu_nan_inputs *nan, int64_t br,
                          int64_t bc, int64_t group, int64_t b, int64_t h, int64_t i0, forward_scratch *w)
 {
-    const int64_t d = p->head_dim;
-    forward_task_ctx c = {.p = p, .kern = kern, .nan = nan, .br = br, .b = b, .h = h,
+    forward_task_ctx c = {.p = p, .kern = kern, .br = br, .b = b, .h = h,
                           .hk = h / (p->heads_q / p->heads_kv), .modified = fa_cpu_scores_modified(p)};
     c.fold = p->scale > 0.0f && !c.modified;
     c.scale_in_exp = c.fold ? p->scale : 1.0f;
@@ -209,9 +201,10 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
             const int64_t keys = visible_span(t, 0, t->rows.count, j0, j0 + cols, &rows, &lo);
             if (keys == 0 || fa_cpu_tile_visibility(p, &rows, lo, keys) == FA_TILE_EMPTY) continue;
             if (!c.k) { /* loaded once, for the first query tile that sees it */
+                int64_t ldv;
                 c.k = fa_cpu_view_rows(&p->k, kern, b, j0, c.hk, cols, w->k, &c.ldk);
-                c.v = fa_cpu_view_rows(&p->v, kern, b, j0, c.hk, cols, w->v, &c.ldv);
-                c.v_clean = nan->v && fa_cpu_copy_without_nan(c.v, c.ldv, cols, d, w->v_clean) ? w->v_clean : NULL;
+                const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, c.hk, cols, w->v, &ldv);
+                fa_cpu_nan_tile_begin(&c.nan_tile, nan, p, b, c.hk, j0, cols, v, ldv, w->v_clean);
             }
             rows_step(&c, w, t, 0, t->rows.count, lo, lo + keys);
         }
@@ -258,23 +251,21 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
 
 #pragma omp parallel num_threads(threads)
     {
-        forward_scratch w = {0};
-        void *block = forward_scratch_alloc(&w, group, br, bc, p->head_dim);
-        if (!block) {
-#pragma omp atomic write
-            out_of_memory = 1;
-        }
+        forward_scratch w = {.group = group, .br = br, .bc = bc, .d = p->head_dim};
+        void *block = fa_cpu_scratch_make(forward_scratch_layout, &w);
         /* Under a causal mask later query tiles see more keys: hand them out first (longest task
          * first) and dynamically, so the threads finish together. */
+        if (fa_cpu_team_ready(block != NULL, &out_of_memory)) {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; ++t) {
-            if (!block) continue;
-            const int64_t qb = blocks - 1 - t / heads, bh = t % heads;
-            forward_task(p, s->kernels, &nan, br, bc, group, bh / p->heads_q, bh % p->heads_q, qb * group * br, &w);
+            for (int64_t t = 0; t < tasks; ++t) {
+                const int64_t qb = blocks - 1 - t / heads, bh = t % heads;
+                forward_task(p, s->kernels, &nan, br, bc, group, bh / p->heads_q, bh % p->heads_q, qb * group * br,
+                             &w);
+            }
         }
         fa_host_free(block);
     }
     if (out_of_memory)
-        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are incomplete)");
+        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are not written)");
     return FA_SUCCESS;
 }

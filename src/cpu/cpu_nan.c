@@ -2,9 +2,8 @@
 
 #include <math.h>
 
-#include "cpu_tile.h"
-
-int fa_cpu_row_has_nan(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
+/* 1 when row (b, s, h) of t holds a NaN (tested on the stored bits). */
+static int row_has_nan(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
 {
     const void *row = fa_row_ptr(t, b, s, h);
     int found = 0; /* no early exit and the dtype outside the loops: they vectorise (every call scans Q, K, V) */
@@ -43,12 +42,12 @@ fa_cpu_nan_inputs fa_cpu_find_nan_inputs(const fa_problem *p, int threads)
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(| : q, k, v)
         for (int64_t x = 0; x < q_rows + k_rows; ++x) {
             if (x < q_rows) {
-                q |= fa_cpu_row_has_nan(&p->q, b, first + x / p->heads_q, x % p->heads_q);
+                q |= row_has_nan(&p->q, b, first + x / p->heads_q, x % p->heads_q);
                 continue;
             }
             const int64_t y = x - q_rows;
-            k |= fa_cpu_row_has_nan(&p->k, b, lo + y / p->heads_kv, y % p->heads_kv);
-            v |= fa_cpu_row_has_nan(&p->v, b, lo + y / p->heads_kv, y % p->heads_kv);
+            k |= row_has_nan(&p->k, b, lo + y / p->heads_kv, y % p->heads_kv);
+            v |= row_has_nan(&p->v, b, lo + y / p->heads_kv, y % p->heads_kv);
         }
     }
     return (fa_cpu_nan_inputs){q, k, v};
@@ -60,17 +59,15 @@ static int key_visible(const fa_problem *p, fa_key_range range, int64_t i, int64
     return j >= range.lo && j < range.hi && (!bm || bm->mask[(i / bm->block_q) * bm->cols + j / bm->block_k]);
 }
 
-void fa_cpu_mark_nan_keys(const fa_problem *p, int64_t b, int64_t hk, const fa_key_range *ranges, int64_t i0,
-                          int64_t rows_n, int64_t j0, int64_t cols, float *poison)
+void fa_cpu_nan_rows_begin(const fa_cpu_nan_inputs *in, const fa_problem *p, int64_t b, int64_t h,
+                           const fa_cpu_rows *rows, float *poison)
 {
-    for (int64_t t = 0; t < cols; ++t) {
-        if (!fa_cpu_row_has_nan(&p->k, b, j0 + t, hk)) continue;
-        for (int64_t r = 0; r < rows_n; ++r)
-            if (key_visible(p, ranges[r], i0 + r, j0 + t)) poison[r] = 1.0f;
-    }
+    for (int64_t r = 0; r < rows->count; ++r)
+        poison[r] = in->q && rows->range[r].hi > rows->range[r].lo && row_has_nan(&p->q, b, rows->i0 + r, h);
 }
 
-int fa_cpu_copy_without_nan(const float *v, int64_t ldv, int64_t cols, int64_t d, float *dst)
+/* dst[t * d + c] = v[t * ldv + c] with NaN replaced by 0; returns whether any NaN was replaced. */
+static int copy_without_nan(const float *v, int64_t ldv, int64_t cols, int64_t d, float *dst)
 {
     int found = 0;
     for (int64_t t = 0; t < cols; ++t)
@@ -82,15 +79,41 @@ int fa_cpu_copy_without_nan(const float *v, int64_t ldv, int64_t cols, int64_t d
     return found;
 }
 
-void fa_cpu_poison_from_v(const fa_problem *p, const fa_key_range *ranges, int64_t i0, int64_t rows_n, int64_t j0,
-                          int64_t cols, const float *v, int64_t ldv, float *o)
+void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_cpu_nan_inputs *in, const fa_problem *p, int64_t b,
+                           int64_t hk, int64_t j0, int64_t cols, const float *v, int64_t ldv, float *buffer)
+{
+    *t = (fa_cpu_nan_tile){.in = in, .b = b, .hk = hk, .j0 = j0, .v = v, .ldv = ldv};
+    if (in->v && copy_without_nan(v, ldv, cols, p->head_dim, buffer)) t->v_clean = buffer;
+}
+
+/* poison[r] = 1 where row r sees a key of [j0, j0 + cols) whose k row holds a NaN. */
+static void mark_nan_keys(const fa_problem *p, int64_t b, int64_t hk, const fa_cpu_rows *rows, int64_t j0,
+                          int64_t cols, float *poison)
+{
+    for (int64_t t = 0; t < cols; ++t) {
+        if (!row_has_nan(&p->k, b, j0 + t, hk)) continue;
+        for (int64_t r = 0; r < rows->count; ++r)
+            if (key_visible(p, rows->range[r], rows->i0 + r, j0 + t)) poison[r] = 1.0f;
+    }
+}
+
+/* o[r * d + c] = NaN where row r sees key j0 + t and v[t * ldv + c] is NaN. */
+static void poison_from_v(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols, const float *v,
+                          int64_t ldv, float *o)
 {
     const int64_t d = p->head_dim;
     for (int64_t t = 0; t < cols; ++t)
         for (int64_t c = 0; c < d; ++c) {
             const float x = v[t * ldv + c];
             if (x == x) continue;
-            for (int64_t r = 0; r < rows_n; ++r)
-                if (key_visible(p, ranges[r], i0 + r, j0 + t)) o[r * d + c] = NAN;
+            for (int64_t r = 0; r < rows->count; ++r)
+                if (key_visible(p, rows->range[r], rows->i0 + r, j0 + t)) o[r * d + c] = NAN;
         }
+}
+
+void fa_cpu_nan_step(const fa_cpu_nan_tile *t, const fa_problem *p, const fa_cpu_rows *rows, int64_t key0,
+                     int64_t keys, float *poison, float *o)
+{
+    if (t->in->k) mark_nan_keys(p, t->b, t->hk, rows, key0, keys, poison);
+    if (t->v_clean) poison_from_v(p, rows, key0, keys, t->v + (key0 - t->j0) * t->ldv, t->ldv, o);
 }

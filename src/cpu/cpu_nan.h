@@ -1,14 +1,20 @@
-/* NaN inputs on the CPU path. The kernels' max and exponential clamp NaN away (x86 max returns
+/* NaN inputs on the CPU forward. The kernels' max and exponential clamp NaN away (x86 max returns
  * its second operand when one is NaN; exp clamps its argument), so a NaN score would vanish
  * silently. The forward first asks whether q, k or v hold a NaN at all, reading only the rows it
  * would read anyway (query rows that see a key, keys inside some query's visible span); only
- * then do its tiles check their rows, so NaN-free calls pay one read of their inputs. */
+ * then do its tiles check their rows, so NaN-free calls pay one read of their inputs.
+ *
+ * The forward meets the rule at four points, each one call here: a query tile starts
+ * (fa_cpu_nan_rows_begin), a key tile is loaded (fa_cpu_nan_tile_begin, and fa_cpu_nan_values
+ * for the V that P multiplies), a step has updated O (fa_cpu_nan_step), a row ends
+ * (fa_cpu_nan_row_end). A row's poison flag is 1 when its output must be NaN. */
 #ifndef FA_CPU_NAN_H
 #define FA_CPU_NAN_H
+#include <math.h>
 #include <stdint.h>
 
 #include "../common/backend.h"
-#include "../common/visibility.h"
+#include "cpu_tile.h"
 
 typedef struct fa_cpu_nan_inputs {
     int q, k, v; /* 1 when that tensor holds a NaN among the rows the forward reads */
@@ -16,18 +22,46 @@ typedef struct fa_cpu_nan_inputs {
 
 fa_cpu_nan_inputs fa_cpu_find_nan_inputs(const fa_problem *p, int threads);
 
-/* 1 when row (b, s, h) of t holds a NaN (tested on the stored bits). */
-int fa_cpu_row_has_nan(const fa_tensor *t, int64_t b, int64_t s, int64_t h);
+/* Query rows of (b, h): poison[r] = 1 where row r sees a key and its q row holds a NaN, else 0. */
+void fa_cpu_nan_rows_begin(const fa_cpu_nan_inputs *in, const fa_problem *p, int64_t b, int64_t h,
+                           const fa_cpu_rows *rows, float *poison);
 
-/* For query rows i0.. (ranges[r] their causal/window/padding keys) and the key tile
- * [j0, j0 + cols) of kv head hk: poison[r] = 1 where row r sees a key whose k row holds a NaN. */
-void fa_cpu_mark_nan_keys(const fa_problem *p, int64_t b, int64_t hk, const fa_key_range *ranges, int64_t i0,
-                          int64_t rows_n, int64_t j0, int64_t cols, float *poison);
+/* One loaded key tile of (b, kv head hk): keys j0.., its V_j rows at v (stride ldv). */
+typedef struct fa_cpu_nan_tile {
+    const fa_cpu_nan_inputs *in;
+    int64_t b, hk, j0;
+    const float *v;
+    int64_t ldv;
+    const float *v_clean; /* V_j with NaN replaced by 0 (stride head_dim); NULL when V_j has none */
+} fa_cpu_nan_tile;
 
-/* Masked probabilities are exactly 0, and 0 * NaN would poison rows that cannot see the key:
- * dst[t * d + c] = v[t * ldv + c] with NaN replaced by 0; returns whether any NaN was replaced. */
-int fa_cpu_copy_without_nan(const float *v, int64_t ldv, int64_t cols, int64_t d, float *dst);
-/* o[r * d + c] = NaN where query row r sees key j0 + t and v[t * ldv + c] is NaN. */
-void fa_cpu_poison_from_v(const fa_problem *p, const fa_key_range *ranges, int64_t i0, int64_t rows_n, int64_t j0,
-                          int64_t cols, const float *v, int64_t ldv, float *o);
+/* Once per key tile of cols keys. Masked probabilities are exactly 0, and 0 * NaN would poison
+ * rows that cannot see the key: a V_j holding a NaN is copied without it into buffer (cols x
+ * head_dim floats), and fa_cpu_nan_step puts the NaN back where a row sees it. */
+void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_cpu_nan_inputs *in, const fa_problem *p, int64_t b,
+                           int64_t hk, int64_t j0, int64_t cols, const float *v, int64_t ldv, float *buffer);
+
+/* The values P multiplies for keys key0..: V_j itself or its NaN-free copy; sets *ld. */
+static inline const float *fa_cpu_nan_values(const fa_cpu_nan_tile *t, int64_t key0, int64_t head_dim, int64_t *ld)
+{
+    if (!t->v_clean) {
+        *ld = t->ldv;
+        return t->v + (key0 - t->j0) * t->ldv;
+    }
+    *ld = head_dim;
+    return t->v_clean + (key0 - t->j0) * head_dim;
+}
+
+/* After O += P V of rows on keys [key0, key0 + keys): poison[r] = 1 where row r sees a key whose
+ * k row holds a NaN; o[r * head_dim + c] = NaN where row r sees a key whose v[c] is NaN. */
+void fa_cpu_nan_step(const fa_cpu_nan_tile *t, const fa_problem *p, const fa_cpu_rows *rows, int64_t key0,
+                     int64_t keys, float *poison, float *o);
+
+/* The end of a row: a poisoned row's output (head_dim values) and log-sum-exp become NaN. */
+static inline void fa_cpu_nan_row_end(float poison, float *o_row, int64_t head_dim, float *lse)
+{
+    if (poison == 0.0f) return;
+    for (int64_t c = 0; c < head_dim; ++c) o_row[c] = NAN;
+    *lse = NAN;
+}
 #endif

@@ -1,0 +1,70 @@
+/* Per-thread memory of the CPU forward and backward, and what a pass does when it cannot have it.
+ *
+ * Scratch: one allocation per thread, carved into f32 tiles and key-range arrays by a layout
+ * function that runs twice: first on a measuring scratch (no base) that only sums the sizes,
+ * then on the allocated block. The layout is written once, so sizes and carve-up cannot drift.
+ *
+ * Out of memory, one protocol for every pass: each thread of the team allocates what it needs,
+ * then fa_cpu_team_ready waits for the whole team; if any thread failed, no thread starts a task,
+ * so a call that returns FA_ERROR_OUT_OF_MEMORY has written nothing to its outputs. */
+#ifndef FA_CPU_SCRATCH_H
+#define FA_CPU_SCRATCH_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/alloc.h"
+#include "../common/visibility.h"
+
+typedef struct fa_cpu_scratch {
+    char *base;  /* NULL while measuring */
+    size_t used; /* bytes carved so far */
+} fa_cpu_scratch;
+
+static inline void *fa_cpu_scratch_carve(fa_cpu_scratch *s, size_t bytes, size_t align)
+{
+    s->used = (s->used + align - 1) / align * align;
+    void *at = s->base ? s->base + s->used : NULL;
+    s->used += bytes;
+    return at;
+}
+
+static inline float *fa_cpu_scratch_floats(fa_cpu_scratch *s, int64_t count)
+{
+    return fa_cpu_scratch_carve(s, (size_t)count * sizeof(float), sizeof(float));
+}
+
+static inline fa_key_range *fa_cpu_scratch_ranges(fa_cpu_scratch *s, int64_t count)
+{
+    return fa_cpu_scratch_carve(s, (size_t)count * sizeof(fa_key_range), _Alignof(fa_key_range));
+}
+
+/* Runs layout(s, scratch) to measure, allocates, runs it again to carve. Returns the block (to
+ * fa_host_free) or NULL when the allocation fails. */
+static inline void *fa_cpu_scratch_make(void (*layout)(fa_cpu_scratch *s, void *scratch), void *scratch)
+{
+    fa_cpu_scratch s = {NULL, 0};
+    layout(&s, scratch);
+    s.base = fa_host_alloc(s.used);
+    if (!s.base) return NULL;
+    s.used = 0;
+    layout(&s, scratch);
+    return s.base;
+}
+
+/* Called by every thread of a parallel region once it has allocated (allocated: 1 when all its
+ * memory is there): records a failure in *failed, waits for the team, and returns 1 when every
+ * thread has its memory. The answer is the same in every thread, so the worksharing loops that
+ * follow stay legal. */
+static inline int fa_cpu_team_ready(int allocated, int *failed)
+{
+    if (!allocated) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+#pragma omp barrier
+    int any_failed;
+#pragma omp atomic read
+    any_failed = *failed;
+    return !any_failed;
+}
+#endif
