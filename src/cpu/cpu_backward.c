@@ -21,54 +21,87 @@
 #include "../common/error.h"
 #include "cpu_backend.h"
 #include "cpu_modifiers.h"
+#include "cpu_scratch.h"
 #include "cpu_tile.h"
 
+/* What every task of one backward call reads: the problem, the kernels, D and the tile sizes. */
+typedef struct backward_ctx {
+    const fa_problem *p;
+    const fa_cpu_kernels *kern;
+    const float *delta; /* D = rowsum(dO o O), [batch, heads_q, seqlen_q] */
+    int64_t br, bc;
+} backward_ctx;
+
+/* Per-thread memory: the query side (Q_i, dO_i as rows and transposed), one key tile, the score
+ * tiles, two accumulators and the per-query vectors; dbias_acc only when dbias is wanted. */
 typedef struct backward_scratch {
+    int64_t br, bc, d, bias_floats;
     float *q, *dout, *qt, *dout_t, *k, *v, *st, *dst, *acc_a, *acc_b, *shift, *delta, *sum;
-    float *cap_grad; /* d score / d (scaled q.k) of the tile under a softcap: Bc x Br */
+    float *cap_grad;  /* d score / d (scaled q.k) of the tile under a softcap: Bc x Br */
+    float *dbias_acc; /* the dbias pass's f32 tile, or NULL */
     const float *q_rows, *dout_rows; /* Q_i, dO_i as f32 rows (in place or converted) */
     int64_t ldq, lddo;
     fa_key_range *ranges;
 } backward_scratch;
 
-static void *backward_scratch_alloc(backward_scratch *w, int64_t br, int64_t bc, int64_t d)
+static void backward_scratch_layout(fa_cpu_scratch *s, void *scratch)
 {
-    const int64_t acc = (br > bc ? br : bc) * d;
-    const int64_t floats = (4 * br * d + 2 * bc * d + 3 * bc * br + 2 * acc + 3 * br + 1) & ~(int64_t)1;
-    char *base = fa_host_alloc((size_t)floats * sizeof(float) + (size_t)br * sizeof(fa_key_range));
-    if (!base) return NULL;
-    float *f = (float *)base;
-    w->q = f; f += br * d;
-    w->dout = f; f += br * d;
-    w->qt = f; f += d * br;
-    w->dout_t = f; f += d * br;
-    w->k = f; f += bc * d;
-    w->v = f; f += bc * d;
-    w->st = f; f += bc * br;
-    w->dst = f; f += bc * br;
-    w->cap_grad = f; f += bc * br;
-    w->acc_a = f; f += acc;
-    w->acc_b = f; f += acc;
-    w->shift = f; f += br;
-    w->delta = f; f += br;
-    w->sum = f;
-    w->ranges = (fa_key_range *)(base + (size_t)floats * sizeof(float));
-    return base;
+    backward_scratch *w = scratch;
+    const int64_t br = w->br, bc = w->bc, d = w->d, acc = (br > bc ? br : bc) * d;
+    w->q = fa_cpu_scratch_floats(s, br * d);
+    w->dout = fa_cpu_scratch_floats(s, br * d);
+    w->qt = fa_cpu_scratch_floats(s, d * br);
+    w->dout_t = fa_cpu_scratch_floats(s, d * br);
+    w->k = fa_cpu_scratch_floats(s, bc * d);
+    w->v = fa_cpu_scratch_floats(s, bc * d);
+    w->st = fa_cpu_scratch_floats(s, bc * br);
+    w->dst = fa_cpu_scratch_floats(s, bc * br);
+    w->cap_grad = fa_cpu_scratch_floats(s, bc * br);
+    w->acc_a = fa_cpu_scratch_floats(s, acc);
+    w->acc_b = fa_cpu_scratch_floats(s, acc);
+    w->shift = fa_cpu_scratch_floats(s, br);
+    w->delta = fa_cpu_scratch_floats(s, br);
+    w->sum = fa_cpu_scratch_floats(s, br);
+    w->ranges = fa_cpu_scratch_ranges(s, br);
+    w->dbias_acc = w->bias_floats ? fa_cpu_scratch_floats(s, w->bias_floats) : NULL;
+}
+
+/* Key tile K_j, V_j of (b, kv head hk) as f32 rows: keys [j0, j0 + cols). */
+typedef struct key_tile {
+    int64_t j0, cols;
+    const float *k, *v;
+    int64_t ldk, ldv;
+} key_tile;
+
+static key_tile load_key_tile(const backward_ctx *c, int64_t b, int64_t hk, int64_t j0, int64_t cols,
+                              backward_scratch *w)
+{
+    key_tile t = {.j0 = j0, .cols = cols};
+    t.k = fa_cpu_view_rows(&c->p->k, c->kern, b, j0, hk, cols, w->k, &t.ldk);
+    t.v = fa_cpu_view_rows(&c->p->v, c->kern, b, j0, hk, cols, w->v, &t.ldv);
+    return t;
+}
+
+/* The keys [lo, hi) of a loaded tile. */
+static key_tile key_subtile(const key_tile *t, int64_t lo, int64_t hi)
+{
+    return (key_tile){lo, hi - lo, t->k + (lo - t->j0) * t->ldk, t->v + (lo - t->j0) * t->ldv, t->ldk, t->ldv};
 }
 
 /* Loads the query side of (b, h, rows): Q and dO as rows and transposed, the exponential's shift
  * (lse, or +inf for a row that sees no key so that P = 0) and D. */
-static void load_query_side(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t b,
-                            int64_t h, const fa_cpu_rows *rows, int64_t br, backward_scratch *w)
+static void load_query_side(const backward_ctx *c, int64_t b, int64_t h, const fa_cpu_rows *rows,
+                            backward_scratch *w)
 {
+    const fa_problem *p = c->p;
     const int64_t base = (b * p->heads_q + h) * p->seqlen_q + rows->i0, lse_base = fa_lse_index(p, b, h, rows->i0);
-    w->q_rows = fa_cpu_view_rows(&p->q, kern, b, rows->i0, h, rows->count, w->q, &w->ldq);
-    w->dout_rows = fa_cpu_view_rows(&p->dout, kern, b, rows->i0, h, rows->count, w->dout, &w->lddo);
-    fa_cpu_load_transposed(&p->q, kern, b, rows->i0, h, rows->count, w->qt, br);
-    fa_cpu_load_transposed(&p->dout, kern, b, rows->i0, h, rows->count, w->dout_t, br);
+    w->q_rows = fa_cpu_view_rows(&p->q, c->kern, b, rows->i0, h, rows->count, w->q, &w->ldq);
+    w->dout_rows = fa_cpu_view_rows(&p->dout, c->kern, b, rows->i0, h, rows->count, w->dout, &w->lddo);
+    fa_cpu_load_transposed(&p->q, c->kern, b, rows->i0, h, rows->count, w->qt, c->br);
+    fa_cpu_load_transposed(&p->dout, c->kern, b, rows->i0, h, rows->count, w->dout_t, c->br);
     for (int64_t r = 0; r < rows->count; ++r) {
         w->shift[r] = p->lse[lse_base + r] == -INFINITY ? INFINITY : p->lse[lse_base + r];
-        w->delta[r] = delta[base + r];
+        w->delta[r] = c->delta[base + r];
     }
 }
 
@@ -76,39 +109,41 @@ static void load_query_side(const fa_problem *p, const fa_cpu_kernels *kern, con
  * or of the scaled q.k (what dQ and dK need: through the softcap's derivative). */
 enum ds_of { DS_OF_SCORES, DS_OF_QK };
 
-/* For the loaded query side and the key tile K_j, V_j: w->st = dropout(P)^T (the Z of the paper,
- * what multiplied V in the forward), w->dst = dS^T. */
-static void tile_gradients(const fa_problem *p, const fa_cpu_kernels *kern, int64_t br, int64_t b, int64_t h,
-                           const fa_cpu_rows *rows, int64_t j0, int64_t cols, fa_tile_visibility vis, const float *k,
-                           int64_t ldk, const float *v, int64_t ldv, enum ds_of of, backward_scratch *w)
+/* For the loaded query side of (b, h) and the key tile kt: w->st = dropout(P)^T (the Z of the
+ * paper, what multiplied V in the forward), w->dst = dS^T. */
+static void tile_gradients(const backward_ctx *c, int64_t b, int64_t h, const fa_cpu_rows *rows, const key_tile *kt,
+                           fa_tile_visibility vis, enum ds_of of, backward_scratch *w)
 {
-    const int64_t d = p->head_dim, n = rows->count;
+    const fa_problem *p = c->p;
+    const fa_cpu_kernels *kern = c->kern;
+    const int64_t d = p->head_dim, n = rows->count, br = c->br, j0 = kt->j0, cols = kt->cols;
     const int modified = fa_cpu_scores_modified(p), fold = p->scale > 0.0f && !modified;
     const int chain = of == DS_OF_QK && p->softcap > 0.0f;
-    kern->gemm(cols, n, d, k, ldk, 1, w->qt, br, w->st, br, NULL, 0); /* S^T = K Q^T */
+    kern->gemm(cols, n, d, kt->k, kt->ldk, 1, w->qt, br, w->st, br, NULL, 0); /* S^T = K Q^T */
     if (vis != FA_TILE_FULL || !fold) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, br);
     if (modified) fa_cpu_modify_scores(p, b, h, rows, j0, cols, w->st, br, chain ? w->cap_grad : NULL);
     kern->exp_cols(w->st, br, cols, n, fold ? p->scale : 1.0f, w->shift, w->sum);
-    kern->gemm(cols, n, d, v, ldv, 1, w->dout_t, br, w->dst, br, NULL, 0); /* dP^T = V dO^T */
+    kern->gemm(cols, n, d, kt->v, kt->ldv, 1, w->dout_t, br, w->dst, br, NULL, 0); /* dP^T = V dO^T */
     /* dS = P o (dropout(dP) - D) uses P undropped; dV then needs Z = dropout(P). */
     const int dropout = p->dropout_p > 0.0f;
     if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->dst, br);
-    for (int64_t c = 0; c < cols; ++c) {
-        const float *pc = w->st + c * br;
-        float *dsc = w->dst + c * br;
-        for (int64_t r = 0; r < n; ++r) dsc[r] = pc[r] * (dsc[r] - w->delta[r]);
+    for (int64_t x = 0; x < cols; ++x) {
+        const float *px = w->st + x * br;
+        float *dsx = w->dst + x * br;
+        for (int64_t r = 0; r < n; ++r) dsx[r] = px[r] * (dsx[r] - w->delta[r]);
         if (chain)
-            for (int64_t r = 0; r < n; ++r) dsc[r] *= w->cap_grad[c * br + r];
+            for (int64_t r = 0; r < n; ++r) dsx[r] *= w->cap_grad[x * br + r];
     }
     if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->st, br);
 }
 
 /* The query tile of (b) from i0 and the keys of [j0, j0 + cols) its rows can see: [*lo, *hi),
  * and how visible that span is (EMPTY when it is empty). */
-static fa_tile_visibility tile_span(const fa_problem *p, int64_t b, int64_t i0, int64_t br, int64_t j0, int64_t cols,
+static fa_tile_visibility tile_span(const backward_ctx *c, int64_t b, int64_t i0, int64_t j0, int64_t cols,
                                     backward_scratch *w, fa_cpu_rows *rows, int64_t *lo, int64_t *hi)
 {
-    fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, rows);
+    const fa_problem *p = c->p;
+    fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < c->br ? p->seqlen_q - i0 : c->br, w->ranges, rows);
     *lo = rows->key_lo > j0 ? rows->key_lo : j0;
     *hi = rows->key_hi < j0 + cols ? rows->key_hi : j0 + cols;
     return *hi > *lo ? fa_cpu_tile_visibility(p, rows, *lo, *hi - *lo) : FA_TILE_EMPTY;
@@ -133,35 +168,34 @@ static float *dq_rows(const fa_problem *p, const dq_target *t, int64_t b, int64_
 
 /* dK_j, dV_j for one (batch, kv head, key tile); with dq, also dQ_i += dS K_j into the fused
  * path's accumulator for every query tile this key tile touches. */
-static void key_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t br,
-                          int64_t bc, int64_t b, int64_t hk, int64_t j0, const dq_target *dq, backward_scratch *w)
+static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t j0, const dq_target *dq,
+                          backward_scratch *w)
 {
-    const int64_t d = p->head_dim, group = p->heads_q / p->heads_kv;
-    const int64_t cols = p->seqlen_k - j0 < bc ? p->seqlen_k - j0 : bc;
+    const fa_problem *p = c->p;
+    const fa_cpu_kernels *kern = c->kern;
+    const int64_t d = p->head_dim, group = p->heads_q / p->heads_kv, br = c->br;
+    const int64_t cols = p->seqlen_k - j0 < c->bc ? p->seqlen_k - j0 : c->bc;
     float *dk = w->acc_a, *dv = w->acc_b;
     memset(dk, 0, (size_t)(cols * d) * sizeof(float));
     memset(dv, 0, (size_t)(cols * d) * sizeof(float));
-    int64_t ldk, ldv;
-    const float *k = fa_cpu_view_rows(&p->k, kern, b, j0, hk, cols, w->k, &ldk);
-    const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, hk, cols, w->v, &ldv);
+    const key_tile tile = load_key_tile(c, b, hk, j0, cols, w);
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += br) {
             fa_cpu_rows rows;
             int64_t lo, hi;
-            const fa_tile_visibility vis = tile_span(p, b, i0, br, j0, cols, w, &rows, &lo, &hi);
+            const fa_tile_visibility vis = tile_span(c, b, i0, j0, cols, w, &rows, &lo, &hi);
             if (vis == FA_TILE_EMPTY) continue;
-            const float *k_lo = k + (lo - j0) * ldk;
-            load_query_side(p, kern, delta, b, h, &rows, br, w);
-            tile_gradients(p, kern, br, b, h, &rows, lo, hi - lo, vis, k_lo, ldk, v + (lo - j0) * ldv, ldv, DS_OF_QK,
-                           w);
-            kern->gemm(hi - lo, d, rows.count, w->st, br, 1, w->dout_rows, w->lddo, dv + (lo - j0) * d, d, NULL,
+            const key_tile kt = key_subtile(&tile, lo, hi);
+            load_query_side(c, b, h, &rows, w);
+            tile_gradients(c, b, h, &rows, &kt, vis, DS_OF_QK, w);
+            kern->gemm(kt.cols, d, rows.count, w->st, br, 1, w->dout_rows, w->lddo, dv + (lo - j0) * d, d, NULL,
                        1); /* dV += Z^T dO */
-            kern->gemm(hi - lo, d, rows.count, w->dst, br, 1, w->q_rows, w->ldq, dk + (lo - j0) * d, d, NULL,
+            kern->gemm(kt.cols, d, rows.count, w->dst, br, 1, w->q_rows, w->ldq, dk + (lo - j0) * d, d, NULL,
                        1); /* dK += dS^T Q */
             if (dq) {
                 int64_t lddq;
                 float *dq_i = dq_rows(p, dq, b, h, i0, &lddq);
-                kern->gemm(rows.count, d, hi - lo, w->dst, 1, br, k_lo, ldk, dq_i, lddq, NULL, 1); /* dQ += dS K */
+                kern->gemm(rows.count, d, kt.cols, w->dst, 1, br, kt.k, kt.ldk, dq_i, lddq, NULL, 1); /* dQ += dS K */
             }
         }
     }
@@ -172,60 +206,60 @@ static void key_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, const
 
 /* Fused path: dK, dV and dQ of one (batch, kv head) and its query heads. dQ_i sums its key tiles
  * in increasing order, whatever thread runs the task. */
-static void kv_head_task(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t br,
-                         int64_t bc, int64_t b, int64_t hk, const dq_target *dq, backward_scratch *w)
+static void kv_head_task(const backward_ctx *c, int64_t b, int64_t hk, const dq_target *dq, backward_scratch *w)
 {
+    const fa_problem *p = c->p;
     const int64_t d = p->head_dim, group = p->heads_q / p->heads_kv;
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
         for (int64_t i = 0; i < p->seqlen_q; ++i) {
             int64_t ld;
             memset(dq_rows(p, dq, b, h, i, &ld), 0, (size_t)d * sizeof(float));
         }
-    for (int64_t j0 = 0; j0 < p->seqlen_k; j0 += bc) key_tile_task(p, kern, delta, br, bc, b, hk, j0, dq, w);
+    for (int64_t j0 = 0; j0 < p->seqlen_k; j0 += c->bc) key_tile_task(c, b, hk, j0, dq, w);
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         int64_t ld;
         float *rows = dq_rows(p, dq, b, h, 0, &ld);
         for (int64_t i = 0; i < p->seqlen_q; ++i)
-            for (int64_t c = 0; c < d; ++c) rows[i * ld + c] *= p->scale;
-        if (dq->buffer) fa_cpu_store_rows(&p->dq, kern, b, 0, h, p->seqlen_q, rows, ld);
+            for (int64_t x = 0; x < d; ++x) rows[i * ld + x] *= p->scale;
+        if (dq->buffer) fa_cpu_store_rows(&p->dq, c->kern, b, 0, h, p->seqlen_q, rows, ld);
     }
 }
 
 /* Pass 2: dQ_i for one (batch, query head, query tile). */
-static void query_tile_task(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t br,
-                            int64_t bc, int64_t b, int64_t h, int64_t i0, backward_scratch *w)
+static void query_tile_task(const backward_ctx *c, int64_t b, int64_t h, int64_t i0, backward_scratch *w)
 {
-    const int64_t d = p->head_dim, hk = h / (p->heads_q / p->heads_kv);
+    const fa_problem *p = c->p;
+    const int64_t d = p->head_dim, hk = h / (p->heads_q / p->heads_kv), br = c->br, bc = c->bc;
     fa_cpu_rows rows;
     fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, &rows);
     float *dq = w->acc_a;
     memset(dq, 0, (size_t)(rows.count * d) * sizeof(float));
-    if (rows.key_hi > rows.key_lo) load_query_side(p, kern, delta, b, h, &rows, br, w);
+    if (rows.key_hi > rows.key_lo) load_query_side(c, b, h, &rows, w);
     /* Key tiles start at the first visible key and stop at the last one, so a causal or window
      * mask costs only the keys these rows can see (to within one tile's rows). */
     for (int64_t j0 = fa_cpu_first_key(p, rows.key_lo, bc); j0 < rows.key_hi; j0 += bc) {
         const int64_t cols = rows.key_hi - j0 < bc ? rows.key_hi - j0 : bc;
         const fa_tile_visibility vis = fa_cpu_tile_visibility(p, &rows, j0, cols);
         if (vis == FA_TILE_EMPTY) continue;
-        int64_t ldk, ldv;
-        const float *k = fa_cpu_view_rows(&p->k, kern, b, j0, hk, cols, w->k, &ldk);
-        const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, hk, cols, w->v, &ldv);
-        tile_gradients(p, kern, br, b, h, &rows, j0, cols, vis, k, ldk, v, ldv, DS_OF_QK, w);
-        kern->gemm(rows.count, d, cols, w->dst, 1, br, k, ldk, dq, d, NULL, 1); /* dQ += dS K */
+        const key_tile kt = load_key_tile(c, b, hk, j0, cols, w);
+        tile_gradients(c, b, h, &rows, &kt, vis, DS_OF_QK, w);
+        c->kern->gemm(rows.count, d, cols, w->dst, 1, br, kt.k, kt.ldk, dq, d, NULL, 1); /* dQ += dS K */
     }
     for (int64_t x = 0; x < rows.count * d; ++x) dq[x] *= p->scale;
-    fa_cpu_store_rows(&p->dq, kern, b, i0, h, rows.count, dq, d);
+    fa_cpu_store_rows(&p->dq, c->kern, b, i0, h, rows.count, dq, d);
 }
 
 /* dbias pass: one task per distinct row block of dbias: (its batch, its head, its query tile),
  * with a broadcast axis folded into the task, which sums over it (batches, then heads, then query
  * tiles, then rows, in increasing order). It recomputes P and dS per tile pair (two tile
- * products) and accumulates them in an f32 tile acc, then stores every key tile, visible or not,
- * so every element of dbias's extent is written. */
-static void bias_task(const fa_problem *p, const fa_cpu_kernels *kern, const float *delta, int64_t br, int64_t bc,
-                      int64_t task, float *acc, backward_scratch *w)
+ * products) and accumulates them in the f32 tile w->dbias_acc, then stores every key tile,
+ * visible or not, so every element of dbias's extent is written. */
+static void bias_task(const backward_ctx *c, int64_t task, backward_scratch *w)
 {
+    const fa_problem *p = c->p;
     const fa_bias *db = &p->dbias;
+    const int64_t br = c->br, bc = c->bc;
+    float *acc = w->dbias_acc;
     const int64_t q_tiles = (p->seqlen_q + br - 1) / br, group = p->heads_q / p->heads_kv;
     const int64_t task_tiles = db->stride_q ? q_tiles : 1, task_heads = db->stride_head ? p->heads_q : 1;
     const int64_t qt = task % task_tiles, oh = task / task_tiles % task_heads, ob = task / (task_tiles * task_heads);
@@ -241,16 +275,14 @@ static void bias_task(const fa_problem *p, const fa_cpu_kernels *kern, const flo
                 for (int64_t t = t_lo; t < t_hi; ++t) {
                     fa_cpu_rows rows;
                     int64_t lo, hi;
-                    const fa_tile_visibility vis = tile_span(p, b, t * br, br, j0, cols, w, &rows, &lo, &hi);
+                    const fa_tile_visibility vis = tile_span(c, b, t * br, j0, cols, w, &rows, &lo, &hi);
                     if (vis == FA_TILE_EMPTY) continue;
-                    int64_t ldk, ldv;
-                    const float *k = fa_cpu_view_rows(&p->k, kern, b, lo, h / group, hi - lo, w->k, &ldk);
-                    const float *v = fa_cpu_view_rows(&p->v, kern, b, lo, h / group, hi - lo, w->v, &ldv);
-                    load_query_side(p, kern, delta, b, h, &rows, br, w);
-                    tile_gradients(p, kern, br, b, h, &rows, lo, hi - lo, vis, k, ldk, v, ldv, DS_OF_SCORES, w);
+                    const key_tile kt = load_key_tile(c, b, h / group, lo, hi - lo, w);
+                    load_query_side(c, b, h, &rows, w);
+                    tile_gradients(c, b, h, &rows, &kt, vis, DS_OF_SCORES, w);
                     for (int64_t r = 0; r < rows.count; ++r) {
                         float *out = acc + (db->stride_q ? r : 0) * bc + (lo - j0);
-                        for (int64_t c = 0; c < hi - lo; ++c) out[c] += w->dst[c * br + r];
+                        for (int64_t x = 0; x < hi - lo; ++x) out[x] += w->dst[x * br + r];
                     }
                 }
         for (int64_t r = 0; r < out_rows; ++r) fa_cpu_store_bias_row(db, ob, oh, qt * br + r, j0, acc + r * bc, cols);
@@ -258,17 +290,17 @@ static void bias_task(const fa_problem *p, const fa_cpu_kernels *kern, const flo
 }
 
 /* D_x = rowsum(dO o O) of one row x = (b, h, i), accumulated in double. */
-static float row_delta(const fa_problem *p, const fa_cpu_kernels *kern, int64_t x, backward_scratch *w)
+static float row_delta(const backward_ctx *c, int64_t x, backward_scratch *w)
 {
+    const fa_problem *p = c->p;
     const int64_t i = x % p->seqlen_q, h = (x / p->seqlen_q) % p->heads_q, b = x / (p->seqlen_q * p->heads_q);
     int64_t ld;
-    const float *o = fa_cpu_view_rows(&p->out, kern, b, i, h, 1, w->q, &ld);
-    const float *dout = fa_cpu_view_rows(&p->dout, kern, b, i, h, 1, w->dout, &ld);
+    const float *o = fa_cpu_view_rows(&p->out, c->kern, b, i, h, 1, w->q, &ld);
+    const float *dout = fa_cpu_view_rows(&p->dout, c->kern, b, i, h, 1, w->dout, &ld);
     double sum = 0.0;
-    for (int64_t c = 0; c < p->head_dim; ++c) sum += (double)o[c] * (double)dout[c];
+    for (int64_t col = 0; col < p->head_dim; ++col) sum += (double)o[col] * (double)dout[col];
     return (float)sum;
 }
-
 /* The fused path needs enough (batch, kv head) tasks to keep a few threads busy (8 equal tasks
  * balance 2 or 4 threads exactly; with fewer, the two-pass path's finer tasks win despite its
  * two extra products) and, for an f16/bf16 dQ, a per-thread f32 buffer of bounded size. Decided
@@ -302,66 +334,40 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     const int64_t kv_pairs = p->batch * p->heads_kv, q_pairs = p->batch * p->heads_q;
     int64_t dq_buffer_floats;
     const int fused = backward_is_fused(p, &dq_buffer_floats);
+    const backward_ctx c = {.p = p, .kern = s->kernels, .delta = delta, .br = br, .bc = bc};
+    const fa_bias *db = &p->dbias;
+    const int64_t bias_tasks = !db->data ? 0 : (db->stride_batch ? p->batch : 1) * (db->stride_head ? p->heads_q : 1) *
+                                                   (db->stride_q ? q_tiles : 1);
     int out_of_memory = 0;
 
 #pragma omp parallel num_threads(threads)
     {
-        backward_scratch w = {0};
-        void *block = backward_scratch_alloc(&w, br, bc, p->head_dim);
+        backward_scratch w = {.br = br, .bc = bc, .d = p->head_dim, .bias_floats = bias_tasks ? br * bc : 0};
+        void *block = fa_cpu_scratch_make(backward_scratch_layout, &w);
         dq_target dq = {NULL};
-        if (block && fused && dq_buffer_floats) {
-            dq.buffer = fa_host_alloc((size_t)dq_buffer_floats * sizeof(float));
-            if (!dq.buffer) {
-                fa_host_free(block);
-                block = NULL;
-            }
-        }
-        if (!block) {
-#pragma omp atomic write
-            out_of_memory = 1;
-        }
-        /* The tasks read every thread's share of D: if any thread lacks its scratch, no thread
-         * starts (the decision is the same in every thread, so the worksharing stays legal). */
-#pragma omp barrier
-        int team_ready;
-#pragma omp atomic read
-        team_ready = out_of_memory;
-        team_ready = !team_ready;
-        if (team_ready) {
+        if (block && fused && dq_buffer_floats) dq.buffer = fa_host_alloc((size_t)dq_buffer_floats * sizeof(float));
+        /* The tasks read every thread's share of D, and a failed call writes no gradient. */
+        if (fa_cpu_team_ready(block && (dq.buffer || !(fused && dq_buffer_floats)), &out_of_memory)) {
 #pragma omp for schedule(static)
-            for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x) delta[x] = row_delta(p, s->kernels, x, &w);
+            for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x) delta[x] = row_delta(&c, x, &w);
             if (fused) {
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t t = 0; t < kv_pairs; ++t)
-                    kv_head_task(p, s->kernels, delta, br, bc, t / p->heads_kv, t % p->heads_kv, &dq, &w);
+                for (int64_t t = 0; t < kv_pairs; ++t) kv_head_task(&c, t / p->heads_kv, t % p->heads_kv, &dq, &w);
             } else {
                 /* Longest tasks first under a causal mask: early key tiles, late query tiles. */
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t t = 0; t < kv_pairs * k_tiles; ++t) {
                     const int64_t kt = t / kv_pairs, bh = t % kv_pairs;
-                    key_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_kv, bh % p->heads_kv, kt * bc, NULL,
-                                  &w);
+                    key_tile_task(&c, bh / p->heads_kv, bh % p->heads_kv, kt * bc, NULL, &w);
                 }
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t t = 0; t < q_pairs * q_tiles; ++t) {
                     const int64_t qt = q_tiles - 1 - t / q_pairs, bh = t % q_pairs;
-                    query_tile_task(p, s->kernels, delta, br, bc, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
+                    query_tile_task(&c, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
                 }
             }
-        }
-        if (team_ready && p->dbias.data) {
-            const fa_bias *db = &p->dbias;
-            const int64_t bias_tasks = (db->stride_batch ? p->batch : 1) * (db->stride_head ? p->heads_q : 1) *
-                                       (db->stride_q ? q_tiles : 1);
-            float *acc = fa_host_alloc((size_t)(br * bc) * sizeof(float));
-            if (!acc) {
-#pragma omp atomic write
-                out_of_memory = 1;
-            }
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < bias_tasks; ++t)
-                if (acc) bias_task(p, s->kernels, delta, br, bc, t, acc, &w);
-            fa_host_free(acc);
+            for (int64_t t = 0; t < bias_tasks; ++t) bias_task(&c, t, &w);
         }
         fa_host_free(dq.buffer);
         fa_host_free(block);
@@ -369,6 +375,6 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     fa_host_free(delta);
     if (out_of_memory)
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY,
-                            "backward: cannot allocate per-thread tiles (gradients are incomplete)");
+                            "backward: cannot allocate per-thread tiles (dq, dk, dv and dbias are not written)");
     return FA_SUCCESS;
 }

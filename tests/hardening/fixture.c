@@ -137,6 +137,25 @@ int fixture_gradients_written(const fixture *f)
            no_sentinel(f->dv.data, tensor_bytes(&f->dv));
 }
 
+/* 1 if every aligned 4-byte word of data equals the sentinel. */
+static int all_sentinel(const void *data, size_t bytes)
+{
+    for (size_t i = 0; i + 4 <= bytes; i += 4)
+        if (memcmp((const char *)data + i, &sentinel, 4) != 0) return 0;
+    return 1;
+}
+
+int fixture_forward_untouched(const fixture *f)
+{
+    return all_sentinel(f->out.data, tensor_bytes(&f->out)) && all_sentinel(f->lse, fixture_lse_bytes(f));
+}
+
+int fixture_gradients_untouched(const fixture *f)
+{
+    return all_sentinel(f->dq.data, tensor_bytes(&f->dq)) && all_sentinel(f->dk.data, tensor_bytes(&f->dk)) &&
+           all_sentinel(f->dv.data, tensor_bytes(&f->dv));
+}
+
 int fixture_forward_identical(const fixture *a, const fixture *b)
 {
     return memcmp(a->out.data, b->out.data, tensor_bytes(&a->out)) == 0 &&

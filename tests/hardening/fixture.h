@@ -37,6 +37,9 @@ void fixture_poison_gradients(fixture *f);
 /* 1 if no 4-byte word of those outputs still holds the sentinel (the library wrote them all). */
 int fixture_forward_written(const fixture *f);
 int fixture_gradients_written(const fixture *f);
+/* 1 if every 4-byte word of those outputs still holds the sentinel (the library wrote none). */
+int fixture_forward_untouched(const fixture *f);
+int fixture_gradients_untouched(const fixture *f);
 /* 1 if those outputs of a and b are bit-identical. */
 int fixture_forward_identical(const fixture *a, const fixture *b);
 int fixture_gradients_identical(const fixture *a, const fixture *b);

@@ -1,7 +1,8 @@
 /* Allocation failures: the library's allocator hook fails the k-th host allocation, and k walks
  * over every allocation that context creation, fa_malloc, fa_forward and fa_backward make.
  * Each failing call must return FA_ERROR_OUT_OF_MEMORY with a message, leak nothing (checked by
- * LeakSanitizer in the sanitizer build and by valgrind), and leave the library usable: the next
+ * LeakSanitizer in the sanitizer build and by valgrind), write none of its outputs (the CPU
+ * passes' out-of-memory protocol, src/cpu/cpu_scratch.h), and leave the library usable: the next
  * call without injection gives bit-identical results to an undisturbed run. A call never
  * reports success with incomplete outputs. White-box: links the core archive for the hook. */
 #include <setjmp.h>
@@ -70,6 +71,8 @@ static void walk_attention(int threads, int backward)
         const fa_status st = with_failure(k, call, ctx, &got);
         if (k <= n) {
             assert_out_of_memory(st, k);
+            if (!(backward ? fixture_gradients_untouched(&got) : fixture_forward_untouched(&got)))
+                fail_msg("allocation %zu failed but the call wrote some of its outputs", k);
             /* The library still works after the failure. */
             assert_int_equal(call(ctx, &got), FA_SUCCESS);
         } else {
