@@ -60,10 +60,19 @@ static void forward_scratch_layout(fa_cpu_scratch *s, void *scratch)
     for (int64_t g = 0; g < w->group; ++g) w->tiles[g].ranges = fa_cpu_scratch_ranges(s, br);
 }
 
-static void query_tile_begin(const fa_problem *p, const fa_cpu_kernels *kern, const fa_cpu_nan_inputs *nan, int64_t br,
-                             int64_t b, int64_t h, int64_t i0, query_tile *t)
+/* What every task of one forward call reads: the problem, the kernels, where NaN inputs are, the
+ * tile sizes and the query tiles per task. */
+typedef struct forward_ctx {
+    const fa_problem *p;
+    const fa_cpu_kernels *kern;
+    const fa_cpu_nan_inputs *nan;
+    int64_t br, bc, group;
+} forward_ctx;
+
+static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t i0, query_tile *t)
 {
-    const int64_t rows_n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
+    const fa_problem *p = f->p;
+    const int64_t br = f->br, rows_n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
     fa_cpu_rows_init(p, b, i0, rows_n, t->ranges, &t->rows);
     /* A sink is a logit with no value: the running max and sum start from it. */
     const float sink = fa_cpu_sink(p, h);
@@ -71,14 +80,15 @@ static void query_tile_begin(const fa_problem *p, const fa_cpu_kernels *kern, co
         t->m[r] = sink;
         t->l[r] = sink == -INFINITY ? 0.0f : 1.0f;
     }
-    fa_cpu_nan_rows_begin(nan, p, b, h, &t->rows, t->poison);
+    fa_cpu_nan_rows_begin(f->nan, p, b, h, &t->rows, t->poison);
     memset(t->o, 0, (size_t)(rows_n * p->head_dim) * sizeof(float));
-    if (t->rows.key_hi > t->rows.key_lo) fa_cpu_load_transposed(&p->q, kern, b, i0, h, rows_n, t->qt, br);
+    if (t->rows.key_hi > t->rows.key_lo) fa_cpu_load_transposed(&p->q, f->kern, b, i0, h, rows_n, t->qt, br);
 }
 
 /* O_i = diag(1/l) O_i, the log-sum-exp, NaN poisoning, and the store. */
-static void query_tile_end(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h, query_tile *t)
+static void query_tile_end(const forward_ctx *f, int64_t b, int64_t h, query_tile *t)
 {
+    const fa_problem *p = f->p;
     const int64_t d = p->head_dim, i0 = t->rows.i0;
     for (int64_t r = 0; r < t->rows.count; ++r) {
         const float l = t->l[r];
@@ -88,10 +98,11 @@ static void query_tile_end(const fa_problem *p, const fa_cpu_kernels *kern, int6
         fa_cpu_nan_row_end(t->poison[r], t->o + r * d, d, &lse);
         if (p->lse) p->lse[fa_lse_index(p, b, h, i0 + r)] = lse;
     }
-    fa_cpu_store_rows(&p->out, kern, b, i0, h, t->rows.count, t->o, d);
+    fa_cpu_store_rows(&p->out, f->kern, b, i0, h, t->rows.count, t->o, d);
 }
 
-/* What a task's query tiles share: the problem, and the key tile K_j, V_j being applied. */
+/* What a task's query tiles share: the problem and its (b, h), and the key tile K_j, V_j being
+ * applied. */
 typedef struct forward_task_ctx {
     const fa_problem *p;
     const fa_cpu_kernels *kern;
@@ -172,17 +183,19 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
  * query tile runs one online-softmax step on the keys of K_j it can see. Key tiles lie on a
  * grid of multiples of Bc, so how the keys of a row are split into tiles (and so the rounding)
  * does not depend on the group size. */
-static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const fa_cpu_nan_inputs *nan, int64_t br,
-                         int64_t bc, int64_t group, int64_t b, int64_t h, int64_t i0, forward_scratch *w)
+static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0, forward_scratch *w)
 {
+    const fa_problem *p = f->p;
+    const fa_cpu_kernels *kern = f->kern;
+    const int64_t br = f->br, bc = f->bc;
     forward_task_ctx c = {.p = p, .kern = kern, .br = br, .b = b, .h = h,
                           .hk = h / (p->heads_q / p->heads_kv), .modified = fa_cpu_scores_modified(p)};
     c.fold = p->scale > 0.0f && !c.modified;
     c.scale_in_exp = c.fold ? p->scale : 1.0f;
     int64_t tiles = 0, key_lo = INT64_MAX, key_hi = 0;
-    for (; tiles < group && i0 + tiles * br < p->seqlen_q; ++tiles) {
+    for (; tiles < f->group && i0 + tiles * br < p->seqlen_q; ++tiles) {
         query_tile *t = &w->tiles[tiles];
-        query_tile_begin(p, kern, nan, br, b, h, i0 + tiles * br, t);
+        query_tile_begin(f, b, h, i0 + tiles * br, t);
         if (t->rows.key_hi <= t->rows.key_lo) continue;
         if (t->rows.key_lo < key_lo) key_lo = t->rows.key_lo;
         if (t->rows.key_hi > key_hi) key_hi = t->rows.key_hi;
@@ -204,12 +217,12 @@ static void forward_task(const fa_problem *p, const fa_cpu_kernels *kern, const 
                 int64_t ldv;
                 c.k = fa_cpu_view_rows(&p->k, kern, b, j0, c.hk, cols, w->k, &c.ldk);
                 const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, c.hk, cols, w->v, &ldv);
-                fa_cpu_nan_tile_begin(&c.nan_tile, nan, p, b, c.hk, j0, cols, v, ldv, w->v_clean);
+                fa_cpu_nan_tile_begin(&c.nan_tile, f->nan, p, b, c.hk, j0, cols, v, ldv, w->v_clean);
             }
             rows_step(&c, w, t, 0, t->rows.count, lo, lo + keys);
         }
     }
-    for (int64_t g = 0; g < tiles; ++g) query_tile_end(p, kern, b, h, &w->tiles[g]);
+    for (int64_t g = 0; g < tiles; ++g) query_tile_end(f, b, h, &w->tiles[g]);
 }
 
 /* Query tiles per task: enough to cut the K/V traffic (each task loads every key tile once)
@@ -248,6 +261,7 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     const int64_t tasks = heads * blocks;
     int out_of_memory = 0;
     const fa_cpu_nan_inputs nan = fa_cpu_find_nan_inputs(p, threads);
+    const forward_ctx f = {.p = p, .kern = s->kernels, .nan = &nan, .br = br, .bc = bc, .group = group};
 
 #pragma omp parallel num_threads(threads)
     {
@@ -259,8 +273,7 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < tasks; ++t) {
                 const int64_t qb = blocks - 1 - t / heads, bh = t % heads;
-                forward_task(p, s->kernels, &nan, br, bc, group, bh / p->heads_q, bh % p->heads_q, qb * group * br,
-                             &w);
+                forward_task(&f, bh / p->heads_q, bh % p->heads_q, qb * group * br, &w);
             }
         }
         fa_host_free(block);
