@@ -344,10 +344,11 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     {
         backward_scratch w = {.br = br, .bc = bc, .d = p->head_dim, .bias_floats = bias_tasks ? br * bc : 0};
         void *block = fa_cpu_scratch_make(backward_scratch_layout, &w);
+        const int needs_dq_buffer = fused && dq_buffer_floats;
         dq_target dq = {NULL};
-        if (block && fused && dq_buffer_floats) dq.buffer = fa_host_alloc((size_t)dq_buffer_floats * sizeof(float));
+        if (block && needs_dq_buffer) dq.buffer = fa_host_alloc((size_t)dq_buffer_floats * sizeof(float));
         /* The tasks read every thread's share of D, and a failed call writes no gradient. */
-        if (fa_cpu_team_ready(block && (dq.buffer || !(fused && dq_buffer_floats)), &out_of_memory)) {
+        if (fa_cpu_team_ready(block && (dq.buffer || !needs_dq_buffer), &out_of_memory)) {
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x) delta[x] = row_delta(&c, x, &w);
             if (fused) {
