@@ -28,6 +28,10 @@
  *             contiguous; C written, not accumulated). For the decode's S^T = K Q^T with few
  *             query rows, where gemm would fill a few lanes of its 2W columns: the ISA kernels
  *             sum each element in the lanes of a vector, then across them, in a fixed order.
+ *   fma_chains: the FMA-peak probe's loop (fma_peak.h): `iterations` rounds of one FMA on each of
+ *             the ISA's independent register-only chains (as many as gemm's register tile has
+ *             accumulators: enough to cover FMA latency x pipes); returns the FLOPs done (2 per
+ *             lane per FMA) and stores a value depending on every chain in *sink.
  * Results are deterministic: the same inputs give the same bits on every call and thread. */
 #ifndef FA_CPU_KERNELS_H
 #define FA_CPU_KERNELS_H
@@ -47,6 +51,7 @@ typedef struct fa_cpu_kernels {
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
     void (*gemm_nt)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                     float *c, int64_t ldc);
+    double (*fma_chains)(int64_t iterations, float *sink);
     /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
     int64_t mr, nr, tile_step;
 } fa_cpu_kernels;
@@ -61,6 +66,11 @@ extern const fa_cpu_kernels fa_cpu_kernels_avx512;
 #ifdef FA_HAVE_NEON
 extern const fa_cpu_kernels fa_cpu_kernels_neon;
 #endif
+
+/* The ISA names, newest first and "ref" last, on every target (an ISA not built here is "not
+ * supported", not "unknown"): the one list that select.c, the error messages and checkasm use. */
+enum { FA_CPU_ISA_COUNT = 4 };
+const char *fa_cpu_isa_name(int index); /* 0 <= index < FA_CPU_ISA_COUNT */
 
 /* The kernels for this CPU: FLASHATTN_CPU_ISA (ref|avx2|avx512|neon) if set, otherwise the
  * newest ISA the CPU supports (ref last). A forced ISA that is unknown (FA_ERROR_INVALID_VALUE)

@@ -226,10 +226,29 @@ static void KNAME(f32_to_f16)(const float *src, uint16_t *dst, int64_t n)
     for (; i < n; ++i) dst[i] = fa_f32_to_f16(src[i]);
 }
 
+/* The FMA-peak probe (fma_peak.h): 2*MR register-only chains, as many as the gemm tile's
+ * accumulators. acc = acc * m + a converges to a / (1 - m) = 1: no overflow, no subnormals. */
+static double KNAME(fma_chains)(int64_t iterations, float *sink)
+{
+    VEC acc[2 * MR];
+#pragma GCC unroll 64
+    for (int c = 0; c < 2 * MR; ++c) acc[c] = VSET1((float)c);
+    const VEC m = VSET1(0.999999f), a = VSET1(1e-6f);
+    for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 64 /* unrolled, the chains live in registers */
+        for (int c = 0; c < 2 * MR; ++c) acc[c] = VFMA(acc[c], m, a);
+    }
+    VEC total = acc[0];
+#pragma GCC unroll 64
+    for (int c = 1; c < 2 * MR; ++c) total = VADD(total, acc[c]);
+    *sink = VHSUM(total);
+    return 2.0 * W * 2 * MR * (double)iterations;
+}
+
 /* The ISA's table (kernels.h), named by the including file: one list of kernels for every ISA. */
 #define FA_VECTOR_KERNEL_TABLE(name)                                                                      \
     {                                                                                                     \
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
-        .gemm_nt = KNAME(gemm_nt), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
+        .gemm_nt = KNAME(gemm_nt), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }
