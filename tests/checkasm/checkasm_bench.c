@@ -1,0 +1,158 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, CLOCK_THREAD_CPUTIME_ID */
+/* checkasm --bench: every kernel on the tile shapes the CPU drivers give it (the forward's
+ * S^T = K Q^T, col_max, exp_cols and O = alpha O + P V; the backward's dV += P^T dO; the decode's
+ * gemm_nt; the conversions), in ns per call of this thread's CPU time (other jobs on a shared
+ * machine do not count), best of 9 samples after a warm-up, against the reference kernel, and
+ * for the products the fraction of the one-thread FMA peak of the same ISA (fma_peak.h). Then, per
+ * head dimension, the forward's kernels per tile pair: their FLOPs (4 Br Bc d) over their summed
+ * time, as a fraction of the peak, and the share of the softmax kernels. */
+#include "checkasm_bench.h"
+
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu/kernels/fma_peak.h"
+#include "cpu/kernels/kernels.h"
+
+enum { BUF = 1 << 17, SAMPLES = 9 };
+
+typedef struct buffers { float *a, *b, *c, *d, *vec0, *vec1, *vec2; uint16_t *half; } buffers;
+
+typedef struct bench_case {
+    const char *kernel; /* the kernel's name, matched by --function */
+    const char *what;
+    int64_t br, bc, d;  /* the tile shape (the forward's tiles on a 1 MiB L2) */
+    void (*run)(const fa_cpu_kernels *k, const buffers *m, const struct bench_case *c);
+    double flops;       /* per call, 0 for kernels without FMAs worth counting */
+} bench_case;
+
+static void run_st(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, NULL, 0); }
+static void run_pv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm(c->br, c->d, c->bc, m->c, 1, c->br, m->a, c->d, m->d, c->d, m->vec0, 1); }
+static void run_dv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm(c->bc, c->d, c->br, m->c, c->br, 1, m->b, c->d, m->d, c->d, NULL, 1); }
+static void run_col_max(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->col_max(m->c, c->br, c->bc, c->br, m->vec1); }
+static void run_exp_cols(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->exp_cols(m->c, c->br, c->bc, c->br, 0.125f, m->vec0, m->vec2); }
+static void run_gemm_nt(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm_nt(c->bc, c->br, c->d, m->a, c->d, m->b, c->d, m->c, c->br); }
+static void run_f16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ (void)c; k->f16_to_f32(m->half, m->a, 65536); }
+static void run_bf16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ (void)c; k->bf16_to_f32(m->half, m->a, 65536); }
+static void run_to_f16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ (void)c; k->f32_to_f16(m->b, m->half, 65536); }
+
+#define PRODUCT(br, bc, d) (2.0 * (double)(br) * (double)(bc) * (double)(d))
+static const bench_case cases[] = {
+    {"gemm", "S^T = K Q^T (fwd; bwd dP^T = V dO^T)", 64, 1024, 64, run_st, PRODUCT(64, 1024, 64)},
+    {"col_max", "row max of S^T", 64, 1024, 64, run_col_max, 0},
+    {"exp_cols", "P = exp(S - m), row sums", 64, 1024, 64, run_exp_cols, 0},
+    {"gemm", "O = alpha O + P V (fwd; bwd dQ += dS K)", 64, 1024, 64, run_pv, PRODUCT(64, 1024, 64)},
+    {"gemm", "dV += P^T dO (bwd; dK += dS^T Q)", 64, 1024, 64, run_dv, PRODUCT(64, 1024, 64)},
+    {"gemm", "S^T = K Q^T (fwd; bwd dP^T = V dO^T)", 128, 512, 128, run_st, PRODUCT(128, 512, 128)},
+    {"col_max", "row max of S^T", 128, 512, 128, run_col_max, 0},
+    {"exp_cols", "P = exp(S - m), row sums", 128, 512, 128, run_exp_cols, 0},
+    {"gemm", "O = alpha O + P V (fwd; bwd dQ += dS K)", 128, 512, 128, run_pv, PRODUCT(128, 512, 128)},
+    {"gemm", "dV += P^T dO (bwd; dK += dS^T Q)", 128, 512, 128, run_dv, PRODUCT(128, 512, 128)},
+    {"gemm_nt", "decode S^T = K q^T, 4 queries", 4, 512, 128, run_gemm_nt, PRODUCT(4, 512, 128)},
+    {"f16_to_f32", "65536 values", 0, 0, 0, run_f16, 0},
+    {"bf16_to_f32", "65536 values", 0, 0, 0, run_bf16, 0},
+    {"f32_to_f16", "65536 values", 0, 0, 0, run_to_f16, 0},
+};
+enum { CASES = sizeof cases / sizeof cases[0] };
+
+static double thread_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int by_value(const void *x, const void *y)
+{
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* Seconds per call: calls batched to >= 1 ms per sample, the best sample (the FMA peak is a best
+ * too: on a shared machine noise only slows). */
+static double time_case(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{
+    int64_t calls = 1;
+    for (;;) { /* warm-up and batch size */
+        const double t0 = thread_seconds();
+        for (int64_t i = 0; i < calls; ++i) c->run(k, m, c);
+        if (thread_seconds() - t0 >= 1e-3) break;
+        calls *= 2;
+    }
+    double samples[SAMPLES];
+    for (int s = 0; s < SAMPLES; ++s) {
+        const double t0 = thread_seconds();
+        for (int64_t i = 0; i < calls; ++i) c->run(k, m, c);
+        samples[s] = (thread_seconds() - t0) / (double)calls;
+    }
+    qsort(samples, SAMPLES, sizeof samples[0], by_value);
+    return samples[0];
+}
+
+static float *filled(size_t count, float lo, float hi)
+{
+    float *x = malloc(count * sizeof *x);
+    uint32_t state = 777u;
+    for (size_t i = 0; x && i < count; ++i) {
+        state = state * 1664525u + 1013904223u;
+        x[i] = lo + (hi - lo) * (float)(state >> 8) * (1.0f / 16777216.0f);
+    }
+    return x;
+}
+
+int checkasm_bench(const char *function, const char *only_isa)
+{
+    buffers m = {filled(BUF, -1, 1), filled(BUF, -1, 1), filled(BUF, -1, 1), filled(BUF, -1, 1),
+                 filled(BUF, 0.5f, 1), filled(BUF, 0, 0), filled(BUF, 0, 0), malloc(BUF * sizeof(uint16_t))};
+    int status = 0;
+    if (!m.a || !m.b || !m.c || !m.d || !m.vec0 || !m.vec1 || !m.vec2 || !m.half) {
+        fprintf(stderr, "checkasm --bench: out of memory\n");
+        status = 1;
+        goto done;
+    }
+    for (int i = 0; i < BUF; ++i) m.half[i] = (uint16_t)(0x3c00 + (i & 0x3ff));
+    const fa_cpu_kernels *ref = &fa_cpu_kernels_ref;
+    double ref_seconds[CASES];
+    printf("\ncheckasm --bench: ns per call (this thread's CPU time, best of %d), vs ref = ref time / time;\n"
+           "products: GFLOP/s and the fraction of the same ISA's one-thread FMA peak\n", SAMPLES);
+    for (int ci = 0; ci < CASES; ++ci) ref_seconds[ci] = fnmatch(function, cases[ci].kernel, 0) ? 0 : time_case(ref, &m, &cases[ci]);
+    for (int i = 0; i < FA_CPU_ISA_COUNT; ++i) {
+        const fa_cpu_kernels *k = fa_cpu_kernels_by_name(fa_cpu_isa_name(i));
+        if (!k || (only_isa && strcmp(k->isa, only_isa) && strcmp(k->isa, "ref"))) continue;
+        const double peak = fa_cpu_fma_peak(k, 1);
+        printf("\n%s: one-thread FMA peak %.1f GFLOP/s\n", k->isa, peak);
+        double seconds[CASES] = {0};
+        for (int ci = 0; ci < CASES; ++ci) {
+            const bench_case *c = &cases[ci];
+            if (fnmatch(function, c->kernel, 0)) continue;
+            seconds[ci] = k == ref ? ref_seconds[ci] : time_case(k, &m, c);
+            printf("  %-11s %-42s d=%-3lld Br=%-3lld Bc=%-4lld %11.0f ns %7.2fx ref", c->kernel, c->what, (long long)c->d,
+                   (long long)c->br, (long long)c->bc, seconds[ci] * 1e9, ref_seconds[ci] / seconds[ci]);
+            if (c->flops > 0) printf(" %7.1f GFLOP/s %5.2f of peak", c->flops / seconds[ci] * 1e-9, c->flops / seconds[ci] * 1e-9 / peak);
+            printf("\n");
+        }
+        /* The forward's kernels per tile pair (cases 0-3 at d = 64, 5-8 at d = 128). */
+        for (int first = 0; first <= 5; first += 5) {
+            const double softmax = seconds[first + 1] + seconds[first + 2], total = seconds[first] + softmax + seconds[first + 3];
+            if (!seconds[first] || !seconds[first + 1] || !seconds[first + 2] || !seconds[first + 3]) continue;
+            const double flops = 2.0 * cases[first].flops;
+            printf("  forward tile pair d=%lld (kernels only, no driver): %.2f of peak; col_max + exp_cols %.0f%% of the time\n",
+                   (long long)cases[first].d, flops / total * 1e-9 / peak, 100.0 * softmax / total);
+        }
+    }
+done:
+    free(m.a); free(m.b); free(m.c); free(m.d); free(m.vec0); free(m.vec1); free(m.vec2); free(m.half);
+    return status;
+}
