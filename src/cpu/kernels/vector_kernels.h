@@ -4,6 +4,7 @@
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
  *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VMAX, VMIN,
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
+ *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp, see KNAME(exp)),
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
  *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
  *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
@@ -151,11 +152,16 @@ static void KNAME(col_max)(const float *x, int64_t ld, int64_t rows, int64_t col
     }
 }
 
-/* exp(x) = 2^n e^r, see exp_poly.h. */
+/* exp(x) = 2^n e^r, see exp_poly.h. VEXP_RANGE clamps x to [FA_EXP_LO, FA_EXP_HI] where VSCALE2
+ * needs n in [-126, 127]; an ISA whose VSCALE2 takes any n defines it as x (two operations of
+ * about eighteen saved); x below FA_EXP_LO (-inf included) gives 0 either way. */
+#ifndef VEXP_RANGE
+#define VEXP_RANGE(x, lo) VMIN(VMAX(x, lo), VSET1(FA_EXP_HI))
+#endif
 FA_INLINE VEC KNAME(exp)(VEC x)
 {
     const VEC lo = VSET1(FA_EXP_LO);
-    const VEC xc = VMIN(VMAX(x, lo), VSET1(FA_EXP_HI));
+    const VEC xc = VEXP_RANGE(x, lo);
     const VEC n = VROUND(VMUL(xc, VSET1(FA_EXP_LOG2E)));
     const VEC r = VFNMA(n, VSET1(FA_EXP_LN2_LO), VFNMA(n, VSET1(FA_EXP_LN2_HI), xc));
     VEC poly = VSET1(FA_EXP_P0);
