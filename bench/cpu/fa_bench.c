@@ -53,6 +53,22 @@ static int parse_dtypes(const char *s)
     return bits;
 }
 
+/* "fwd,fwdbwd" -> a bit per pass (all = every pass), 0 on an unknown name. */
+static int parse_passes(const char *s)
+{
+    static const char *const names[] = {"fwd", "bwd", "fwdbwd", "all"};
+    int bits = 0;
+    while (*s) {
+        const size_t len = strcspn(s, ",");
+        int found = 0;
+        for (int t = 0; t < 4; ++t)
+            if (strlen(names[t]) == len && !strncmp(s, names[t], len)) bits |= t == 3 ? 7 : 1 << t, found = 1;
+        if (!found) return 0;
+        s += len + (s[len] == ',');
+    }
+    return bits;
+}
+
 static int parse_list(const char *s, int64_t *out)
 {
     int count = 0;
@@ -68,7 +84,7 @@ static int parse_list(const char *s, int64_t *out)
 static void usage(void)
 {
     puts("usage: fa-bench [--info] [--quick] [--n 512,1024,...] [--d 64,128] [--heads 8] [--threads 2]\n"
-         "                [--mask dense|causal|both] [--pass fwd|bwd|fwdbwd|all] [--reps 3] [--min-time 1.0]\n"
+         "                [--mask dense|causal|both] [--pass fwd,bwd,fwdbwd|all] [--reps 3] [--min-time 1.0]\n"
          "                [--std-max-n 8192] [--stat best|median] [--clock wall|cpu] [--dtype f32,f16,bf16] [--torch auto|off]\n"
          "                [--csv FILE]\n"
          "  Default: N = 512..16384, d = 64 and 128, dense and causal, all passes, 8 heads, 2 threads.\n"
@@ -114,8 +130,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--stat") && (!strcmp(val, "best") || !strcmp(val, "median"))) o->median = !strcmp(val, "median");
             else if (!strcmp(a, "--clock") && (!strcmp(val, "wall") || !strcmp(val, "cpu"))) bench_use_cpu_clock = !strcmp(val, "cpu");
             else if (!strcmp(a, "--mask")) o->masks = !strcmp(val, "dense") ? 1 : !strcmp(val, "causal") ? 2 : !strcmp(val, "both") ? 3 : 0;
-            else if (!strcmp(a, "--pass"))
-                o->passes = !strcmp(val, "fwd") ? 1 : !strcmp(val, "bwd") ? 2 : !strcmp(val, "fwdbwd") ? 4 : !strcmp(val, "all") ? 7 : 0;
+            else if (!strcmp(a, "--pass")) o->passes = parse_passes(val);
             else { fprintf(stderr, "fa-bench: unknown option %s (see --help)\n", a); return -1; }
         }
     }
