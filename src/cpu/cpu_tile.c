@@ -217,6 +217,13 @@ void fa_cpu_softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t
                          int64_t ld, float *m, float *l, float *tile_max, float *shift, float *alpha, float *tile_sum)
 {
     kern->col_max(st, ld, cols, rows, tile_max);
+    fa_cpu_softmax_step_given_max(kern, scale_in_exp, rows, cols, st, ld, m, l, tile_max, shift, alpha, tile_sum);
+}
+
+void fa_cpu_softmax_step_given_max(const fa_cpu_kernels *kern, float scale_in_exp, int64_t rows, int64_t cols,
+                                   float *st, int64_t ld, float *m, float *l, const float *tile_max, float *shift,
+                                   float *alpha, float *tile_sum)
+{
     for (int64_t r = 0; r < rows; ++r) {
         const float row_max = tile_max[r] * scale_in_exp; /* -inf stays -inf (scale > 0) */
         const float m_new = m[r] > row_max ? m[r] : row_max;

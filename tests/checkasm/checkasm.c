@@ -4,7 +4,7 @@
  * the whole forward and backward with the ISA forced through FLASHATTN_CPU_ISA against the same
  * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped.
  *   test_checkasm [--function=PATTERN] [--isa=NAME] [--seed=N] [--bench]
- * --function: only the kernels whose name matches the glob (gemm, gemm_nt, col_max, exp_cols,
+ * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, col_max, exp_cols,
  * f16_to_f32, bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
  * (printed, default 12345); --bench: after the checks, each kernel's time per call on the
  * forward's and backward's tile shapes, against its reference twin, and for the products the
@@ -82,6 +82,40 @@ static void test_gemm(void **state)
                              (long long)j, got, want);
             }
         free(a); free(b); free(scale); free(c_ref); free(c_isa);
+    }
+}
+
+/* gemm_max on odd sizes and padded leading dimensions: C bit for bit as the same ISA's gemm (the
+ * same products in the same order), the column max bit for bit as the reference col_max of that C,
+ * nothing written outside C's extent or past col_max[n). */
+static void test_gemm_max(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    static const int64_t sizes[] = {1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33, 47, 64, 65};
+    enum { S = sizeof sizes / sizeof sizes[0] };
+    for (int trial = 0; trial < 200; ++trial) {
+        const int64_t m = sizes[trial % S], n = sizes[(trial * 7 + 3) % S], k = sizes[(trial * 5 + 1) % S];
+        const int64_t lda = k + 3, ldb = n + 5, ldc = n + 2;
+        float *a = malloc((size_t)(m * lda) * 4), *b = malloc((size_t)(k * ldb) * 4);
+        float *c_gemm = malloc((size_t)(m * ldc) * 4), *c_max = malloc((size_t)(m * ldc) * 4);
+        float *want = malloc((size_t)(n + 1) * 4), *got = malloc((size_t)(n + 1) * 4);
+        assert_non_null(a); assert_non_null(b); assert_non_null(c_gemm); assert_non_null(c_max); assert_non_null(want); assert_non_null(got);
+        for (int64_t x = 0; x < m * lda; ++x) a[x] = uniform(-1, 1);
+        for (int64_t x = 0; x < k * ldb; ++x) b[x] = uniform(-1, 1);
+        for (int64_t x = 0; x < m * ldc; ++x) c_gemm[x] = c_max[x] = 1234.5f;
+        got[n] = 99.0f;
+        isa->gemm(m, n, k, a, lda, 1, b, ldb, c_gemm, ldc, NULL, 0);
+        isa->gemm_max(m, n, k, a, lda, 1, b, ldb, c_max, ldc, got);
+        ref->col_max(c_gemm, ldc, m, n, want);
+        if (memcmp(c_gemm, c_max, (size_t)(m * ldc) * 4) != 0)
+            fail_msg("gemm_max %s m=%lld n=%lld k=%lld: C differs from gemm's (or was written outside)", isa->isa,
+                     (long long)m, (long long)n, (long long)k);
+        for (int64_t j = 0; j < n; ++j)
+            if (got[j] != want[j])
+                fail_msg("gemm_max %s m=%lld n=%lld k=%lld: max[%lld] = %.9g, col_max %.9g", isa->isa, (long long)m,
+                         (long long)n, (long long)k, (long long)j, got[j], want[j]);
+        assert_true(got[n] == 99.0f);
+        free(a); free(b); free(c_gemm); free(c_max); free(want); free(got);
     }
 }
 
@@ -383,6 +417,7 @@ static void test_override(void **state)
 static const struct { const char *name; CMUnitTestFunction run; } kernel_tests[] = {
     {"gemm", test_gemm},
     {"gemm_nt", test_gemm_nt},
+    {"gemm_max", test_gemm_max},
     {"col_max", test_col_max},
     {"exp_cols", test_exp_cols},
     {"f16_to_f32", test_f16_to_f32},

@@ -5,7 +5,8 @@
  * machine do not count), best of 9 samples after a warm-up, against the reference kernel, and
  * for the products the fraction of the one-thread FMA peak of the same ISA (fma_peak.h). Then, per
  * head dimension, the forward's kernels per tile pair: their FLOPs (4 Br Bc d) over their summed
- * time, as a fraction of the peak, and the share of the softmax kernels. */
+ * time, as a fraction of the peak, and the share of the softmax kernels (kernels only: the driver's
+ * copies, masks and joins are not in it). */
 #include "checkasm_bench.h"
 
 #include <fnmatch.h>
@@ -31,6 +32,8 @@ typedef struct bench_case {
 
 static void run_st(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->gemm(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, NULL, 0); }
+static void run_st_max(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm_max(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, m->vec1); }
 static void run_pv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->gemm(c->br, c->d, c->bc, m->c, 1, c->br, m->a, c->d, m->d, c->d, m->vec0, 1); }
 static void run_dv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
@@ -54,11 +57,13 @@ static const bench_case cases[] = {
     {"col_max", "row max of S^T", 64, 1024, 64, run_col_max, 0},
     {"exp_cols", "P = exp(S - m), row sums", 64, 1024, 64, run_exp_cols, 0},
     {"gemm", "O = alpha O + P V (fwd; bwd dQ += dS K)", 64, 1024, 64, run_pv, PRODUCT(64, 1024, 64)},
+    {"gemm_max", "S^T = K Q^T and its row max (fwd, full tiles)", 64, 1024, 64, run_st_max, PRODUCT(64, 1024, 64)},
     {"gemm", "dV += P^T dO (bwd; dK += dS^T Q)", 64, 1024, 64, run_dv, PRODUCT(64, 1024, 64)},
     {"gemm", "S^T = K Q^T (fwd; bwd dP^T = V dO^T)", 128, 512, 128, run_st, PRODUCT(128, 512, 128)},
     {"col_max", "row max of S^T", 128, 512, 128, run_col_max, 0},
     {"exp_cols", "P = exp(S - m), row sums", 128, 512, 128, run_exp_cols, 0},
     {"gemm", "O = alpha O + P V (fwd; bwd dQ += dS K)", 128, 512, 128, run_pv, PRODUCT(128, 512, 128)},
+    {"gemm_max", "S^T = K Q^T and its row max (fwd, full tiles)", 128, 512, 128, run_st_max, PRODUCT(128, 512, 128)},
     {"gemm", "dV += P^T dO (bwd; dK += dS^T Q)", 128, 512, 128, run_dv, PRODUCT(128, 512, 128)},
     {"gemm_nt", "decode S^T = K q^T, 4 queries", 4, 512, 128, run_gemm_nt, PRODUCT(4, 512, 128)},
     {"f16_to_f32", "65536 values", 0, 0, 0, run_f16, 0},
@@ -143,13 +148,17 @@ int checkasm_bench(const char *function, const char *only_isa)
             if (c->flops > 0) printf(" %7.1f GFLOP/s %5.2f of peak", c->flops / seconds[ci] * 1e-9, c->flops / seconds[ci] * 1e-9 / peak);
             printf("\n");
         }
-        /* The forward's kernels per tile pair (cases 0-3 at d = 64, 5-8 at d = 128). */
-        for (int first = 0; first <= 5; first += 5) {
-            const double softmax = seconds[first + 1] + seconds[first + 2], total = seconds[first] + softmax + seconds[first + 3];
-            if (!seconds[first] || !seconds[first + 1] || !seconds[first + 2] || !seconds[first + 3]) continue;
-            const double flops = 2.0 * cases[first].flops;
-            printf("  forward tile pair d=%lld (kernels only, no driver): %.2f of peak; col_max + exp_cols %.0f%% of the time\n",
-                   (long long)cases[first].d, flops / total * 1e-9 / peak, 100.0 * softmax / total);
+        /* The forward's kernels per tile pair (cases 0-4 at d = 64, 6-10 at d = 128): partial tiles
+         * (S^T, col_max after the mask, exp_cols, P V) and full ones (gemm_max, exp_cols, P V). */
+        for (int first = 0; first <= 6; first += 6) {
+            const double *t = seconds + first, flops = 2.0 * cases[first].flops;
+            if (t[0] > 0 && t[1] > 0 && t[2] > 0 && t[3] > 0)
+                printf("  forward tile pair d=%lld, gemm + col_max (partial tiles): %.2f of peak; col_max + exp_cols %.0f%% of the time\n",
+                       (long long)cases[first].d, flops / (t[0] + t[1] + t[2] + t[3]) * 1e-9 / peak,
+                       100.0 * (t[1] + t[2]) / (t[0] + t[1] + t[2] + t[3]));
+            if (t[4] > 0 && t[2] > 0 && t[3] > 0)
+                printf("  forward tile pair d=%lld, gemm_max (full tiles): %.2f of peak; exp_cols %.0f%% of the time\n",
+                       (long long)cases[first].d, flops / (t[4] + t[2] + t[3]) * 1e-9 / peak, 100.0 * t[2] / (t[4] + t[2] + t[3]));
         }
     }
 done:

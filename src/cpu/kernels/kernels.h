@@ -16,6 +16,9 @@
  *             accumulate == 0: C = A B;  otherwise C = diag(row_scale) C + A B
  *             (row_scale NULL = identity). Each C element's sum runs over p in increasing order.
  *   col_max:  out[j] = max over i < rows of x[i*ld + j]  (-inf when all are -inf).
+ *   gemm_max: gemm with accumulate == 0 (C = A B) and col_max of the result, out[j] = max over
+ *             i < m of C(i,j), taken from the registers: the forward's S^T = K Q^T of a fully
+ *             visible tile without a second pass over S^T. C is the same bits as gemm's.
  *   exp_cols: x[i*ld + j] = exp(scale * x[i*ld + j] - shift[j]); sum[j] = sum over i of the results.
  *             exp(-inf) = 0, and shift[j] = +inf gives zeros. Accuracy: within 2 ulp of expf for
  *             arguments in [-87.3, 88]; below -87.3 (results under FLT_MIN) ISA kernels may flush
@@ -51,6 +54,8 @@ typedef struct fa_cpu_kernels {
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
     void (*gemm_nt)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                     float *c, int64_t ldc);
+    void (*gemm_max)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                     int64_t ldb, float *c, int64_t ldc, float *col_max);
     double (*fma_chains)(int64_t iterations, float *sink);
     /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
     int64_t mr, nr, tile_step;

@@ -21,7 +21,7 @@
 /* One register tile: C[mr x 2W] (+)= A[mr x k] B[k x 2W]; masked: B and C columns limited by m0, m1. */
 FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t ldb,
                            float *c, int64_t ldc, const float *row_scale, int accumulate, const int mr,
-                           const int masked, MASK_T m0, MASK_T m1)
+                           const int masked, MASK_T m0, MASK_T m1, float *col_max)
 {
     VEC acc0[MR], acc1[MR];
     for (int r = 0; r < mr; ++r) {
@@ -40,6 +40,20 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
         }
         ap += csa;
         bp += ldb;
+    }
+    if (col_max) { /* gemm_max: the tile's column max merged into col_max[0, 2W) */
+        VEC max0 = masked ? VMLOAD(col_max, m0) : VLOAD(col_max), max1 = masked ? VMLOAD(col_max + W, m1) : VLOAD(col_max + W);
+        for (int r = 0; r < mr; ++r) {
+            max0 = VMAX(max0, acc0[r]);
+            max1 = VMAX(max1, acc1[r]);
+        }
+        if (masked) {
+            VMSTORE(col_max, m0, max0);
+            VMSTORE(col_max + W, m1, max1);
+        } else {
+            VSTORE(col_max, max0);
+            VSTORE(col_max + W, max1);
+        }
     }
     for (int r = 0; r < mr; ++r) {
         float *cr = c + r * ldc;
@@ -62,12 +76,12 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
  * leftover rows in tiles of 8, 4, 2, 1. */
 FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                             int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate,
-                            const int masked, MASK_T m0, MASK_T m1)
+                            const int masked, MASK_T m0, MASK_T m1, float *col_max)
 {
     int64_t i = 0;
 #define FA_TILE_AT(rows)                                                                                        \
     KNAME(tile)(k, a + i * rsa, rsa, csa, b, ldb, c + i * ldc, ldc, row_scale ? row_scale + i : NULL, accumulate, \
-                rows, masked, m0, m1)
+                rows, masked, m0, m1, col_max)
     for (; i + MR <= m; i += MR) FA_TILE_AT(MR);
 #if MR > 8
     if (i + 8 <= m) { FA_TILE_AT(8); i += 8; }
@@ -78,18 +92,35 @@ FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, i
 #undef FA_TILE_AT
 }
 
-static void KNAME(gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
-                        int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate)
+/* Column panels outermost: the k x 2W panel of B stays in L1 while A streams past it. col_max:
+ * NULL, or gemm_max's output (set to -inf here, then each tile merges its maximum). */
+FA_INLINE void KNAME(gemm_any)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
+                               const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
+                               int accumulate, float *col_max)
 {
-    /* Column panels outermost: the k x 2W panel of B stays in L1 while A streams past it. */
+    if (col_max)
+        for (int64_t j = 0; j < n; ++j) col_max[j] = -INFINITY;
     int64_t j = 0;
     for (; j + 2 * W <= n; j += 2 * W)
-        KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W));
+        KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W),
+                     col_max ? col_max + j : NULL);
     if (j < n) {
         const int64_t left = n - j;
         KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 1,
-                     VMASK(left < W ? left : W), VMASK(left > W ? left - W : 0));
+                     VMASK(left < W ? left : W), VMASK(left > W ? left - W : 0), col_max ? col_max + j : NULL);
     }
+}
+
+static void KNAME(gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                        int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate)
+{
+    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate, NULL);
+}
+
+static void KNAME(gemm_max)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
+                            const float *b, int64_t ldb, float *c, int64_t ldc, float *col_max)
+{
+    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0, col_max);
 }
 
 /* One block of C = A B^T: C[mi x nj], each element's products in the lanes of its own vector
@@ -256,5 +287,5 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
     {                                                                                                     \
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
-        .gemm_nt = KNAME(gemm_nt), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
+        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }
