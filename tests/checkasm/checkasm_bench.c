@@ -52,19 +52,17 @@ static void run_to_f16(const fa_cpu_kernels *k, const buffers *m, const bench_ca
 { (void)c; k->f32_to_f16(m->b, m->half, 65536); }
 
 #define PRODUCT(br, bc, d) (2.0 * (double)(br) * (double)(bc) * (double)(d))
+/* One tile pair's kernels, in the order the tile-pair summary reads them (6 cases per d). */
+#define TILE_PAIR_CASES(br, bc, d)                                                                                \
+    {"gemm", "S^T = K Q^T (fwd; bwd dP^T = V dO^T)", br, bc, d, run_st, PRODUCT(br, bc, d)},                     \
+    {"col_max", "row max of S^T", br, bc, d, run_col_max, 0},                                                      \
+    {"exp_cols", "P = exp(S - m), row sums", br, bc, d, run_exp_cols, 0},                                          \
+    {"gemm", "O = alpha O + P V (fwd; bwd dQ += dS K)", br, bc, d, run_pv, PRODUCT(br, bc, d)},                  \
+    {"gemm_max", "S^T = K Q^T and its row max (fwd, full tiles)", br, bc, d, run_st_max, PRODUCT(br, bc, d)},    \
+    {"gemm", "dV += P^T dO (bwd; dK += dS^T Q)", br, bc, d, run_dv, PRODUCT(br, bc, d)}
 static const bench_case cases[] = {
-    {"gemm", "S^T = K Q^T (fwd; bwd dP^T = V dO^T)", 64, 1024, 64, run_st, PRODUCT(64, 1024, 64)},
-    {"col_max", "row max of S^T", 64, 1024, 64, run_col_max, 0},
-    {"exp_cols", "P = exp(S - m), row sums", 64, 1024, 64, run_exp_cols, 0},
-    {"gemm", "O = alpha O + P V (fwd; bwd dQ += dS K)", 64, 1024, 64, run_pv, PRODUCT(64, 1024, 64)},
-    {"gemm_max", "S^T = K Q^T and its row max (fwd, full tiles)", 64, 1024, 64, run_st_max, PRODUCT(64, 1024, 64)},
-    {"gemm", "dV += P^T dO (bwd; dK += dS^T Q)", 64, 1024, 64, run_dv, PRODUCT(64, 1024, 64)},
-    {"gemm", "S^T = K Q^T (fwd; bwd dP^T = V dO^T)", 128, 512, 128, run_st, PRODUCT(128, 512, 128)},
-    {"col_max", "row max of S^T", 128, 512, 128, run_col_max, 0},
-    {"exp_cols", "P = exp(S - m), row sums", 128, 512, 128, run_exp_cols, 0},
-    {"gemm", "O = alpha O + P V (fwd; bwd dQ += dS K)", 128, 512, 128, run_pv, PRODUCT(128, 512, 128)},
-    {"gemm_max", "S^T = K Q^T and its row max (fwd, full tiles)", 128, 512, 128, run_st_max, PRODUCT(128, 512, 128)},
-    {"gemm", "dV += P^T dO (bwd; dK += dS^T Q)", 128, 512, 128, run_dv, PRODUCT(128, 512, 128)},
+    TILE_PAIR_CASES(64, 1024, 64),
+    TILE_PAIR_CASES(128, 512, 128),
     {"gemm_nt", "decode S^T = K q^T, 4 queries", 4, 512, 128, run_gemm_nt, PRODUCT(4, 512, 128)},
     {"f16_to_f32", "65536 values", 0, 0, 0, run_f16, 0},
     {"bf16_to_f32", "65536 values", 0, 0, 0, run_bf16, 0},
