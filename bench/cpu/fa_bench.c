@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_clock.h"
 #include "common/half.h"
@@ -301,6 +302,18 @@ int main(int argc, char **argv)
     const double fma_peak = fa_cpu_fma_peak(kernels, o.threads);
     printf("FMA peak, %s kernels, %d threads: %.1f GFLOP/s (register-only FMA chains; the 'of peak' column divides by "
            "this)\n", kernels->isa, o.threads, fma_peak);
+    /* The probe times each thread in its own CPU time; wall-clock rows fall with the load. */
+    double load = -1.0;
+    FILE *loadavg = fopen("/proc/loadavg", "r");
+    if (loadavg) {
+        if (fscanf(loadavg, "%lf", &load) != 1) load = -1.0;
+        fclose(loadavg);
+    }
+    if (load >= 0.0)
+        printf("load average %.2f on %ld cores%s\n", load, sysconf(_SC_NPROCESSORS_ONLN),
+               load > 0.5 * (double)sysconf(_SC_NPROCESSORS_ONLN) && !bench_use_cpu_clock
+                   ? ": other jobs share the cores, wall-clock fractions of the peak will be low (try --clock cpu)"
+                   : "");
     double sgemm_rate = 0.0;
 #ifdef FA_BENCH_HAVE_OPENBLAS
     fprintf(stderr, "measuring the OpenBLAS sgemm rate (2048^3, %d threads)...\n", o.threads);
