@@ -4,7 +4,8 @@
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
  *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VMAX, VMIN,
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
- *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp, see KNAME(exp)),
+ *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp, see KNAME(exp)) and GEMM_KC
+ *   (k blocking of gemm, see KNAME(gemm_any)),
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
  *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
  *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
@@ -92,14 +93,16 @@ FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, i
 #undef FA_TILE_AT
 }
 
+#ifndef GEMM_KC
+#define GEMM_KC 0 /* no k blocking: one pass over k (see gemm_any) */
+#endif
+
 /* Column panels outermost: the k x 2W panel of B stays in L1 while A streams past it. col_max:
- * NULL, or gemm_max's output (set to -inf here, then each tile merges its maximum). */
-FA_INLINE void KNAME(gemm_any)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
-                               const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
-                               int accumulate, float *col_max)
+ * NULL, or gemm_max's output (each tile merges its maximum). */
+FA_INLINE void KNAME(panels)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
+                             const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
+                             int accumulate, float *col_max)
 {
-    if (col_max)
-        for (int64_t j = 0; j < n; ++j) col_max[j] = -INFINITY;
     int64_t j = 0;
     for (; j + 2 * W <= n; j += 2 * W)
         KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W),
@@ -109,6 +112,26 @@ FA_INLINE void KNAME(gemm_any)(int64_t m, int64_t n, int64_t k, const float *a, 
         KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 1,
                      VMASK(left < W ? left : W), VMASK(left > W ? left - W : 0), col_max ? col_max + j : NULL);
     }
+}
+
+FA_INLINE void KNAME(gemm_any)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
+                               const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
+                               int accumulate, float *col_max)
+{
+    if (col_max)
+        for (int64_t j = 0; j < n; ++j) col_max[j] = -INFINITY;
+#if GEMM_KC > 0
+    /* Long k (P V and dS K, k = Bc): blocks of GEMM_KC, so that each block's B panel is reused
+     * from L1 by every row tile; C takes the blocks' sums in turn (p still in increasing order,
+     * the blocking depends on k only). */
+    if (k > GEMM_KC && !col_max) {
+        for (int64_t p0 = 0; p0 < k; p0 += GEMM_KC)
+            KNAME(panels)(m, n, k - p0 < GEMM_KC ? k - p0 : GEMM_KC, a + p0 * csa, rsa, csa, b + p0 * ldb, ldb, c, ldc,
+                          p0 ? NULL : row_scale, p0 ? 1 : accumulate, NULL);
+        return;
+    }
+#endif
+    KNAME(panels)(m, n, k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate, col_max);
 }
 
 static void KNAME(gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
