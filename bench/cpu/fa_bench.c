@@ -1,14 +1,17 @@
 /* fa-bench: the CPU backend against standard attention, forward, backward and both, in one run.
- * Prints a table (ms, GFLOP/s, fraction of the sgemm rate measured in the same run, speedup over
- * standard attention, peak extra memory) with a progress line on stderr, and optionally CSV.
+ * Prints a table (ms, GFLOP/s, fraction of the machine's FMA peak for the selected kernels and of
+ * the BLAS sgemm rate, both measured in the same run, speedup over standard attention, peak extra
+ * memory) with a progress line on stderr, and optionally CSV.
  * Run `fa-bench --help` for the options. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_clock.h"
 #include "common/half.h"
+#include "cpu/kernels/fma_peak.h"
 #include "flashattn.h"
 #include "torch_column.h"
 #ifdef FA_BENCH_HAVE_OPENBLAS
@@ -51,6 +54,22 @@ static int parse_dtypes(const char *s)
     return bits;
 }
 
+/* "fwd,fwdbwd" -> a bit per pass (all = every pass), 0 on an unknown name. */
+static int parse_passes(const char *s)
+{
+    static const char *const names[] = {"fwd", "bwd", "fwdbwd", "all"};
+    int bits = 0;
+    while (*s) {
+        const size_t len = strcspn(s, ",");
+        int found = 0;
+        for (int t = 0; t < 4; ++t)
+            if (strlen(names[t]) == len && !strncmp(s, names[t], len)) bits |= t == 3 ? 7 : 1 << t, found = 1;
+        if (!found) return 0;
+        s += len + (s[len] == ',');
+    }
+    return bits;
+}
+
 static int parse_list(const char *s, int64_t *out)
 {
     int count = 0;
@@ -66,11 +85,11 @@ static int parse_list(const char *s, int64_t *out)
 static void usage(void)
 {
     puts("usage: fa-bench [--info] [--quick] [--n 512,1024,...] [--d 64,128] [--heads 8] [--threads 2]\n"
-         "                [--mask dense|causal|both] [--pass fwd|bwd|fwdbwd|all] [--reps 3] [--min-time 1.0]\n"
+         "                [--mask dense|causal|both] [--pass fwd,bwd,fwdbwd|all] [--reps 3] [--min-time 1.0]\n"
          "                [--std-max-n 8192] [--stat best|median] [--clock wall|cpu] [--dtype f32,f16,bf16] [--torch auto|off]\n"
          "                [--csv FILE]\n"
          "  Default: N = 512..16384, d = 64 and 128, dense and causal, all passes, 8 heads, 2 threads.\n"
-         "  --quick: N = 512, 1024, 2048, d = 64, one timed repetition.\n"
+         "  --quick: N = 512, 1024, 2048, d = 64, median of 3 timed repetitions after a warm-up run.\n"
          "  Standard attention runs up to --std-max-n (it needs 2 N x N floats per thread).\n"
          "  --stat: report the best (default) or the median of the timed repetitions.\n"
          "  --clock cpu: process CPU time / threads instead of wall time (a loaded machine, --threads 1).\n"
@@ -92,7 +111,8 @@ static int parse_options(int argc, char **argv, options *o)
         else if (!strcmp(a, "--quick")) {
             o->n_count = parse_list("512,1024,2048", o->n);
             o->d_count = parse_list("64", o->d);
-            o->max_reps = 1;
+            o->max_reps = 3;
+            o->median = 1;
             o->min_seconds = 0.0;
         } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); exit(0); }
         else if (!val) { fprintf(stderr, "fa-bench: %s needs a value or is unknown (see --help)\n", a); return -1; }
@@ -111,8 +131,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--stat") && (!strcmp(val, "best") || !strcmp(val, "median"))) o->median = !strcmp(val, "median");
             else if (!strcmp(a, "--clock") && (!strcmp(val, "wall") || !strcmp(val, "cpu"))) bench_use_cpu_clock = !strcmp(val, "cpu");
             else if (!strcmp(a, "--mask")) o->masks = !strcmp(val, "dense") ? 1 : !strcmp(val, "causal") ? 2 : !strcmp(val, "both") ? 3 : 0;
-            else if (!strcmp(a, "--pass"))
-                o->passes = !strcmp(val, "fwd") ? 1 : !strcmp(val, "bwd") ? 2 : !strcmp(val, "fwdbwd") ? 4 : !strcmp(val, "all") ? 7 : 0;
+            else if (!strcmp(a, "--pass")) o->passes = parse_passes(val);
             else { fprintf(stderr, "fa-bench: unknown option %s (see --help)\n", a); return -1; }
         }
     }
@@ -211,8 +230,8 @@ static double median_of(double *t, int count)
 }
 
 /* Best (or median) time of up to max_reps runs (stopping once min_seconds have been spent), after
- * one untimed warm-up run when more than one repetition is asked for; peak memory above the
- * resident size before the first run. */
+ * one untimed warm-up run when more than one repetition is asked for (thread start, first touch of
+ * the scratch memory, caches); peak memory above the resident size before the first run. */
 #define MEASURE(result, opts, call)                                                                             \
     do {                                                                                                        \
         const long long base_ = bench_peak_reset();                                                             \
@@ -275,30 +294,54 @@ int main(int argc, char **argv)
     }
     if (o.info) { torch_column_stop(&torch); fa_context_destroy(ctx); return 0; }
 
+    /* The physical limit: register-only FMA chains of the kernels the context selected
+     * (FLASHATTN_CPU_ISA included), on the benchmark's threads, in this run. */
+    const fa_cpu_kernels *kernels = NULL;
+    if (fa_cpu_select_kernels(&kernels) != FA_SUCCESS) { fprintf(stderr, "fa-bench: %s\n", fa_last_error()); return 1; }
+    fprintf(stderr, "measuring the FMA peak (%s, %d threads)...\n", kernels->isa, o.threads);
+    const double fma_peak = fa_cpu_fma_peak(kernels, o.threads);
+    printf("FMA peak, %s kernels, %d threads: %.1f GFLOP/s (register-only FMA chains; the 'of peak' column divides by "
+           "this)\n", kernels->isa, o.threads, fma_peak);
+    /* The probe times each thread in its own CPU time; wall-clock rows fall with the load. */
+    double load = -1.0;
+    FILE *loadavg = fopen("/proc/loadavg", "r");
+    if (loadavg) {
+        if (fscanf(loadavg, "%lf", &load) != 1) load = -1.0;
+        fclose(loadavg);
+    }
+    if (load >= 0.0)
+        printf("load average %.2f on %ld cores%s\n", load, sysconf(_SC_NPROCESSORS_ONLN),
+               load > 0.5 * (double)sysconf(_SC_NPROCESSORS_ONLN) && !bench_use_cpu_clock
+                   ? ": other jobs share the cores, wall-clock fractions of the peak will be low (try --clock cpu)"
+                   : "");
     double sgemm_rate = 0.0;
 #ifdef FA_BENCH_HAVE_OPENBLAS
     fprintf(stderr, "measuring the OpenBLAS sgemm rate (2048^3, %d threads)...\n", o.threads);
     sgemm_rate = std_sgemm_rate(2048, o.threads, 10); /* best of 10: a shared machine's noise only slows */
-    printf("sgemm 2048^3, %d threads: %.1f GFLOP/s (the 'peak' column divides by this)\n", o.threads, sgemm_rate);
+    printf("sgemm 2048^3, %d threads: %.1f GFLOP/s = %.2f of the FMA peak (what the BLAS reaches; the 'of BLAS' "
+           "column divides by this)\n", o.threads, sgemm_rate, sgemm_rate / fma_peak);
 #endif
-    printf("times: %s of up to %d repetitions, %s\n", o.median ? "median" : "best", o.max_reps,
+    printf("times: %s of up to %d repetitions%s, %s; FLOPs: 4 N^2 d per head forward, 2.5x that backward, causal "
+           "counts the N(N+1)/2 visible scores\n",
+           o.median ? "median" : "best", o.max_reps, o.max_reps > 1 ? " after a warm-up run" : " (no warm-up)",
            bench_use_cpu_clock ? "process CPU time / threads" : "wall clock");
     FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
     if (o.csv && !csv) { fprintf(stderr, "fa-bench: cannot write %s\n", o.csv); return 1; }
     if (csv)
-        fprintf(csv, "pass,n,d,heads,threads,mask,flash_ms,flash_gflops,flash_peak_fraction,flash_extra_mib,"
-                     "std_ms,std_gflops,std_extra_mib,speedup,sgemm_gflops,isa,dtype,time_vs_f32,torch_ms,speedup_vs_torch\n");
+        fprintf(csv, "pass,n,d,heads,threads,mask,flash_ms,flash_gflops,flash_sgemm_fraction,flash_extra_mib,"
+                     "std_ms,std_gflops,std_extra_mib,speedup,sgemm_gflops,isa,dtype,time_vs_f32,torch_ms,speedup_vs_torch,"
+                     "fma_peak_gflops,flash_fma_fraction\n");
     const char *isa = strstr(fa_context_info(ctx), "isa ");
     char isa_name[16] = "?";
     if (isa) sscanf(isa + 4, "%15[^,]", isa_name);
-    printf("\n%-8s %6s %4s %-6s %-4s | %10s %8s %5s %9s | %10s %8s %9s | %7s%s%s\n", "pass", "N", "d", "mask", "type",
-           "flash ms", "GFLOP/s", "peak", "extra MiB", "std ms", "GFLOP/s", "extra MiB", "speedup",
+    printf("\n%-8s %6s %4s %-6s %-4s | %10s %8s %7s %7s %9s | %10s %8s %9s | %7s%s%s\n", "pass", "N", "d", "mask", "type",
+           "flash ms", "GFLOP/s", "of peak", "of BLAS", "extra MiB", "std ms", "GFLOP/s", "extra MiB", "speedup",
            __builtin_popcount((unsigned)o.dtypes) > 1 ? " | t/f32" : "", torch.to ? " |   torch ms vs torch" : "");
 
     const int total = o.n_count * o.d_count * __builtin_popcount((unsigned)o.masks) *
                       __builtin_popcount((unsigned)o.passes) * __builtin_popcount((unsigned)o.dtypes);
     const int several_dtypes = __builtin_popcount((unsigned)o.dtypes) > 1;
-    int done = 0, failures = 0;
+    int done = 0, failures = 0, over_peak = 0;
     for (int di = 0; di < o.d_count; ++di)
         for (int ni = 0; ni < o.n_count; ++ni) {
             const int64_t n = o.n[ni], d = o.d[di];
@@ -349,9 +392,12 @@ int main(int argc, char **argv)
                         const double fg = flops / flash.seconds * 1e-9, sg = std.ok ? flops / std.seconds * 1e-9 : 0.0;
                         const double fmib = flash.peak_bytes / 1048576.0, smib = std.peak_bytes / 1048576.0;
                         fprintf(stderr, "\r%70s\r", "");
-                        printf("%-8s %6lld %4lld %-6s %-4s | %10.2f %8.1f %5.2f %9.1f | ", pass_names[ps], (long long)n,
+                        const double of_peak = fg / fma_peak;
+                        /* Above the physical limit: the FLOP count or the timer is wrong. */
+                        if (of_peak > 1.0) ++over_peak;
+                        printf("%-8s %6lld %4lld %-6s %-4s | %10.2f %8.1f %6.2f%s %7.2f %9.1f | ", pass_names[ps], (long long)n,
                                (long long)d, causal ? "causal" : "dense", dtype_names[dt], flash.seconds * 1e3, fg,
-                               sgemm_rate > 0 ? fg / sgemm_rate : NAN, fmib);
+                               of_peak, of_peak > 1.0 ? "!" : " ", sgemm_rate > 0 ? fg / sgemm_rate : NAN, fmib);
                         if (std.ok) printf("%10.2f %8.1f %9.1f | %6.2fx", std.seconds * 1e3, sg, smib, std.seconds / flash.seconds);
                         else printf("%10s %8s %9s | %7s", "-", "-", "-", "-");
                         if (several_dtypes) {
@@ -365,24 +411,34 @@ int main(int argc, char **argv)
                         printf("\n");
                         fflush(stdout);
                         if (csv)
-                            fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s,%s,%.4f,%.4f,%.3f\n",
+                            fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s,%s,%.4f,%.4f,%.3f,%.2f,%.4f\n",
                                     pass_names[ps], (long long)n, (long long)d, o.heads, o.threads,
                                     causal ? "causal" : "dense", flash.seconds * 1e3, fg,
                                     sgemm_rate > 0 ? fg / sgemm_rate : 0.0, fmib, std.ok ? std.seconds * 1e3 : 0.0, sg,
                                     std.ok ? smib : 0.0, std.ok ? std.seconds / flash.seconds : 0.0, sgemm_rate, isa_name,
-                                    dtype_names[dt], vs_f32, torch_ms > 0 ? torch_ms : 0.0, vs_torch);
+                                    dtype_names[dt], vs_f32, torch_ms > 0 ? torch_ms : 0.0, vs_torch, fma_peak, of_peak);
                     }
                 }
             }
             tensors_free(&t);
         }
     fprintf(stderr, "\n");
+    /* The machine may have been busier when the peak was taken: say so rather than trust it. */
+    const double fma_peak_end = fa_cpu_fma_peak(kernels, o.threads);
+    printf("\nFMA peak again at the end: %.1f GFLOP/s", fma_peak_end);
+    if (fma_peak_end > 1.1 * fma_peak || fma_peak_end < 0.9 * fma_peak)
+        printf(" (differs by more than 10%% from the start: the 'of peak' column is unreliable)");
+    printf("\n");
+    if (over_peak)
+        printf("\n!!! WARNING: %d row(s) marked '!' run above the FMA peak (of peak > 1.0). That is impossible: the FLOP\n"
+               "!!! count or the timer is wrong, or the peak was measured while other jobs held the cores.\n",
+               over_peak);
 #ifdef FA_BENCH_HAVE_OPENBLAS
     /* The machine may have been busier when the rate was taken: say so rather than trust it. */
     const double sgemm_end = std_sgemm_rate(2048, o.threads, 10);
-    printf("\nsgemm 2048^3 again at the end: %.1f GFLOP/s", sgemm_end);
+    printf("sgemm 2048^3 again at the end: %.1f GFLOP/s", sgemm_end);
     if (sgemm_end > 1.1 * sgemm_rate || sgemm_end < 0.9 * sgemm_rate)
-        printf(" (differs by more than 10%% from the start: the 'peak' column is unreliable)");
+        printf(" (differs by more than 10%% from the start: the 'of BLAS' column is unreliable)");
     printf("\n");
 #endif
     if (csv) fclose(csv);

@@ -8,7 +8,8 @@ taking each row's median across the runs is steadier than any single run. Usage:
     bench/cpu/median_rounds.py r1.csv r2.csv r3.csv
 
 Columns: flash and standard ms (medians), speedup = median std ms / median flash ms, the
-fraction of each round's own sgemm rate (median), causal / dense flash time at the same
+fraction of each round's own FMA peak (median; runs from before the probe: of their sgemm rate,
+and the column says so), causal / dense flash time at the same
 (pass, N, d), and where the runs have them: the type (--dtype) with its time over f32 (median of
 the per-round ratios), PyTorch SDPA ms and the median of the per-round torch / flash ratios.
 """
@@ -27,16 +28,19 @@ def main(paths):
                 entry["flash"].append(float(r["flash_ms"]))
                 if float(r["std_ms"]) > 0:
                     entry["std"].append(float(r["std_ms"]))
-                entry["peak"].append(float(r["flash_peak_fraction"]))
+                fma = r.get("flash_fma_fraction")
+                entry["peak"].append(float(fma if fma else r.get("flash_peak_fraction") or r["flash_sgemm_fraction"]))
+                entry["of_fma"] = bool(fma)
                 if float(r.get("time_vs_f32") or 0) > 0:
                     entry["vs_f32"].append(float(r["time_vs_f32"]))
                 if float(r.get("torch_ms") or 0) > 0:
                     entry["torch"].append(float(r["torch_ms"]))
                     entry["vs_torch"].append(float(r["speedup_vs_torch"]))
     types = len({k[4] for k in rows}) > 1
+    of = "of FMA peak" if all(e.get("of_fma") for e in rows.values()) else "of sgemm"
     torch = any(e["torch"] for e in rows.values())
     print(f"Medians over {len(paths)} runs.\n")
-    head = "| pass | N | d | mask |" + (" type | t/f32 |" if types else "") + " flash ms | std ms | speedup | of sgemm | causal / dense |"
+    head = "| pass | N | d | mask |" + (" type | t/f32 |" if types else "") + f" flash ms | std ms | speedup | {of} | causal / dense |"
     head += " torch ms | vs torch |" if torch else ""
     print(head)
     print("|" + "---|" * (head.count("|") - 1))

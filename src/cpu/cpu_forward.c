@@ -168,11 +168,19 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     const float *k = c->k + (key0 - c->j0) * c->ldk;
     int64_t ldv;
     const float *v = fa_cpu_nan_values(&c->nan_tile, key0, d, &ldv);
-    kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0); /* S^T = K Q^T */
-    if (vis != FA_TILE_FULL || !c->fold) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
-    if (c->modified) fa_cpu_modify_scores(p, c->b, c->h, &rows, key0, keys, w->st, br, NULL);
-    fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max, w->shift,
-                        w->alpha, w->tile_sum);
+    /* S^T = K Q^T. A fully visible tile with the scale folded into the exponential keeps its raw
+     * scores: their per-query max comes from the product's registers (no pass over S^T). */
+    if (vis == FA_TILE_FULL && c->fold) {
+        kern->gemm_max(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, w->tile_max);
+        fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max,
+                                      w->shift, w->alpha, w->tile_sum);
+    } else {
+        kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0);
+        fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
+        if (c->modified) fa_cpu_modify_scores(p, c->b, c->h, &rows, key0, keys, w->st, br, NULL);
+        fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max,
+                            w->shift, w->alpha, w->tile_sum);
+    }
     if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, br);
     kern->gemm(count, d, keys, w->st, 1, br, v, ldv, t->o + r0 * d, d, w->alpha, 1); /* O = alpha O + P V */
     fa_cpu_nan_step(&c->nan_tile, p, &rows, key0, keys, t->poison + r0, t->o + r0 * d);

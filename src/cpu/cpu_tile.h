@@ -69,6 +69,10 @@ void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cp
  * accumulated output, and the running sum l. scale_in_exp multiplies scores inside the exp. */
 void fa_cpu_softmax_step(const fa_cpu_kernels *kern, float scale_in_exp, int64_t rows, int64_t cols, float *st,
                          int64_t ld, float *m, float *l, float *tile_max, float *shift, float *alpha, float *tile_sum);
+/* The same step with tile_max (the raw scores' per-query max) already computed, by gemm_max. */
+void fa_cpu_softmax_step_given_max(const fa_cpu_kernels *kern, float scale_in_exp, int64_t rows, int64_t cols,
+                                   float *st, int64_t ld, float *m, float *l, const float *tile_max, float *shift,
+                                   float *alpha, float *tile_sum);
 
 /* OpenMP-agnostic helpers. */
 int fa_cpu_thread_count(int requested);

@@ -2,7 +2,13 @@
 /* checkasm (in the style of dav1d's): every ISA kernel built into the library and supported by
  * this CPU against the portable reference kernel, on odd shapes, strides and edge values; then
  * the whole forward and backward with the ISA forced through FLASHATTN_CPU_ISA against the same
- * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped. */
+ * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped.
+ *   test_checkasm [--function=PATTERN] [--isa=NAME] [--seed=N] [--bench]
+ * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, col_max, exp_cols,
+ * f16_to_f32, bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
+ * (printed, default 12345); --bench: after the checks, each kernel's time per call on the
+ * forward's and backward's tile shapes, against its reference twin, and for the products the
+ * fraction of the one-thread FMA peak of the same ISA (checkasm_bench.c). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,13 +19,12 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <fnmatch.h>
 
+#include "checkasm_bench.h"
 #include "common/half.h"
 #include "cpu/kernels/kernels.h"
 #include "flashattn.h"
-
-static const char *const isa_names[] = {"avx2", "avx512", "neon"};
-enum { ISA_COUNT = sizeof isa_names / sizeof isa_names[0] };
 
 static uint32_t rng_state = 12345u;
 static float uniform(float lo, float hi)
@@ -77,6 +82,40 @@ static void test_gemm(void **state)
                              (long long)j, got, want);
             }
         free(a); free(b); free(scale); free(c_ref); free(c_isa);
+    }
+}
+
+/* gemm_max on odd sizes and padded leading dimensions: C bit for bit as the same ISA's gemm (the
+ * same products in the same order), the column max bit for bit as the reference col_max of that C,
+ * nothing written outside C's extent or past col_max[n). */
+static void test_gemm_max(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    static const int64_t sizes[] = {1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33, 47, 64, 65};
+    enum { S = sizeof sizes / sizeof sizes[0] };
+    for (int trial = 0; trial < 200; ++trial) {
+        const int64_t m = sizes[trial % S], n = sizes[(trial * 7 + 3) % S], k = sizes[(trial * 5 + 1) % S];
+        const int64_t lda = k + 3, ldb = n + 5, ldc = n + 2;
+        float *a = malloc((size_t)(m * lda) * 4), *b = malloc((size_t)(k * ldb) * 4);
+        float *c_gemm = malloc((size_t)(m * ldc) * 4), *c_max = malloc((size_t)(m * ldc) * 4);
+        float *want = malloc((size_t)(n + 1) * 4), *got = malloc((size_t)(n + 1) * 4);
+        assert_non_null(a); assert_non_null(b); assert_non_null(c_gemm); assert_non_null(c_max); assert_non_null(want); assert_non_null(got);
+        for (int64_t x = 0; x < m * lda; ++x) a[x] = uniform(-1, 1);
+        for (int64_t x = 0; x < k * ldb; ++x) b[x] = uniform(-1, 1);
+        for (int64_t x = 0; x < m * ldc; ++x) c_gemm[x] = c_max[x] = 1234.5f;
+        got[n] = 99.0f;
+        isa->gemm(m, n, k, a, lda, 1, b, ldb, c_gemm, ldc, NULL, 0);
+        isa->gemm_max(m, n, k, a, lda, 1, b, ldb, c_max, ldc, got);
+        ref->col_max(c_gemm, ldc, m, n, want);
+        if (memcmp(c_gemm, c_max, (size_t)(m * ldc) * 4) != 0)
+            fail_msg("gemm_max %s m=%lld n=%lld k=%lld: C differs from gemm's (or was written outside)", isa->isa,
+                     (long long)m, (long long)n, (long long)k);
+        for (int64_t j = 0; j < n; ++j)
+            if (got[j] != want[j])
+                fail_msg("gemm_max %s m=%lld n=%lld k=%lld: max[%lld] = %.9g, col_max %.9g", isa->isa, (long long)m,
+                         (long long)n, (long long)k, (long long)j, got[j], want[j]);
+        assert_true(got[n] == 99.0f);
+        free(a); free(b); free(c_gemm); free(c_max); free(want); free(got);
     }
 }
 
@@ -226,6 +265,21 @@ static void test_f32_to_f16(void **state)
     free(f); free(h);
 }
 
+/* The FMA-peak probe's chains: the FLOPs they report (2 per lane, one FMA per chain and
+ * iteration: a whole number of the ISA's register tile accumulators) and a finite result that
+ * depends on the work (the chains converge to 1 from their start values). */
+static void test_fma_chains(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state);
+    const double lanes = (double)isa->nr / 2.0, chains = 2.0 * (double)isa->mr;
+    float zero_sink = -1.0f, sink = -1.0f;
+    assert_true(isa->fma_chains(0, &zero_sink) == 0.0);
+    const double flops = isa->fma_chains(1000, &sink);
+    if (flops != 2.0 * lanes * chains * 1000.0)
+        fail_msg("fma_chains %s: %g FLOPs reported for 1000 iterations, want %g", isa->isa, flops, 2.0 * lanes * chains * 1000.0);
+    assert_true(isfinite(sink) && sink != zero_sink);
+}
+
 /* ---- whole problems: forced ISA against forced ref ---------------------------------------------- */
 typedef struct e2e_case {
     const char *name;
@@ -360,21 +414,60 @@ static void test_override(void **state)
     unsetenv("FLASHATTN_CPU_ISA");
 }
 
-int main(void)
+static const struct { const char *name; CMUnitTestFunction run; } kernel_tests[] = {
+    {"gemm", test_gemm},
+    {"gemm_nt", test_gemm_nt},
+    {"gemm_max", test_gemm_max},
+    {"col_max", test_col_max},
+    {"exp_cols", test_exp_cols},
+    {"f16_to_f32", test_f16_to_f32},
+    {"bf16_to_f32", test_bf16_to_f32},
+    {"f32_to_f16", test_f32_to_f16},
+    {"fma_chains", test_fma_chains},
+    {"whole_problems", test_whole_problems},
+};
+enum { KERNEL_TESTS = sizeof kernel_tests / sizeof kernel_tests[0] };
+
+static int usage(void)
 {
-    struct CMUnitTest tests[ISA_COUNT * 8 + 1];
-    size_t count = 0;
-    for (int i = 0; i < ISA_COUNT; ++i) {
-        void *name = (void *)isa_names[i];
-        tests[count++] = (struct CMUnitTest){"gemm", test_gemm, NULL, NULL, name};
-        tests[count++] = (struct CMUnitTest){"gemm_nt", test_gemm_nt, NULL, NULL, name};
-        tests[count++] = (struct CMUnitTest){"col_max", test_col_max, NULL, NULL, name};
-        tests[count++] = (struct CMUnitTest){"exp_cols", test_exp_cols, NULL, NULL, name};
-        tests[count++] = (struct CMUnitTest){"f16_to_f32", test_f16_to_f32, NULL, NULL, name};
-        tests[count++] = (struct CMUnitTest){"bf16_to_f32", test_bf16_to_f32, NULL, NULL, name};
-        tests[count++] = (struct CMUnitTest){"f32_to_f16", test_f32_to_f16, NULL, NULL, name};
-        tests[count++] = (struct CMUnitTest){"whole_problems", test_whole_problems, NULL, NULL, name};
+    fprintf(stderr, "usage: test_checkasm [--function=PATTERN] [--isa=NAME] [--seed=N] [--bench]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    const char *function = "*", *only_isa = NULL;
+    int bench = 0;
+    for (int i = 1; i < argc; ++i) {
+        const char *a = argv[i];
+        char *end;
+        if (!strncmp(a, "--function=", 11)) function = a + 11;
+        else if (!strncmp(a, "--isa=", 6)) only_isa = a + 6;
+        else if (!strcmp(a, "--bench")) bench = 1;
+        else if (!strncmp(a, "--seed=", 7) && (rng_state = (uint32_t)strtoul(a + 7, &end, 10), *end == 0 && end > a + 7)) continue;
+        else return usage();
     }
-    tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_override);
-    return _cmocka_run_group_tests("checkasm", tests, count, NULL, NULL);
+    print_message("checkasm: seed %u (--seed=%u reproduces this run)\n", (unsigned)rng_state, (unsigned)rng_state);
+    /* Each ISA but the reference (the ground truth), every kernel matching --function. */
+    static struct CMUnitTest tests[FA_CPU_ISA_COUNT * KERNEL_TESTS + 1];
+    static char names[FA_CPU_ISA_COUNT * KERNEL_TESTS][48];
+    size_t count = 0;
+    for (int i = 0; i < FA_CPU_ISA_COUNT; ++i) {
+        const char *isa = fa_cpu_isa_name(i);
+        if (!strcmp(isa, "ref") || (only_isa && strcmp(isa, only_isa))) continue;
+        for (int t = 0; t < KERNEL_TESTS; ++t) {
+            if (fnmatch(function, kernel_tests[t].name, 0) != 0) continue;
+            snprintf(names[count], sizeof names[count], "%s_%s", kernel_tests[t].name, isa);
+            tests[count] = (struct CMUnitTest){names[count], kernel_tests[t].run, NULL, NULL, (void *)isa};
+            ++count;
+        }
+    }
+    if (fnmatch(function, "override", 0) == 0) tests[count++] = (struct CMUnitTest)cmocka_unit_test(test_override);
+    if (count == 0) {
+        fprintf(stderr, "checkasm: no test matches --function=%s%s%s\n", function, only_isa ? " --isa=" : "", only_isa ? only_isa : "");
+        return 1;
+    }
+    const int failed = _cmocka_run_group_tests("checkasm", tests, count, NULL, NULL);
+    if (failed || !bench) return failed;
+    return checkasm_bench(function, only_isa);
 }

@@ -16,6 +16,9 @@
  *             accumulate == 0: C = A B;  otherwise C = diag(row_scale) C + A B
  *             (row_scale NULL = identity). Each C element's sum runs over p in increasing order.
  *   col_max:  out[j] = max over i < rows of x[i*ld + j]  (-inf when all are -inf).
+ *   gemm_max: gemm with accumulate == 0 (C = A B) and col_max of the result, out[j] = max over
+ *             i < m of C(i,j), taken from the registers: the forward's S^T = K Q^T of a fully
+ *             visible tile without a second pass over S^T. C is the same bits as gemm's.
  *   exp_cols: x[i*ld + j] = exp(scale * x[i*ld + j] - shift[j]); sum[j] = sum over i of the results.
  *             exp(-inf) = 0, and shift[j] = +inf gives zeros. Accuracy: within 2 ulp of expf for
  *             arguments in [-87.3, 88]; below -87.3 (results under FLT_MIN) ISA kernels may flush
@@ -28,6 +31,10 @@
  *             contiguous; C written, not accumulated). For the decode's S^T = K Q^T with few
  *             query rows, where gemm would fill a few lanes of its 2W columns: the ISA kernels
  *             sum each element in the lanes of a vector, then across them, in a fixed order.
+ *   fma_chains: the FMA-peak probe's loop (fma_peak.h): `iterations` rounds of one FMA on each of
+ *             the ISA's independent register-only chains (as many as gemm's register tile has
+ *             accumulators: enough to cover FMA latency x pipes); returns the FLOPs done (2 per
+ *             lane per FMA) and stores a value depending on every chain in *sink.
  * Results are deterministic: the same inputs give the same bits on every call and thread. */
 #ifndef FA_CPU_KERNELS_H
 #define FA_CPU_KERNELS_H
@@ -47,6 +54,9 @@ typedef struct fa_cpu_kernels {
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
     void (*gemm_nt)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                     float *c, int64_t ldc);
+    void (*gemm_max)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                     int64_t ldb, float *c, int64_t ldc, float *col_max);
+    double (*fma_chains)(int64_t iterations, float *sink);
     /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
     int64_t mr, nr, tile_step;
 } fa_cpu_kernels;
@@ -61,6 +71,11 @@ extern const fa_cpu_kernels fa_cpu_kernels_avx512;
 #ifdef FA_HAVE_NEON
 extern const fa_cpu_kernels fa_cpu_kernels_neon;
 #endif
+
+/* The ISA names, newest first and "ref" last, on every target (an ISA not built here is "not
+ * supported", not "unknown"): the one list that select.c, the error messages and checkasm use. */
+enum { FA_CPU_ISA_COUNT = 4 };
+const char *fa_cpu_isa_name(int index); /* 0 <= index < FA_CPU_ISA_COUNT */
 
 /* The kernels for this CPU: FLASHATTN_CPU_ISA (ref|avx2|avx512|neon) if set, otherwise the
  * newest ISA the CPU supports (ref last). A forced ISA that is unknown (FA_ERROR_INVALID_VALUE)

@@ -69,6 +69,9 @@ static const isa_entry isas[] = {
     {"ref", &fa_cpu_kernels_ref, always},
 };
 enum { isa_count = sizeof isas / sizeof isas[0] };
+_Static_assert((int)isa_count == (int)FA_CPU_ISA_COUNT, "FA_CPU_ISA_COUNT is the length of isas[]");
+
+const char *fa_cpu_isa_name(int index) { return index >= 0 && index < isa_count ? isas[index].name : NULL; }
 
 const fa_cpu_kernels *fa_cpu_kernels_by_name(const char *isa)
 {
@@ -93,8 +96,12 @@ fa_status fa_cpu_select_kernels(const fa_cpu_kernels **kernels)
             *kernels = isas[i].kernels;
             return FA_SUCCESS;
         }
-        return fa_set_error(FA_ERROR_INVALID_VALUE,
-                            "FLASHATTN_CPU_ISA: unknown ISA '%s' (use ref, avx2, avx512 or neon)", forced);
+        char known[64] = "";
+        for (size_t i = 0; i < isa_count; ++i) {
+            strcat(known, isas[i].name);
+            if (i + 1 < isa_count) strcat(known, i + 2 < isa_count ? ", " : " or ");
+        }
+        return fa_set_error(FA_ERROR_INVALID_VALUE, "FLASHATTN_CPU_ISA: unknown ISA '%s' (use %s)", forced, known);
     }
     for (size_t i = 0; i < isa_count && !*kernels; ++i)
         if (isas[i].kernels && isas[i].supported()) *kernels = isas[i].kernels;

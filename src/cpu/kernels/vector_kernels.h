@@ -4,6 +4,8 @@
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
  *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VMAX, VMIN,
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
+ *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp, see KNAME(exp)) and GEMM_KC
+ *   (k blocking of gemm, see KNAME(gemm_any)),
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
  *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
  *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
@@ -20,7 +22,7 @@
 /* One register tile: C[mr x 2W] (+)= A[mr x k] B[k x 2W]; masked: B and C columns limited by m0, m1. */
 FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t ldb,
                            float *c, int64_t ldc, const float *row_scale, int accumulate, const int mr,
-                           const int masked, MASK_T m0, MASK_T m1)
+                           const int masked, MASK_T m0, MASK_T m1, float *col_max)
 {
     VEC acc0[MR], acc1[MR];
     for (int r = 0; r < mr; ++r) {
@@ -39,6 +41,20 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
         }
         ap += csa;
         bp += ldb;
+    }
+    if (col_max) { /* gemm_max: the tile's column max merged into col_max[0, 2W) */
+        VEC max0 = masked ? VMLOAD(col_max, m0) : VLOAD(col_max), max1 = masked ? VMLOAD(col_max + W, m1) : VLOAD(col_max + W);
+        for (int r = 0; r < mr; ++r) {
+            max0 = VMAX(max0, acc0[r]);
+            max1 = VMAX(max1, acc1[r]);
+        }
+        if (masked) {
+            VMSTORE(col_max, m0, max0);
+            VMSTORE(col_max + W, m1, max1);
+        } else {
+            VSTORE(col_max, max0);
+            VSTORE(col_max + W, max1);
+        }
     }
     for (int r = 0; r < mr; ++r) {
         float *cr = c + r * ldc;
@@ -61,12 +77,12 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
  * leftover rows in tiles of 8, 4, 2, 1. */
 FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                             int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate,
-                            const int masked, MASK_T m0, MASK_T m1)
+                            const int masked, MASK_T m0, MASK_T m1, float *col_max)
 {
     int64_t i = 0;
 #define FA_TILE_AT(rows)                                                                                        \
     KNAME(tile)(k, a + i * rsa, rsa, csa, b, ldb, c + i * ldc, ldc, row_scale ? row_scale + i : NULL, accumulate, \
-                rows, masked, m0, m1)
+                rows, masked, m0, m1, col_max)
     for (; i + MR <= m; i += MR) FA_TILE_AT(MR);
 #if MR > 8
     if (i + 8 <= m) { FA_TILE_AT(8); i += 8; }
@@ -77,18 +93,57 @@ FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, i
 #undef FA_TILE_AT
 }
 
-static void KNAME(gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
-                        int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate)
+#ifndef GEMM_KC
+#define GEMM_KC 0 /* no k blocking: one pass over k (see gemm_any) */
+#endif
+
+/* Column panels outermost: the k x 2W panel of B stays in L1 while A streams past it. col_max:
+ * NULL, or gemm_max's output (each tile merges its maximum). */
+FA_INLINE void KNAME(panels)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
+                             const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
+                             int accumulate, float *col_max)
 {
-    /* Column panels outermost: the k x 2W panel of B stays in L1 while A streams past it. */
     int64_t j = 0;
     for (; j + 2 * W <= n; j += 2 * W)
-        KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W));
+        KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W),
+                     col_max ? col_max + j : NULL);
     if (j < n) {
         const int64_t left = n - j;
         KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 1,
-                     VMASK(left < W ? left : W), VMASK(left > W ? left - W : 0));
+                     VMASK(left < W ? left : W), VMASK(left > W ? left - W : 0), col_max ? col_max + j : NULL);
     }
+}
+
+FA_INLINE void KNAME(gemm_any)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
+                               const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
+                               int accumulate, float *col_max)
+{
+    if (col_max)
+        for (int64_t j = 0; j < n; ++j) col_max[j] = -INFINITY;
+#if GEMM_KC > 0
+    /* Long k (P V and dS K, k = Bc): blocks of GEMM_KC, so that each block's B panel is reused
+     * from L1 by every row tile; C takes the blocks' sums in turn (p still in increasing order,
+     * the blocking depends on k only). */
+    if (k > GEMM_KC && !col_max) {
+        for (int64_t p0 = 0; p0 < k; p0 += GEMM_KC)
+            KNAME(panels)(m, n, k - p0 < GEMM_KC ? k - p0 : GEMM_KC, a + p0 * csa, rsa, csa, b + p0 * ldb, ldb, c, ldc,
+                          p0 ? NULL : row_scale, p0 ? 1 : accumulate, NULL);
+        return;
+    }
+#endif
+    KNAME(panels)(m, n, k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate, col_max);
+}
+
+static void KNAME(gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                        int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate)
+{
+    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate, NULL);
+}
+
+static void KNAME(gemm_max)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
+                            const float *b, int64_t ldb, float *c, int64_t ldc, float *col_max)
+{
+    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0, col_max);
 }
 
 /* One block of C = A B^T: C[mi x nj], each element's products in the lanes of its own vector
@@ -151,11 +206,16 @@ static void KNAME(col_max)(const float *x, int64_t ld, int64_t rows, int64_t col
     }
 }
 
-/* exp(x) = 2^n e^r, see exp_poly.h. */
+/* exp(x) = 2^n e^r, see exp_poly.h. VEXP_RANGE clamps x to [FA_EXP_LO, FA_EXP_HI] where VSCALE2
+ * needs n in [-126, 127]; an ISA whose VSCALE2 takes any n defines it as x (two operations of
+ * about eighteen saved); x below FA_EXP_LO (-inf included) gives 0 either way. */
+#ifndef VEXP_RANGE
+#define VEXP_RANGE(x, lo) VMIN(VMAX(x, lo), VSET1(FA_EXP_HI))
+#endif
 FA_INLINE VEC KNAME(exp)(VEC x)
 {
     const VEC lo = VSET1(FA_EXP_LO);
-    const VEC xc = VMIN(VMAX(x, lo), VSET1(FA_EXP_HI));
+    const VEC xc = VEXP_RANGE(x, lo);
     const VEC n = VROUND(VMUL(xc, VSET1(FA_EXP_LOG2E)));
     const VEC r = VFNMA(n, VSET1(FA_EXP_LN2_LO), VFNMA(n, VSET1(FA_EXP_LN2_HI), xc));
     VEC poly = VSET1(FA_EXP_P0);
@@ -226,10 +286,29 @@ static void KNAME(f32_to_f16)(const float *src, uint16_t *dst, int64_t n)
     for (; i < n; ++i) dst[i] = fa_f32_to_f16(src[i]);
 }
 
+/* The FMA-peak probe (fma_peak.h): 2*MR register-only chains, as many as the gemm tile's
+ * accumulators. acc = acc * m + a converges to a / (1 - m) = 1: no overflow, no subnormals. */
+static double KNAME(fma_chains)(int64_t iterations, float *sink)
+{
+    VEC acc[2 * MR];
+#pragma GCC unroll 64
+    for (int c = 0; c < 2 * MR; ++c) acc[c] = VSET1((float)c);
+    const VEC m = VSET1(0.999999f), a = VSET1(1e-6f);
+    for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 64 /* unrolled, the chains live in registers */
+        for (int c = 0; c < 2 * MR; ++c) acc[c] = VFMA(acc[c], m, a);
+    }
+    VEC total = acc[0];
+#pragma GCC unroll 64
+    for (int c = 1; c < 2 * MR; ++c) total = VADD(total, acc[c]);
+    *sink = VHSUM(total);
+    return 2.0 * W * 2 * MR * (double)iterations;
+}
+
 /* The ISA's table (kernels.h), named by the including file: one list of kernels for every ISA. */
 #define FA_VECTOR_KERNEL_TABLE(name)                                                                      \
     {                                                                                                     \
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
-        .gemm_nt = KNAME(gemm_nt), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
+        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }

@@ -62,6 +62,31 @@ static void ref_gemm_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t
         }
 }
 
+static void ref_gemm_max(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                         int64_t ldb, float *c, int64_t ldc, float *col_max)
+{
+    ref_gemm(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0);
+    ref_col_max(c, ldc, m, n, col_max);
+}
+
+/* The FMA-peak probe for the reference kernels: 16 scalar chains of multiply-add in plain C, as
+ * the compiler builds the reference gemm (baseline ISA: it may vectorise them, as it may the gemm). */
+static double ref_fma_chains(int64_t iterations, float *sink)
+{
+    enum { CHAINS = 16 };
+    float acc[CHAINS];
+#pragma GCC unroll 16
+    for (int c = 0; c < CHAINS; ++c) acc[c] = (float)c;
+    for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 16 /* unrolled, the chains live in registers */
+        for (int c = 0; c < CHAINS; ++c) acc[c] = acc[c] * 0.999999f + 1e-6f;
+    }
+    float total = 0.0f;
+    for (int c = 0; c < CHAINS; ++c) total += acc[c];
+    *sink = total;
+    return 2.0 * CHAINS * (double)iterations;
+}
+
 const fa_cpu_kernels fa_cpu_kernels_ref = {
     .isa = "ref",
     .gemm = ref_gemm,
@@ -71,5 +96,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .bf16_to_f32 = ref_bf16_to_f32,
     .f32_to_f16 = ref_f32_to_f16,
     .gemm_nt = ref_gemm_nt,
+    .gemm_max = ref_gemm_max,
+    .fma_chains = ref_fma_chains,
     .mr = 1, .nr = 1, .tile_step = 16,
 };

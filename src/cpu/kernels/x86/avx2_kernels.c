@@ -33,6 +33,10 @@
 #define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VHSUM(v) avx2_hsum(v)
 #define NT_NR 2 /* 8 accumulators, 2 + 1 operands: 11 of the 16 ymm registers */
+/* The 6-row tile reuses each B line only 6 times: with k = Bc = 512-1024, O = alpha O + P V
+ * streamed its B panel (up to 64 KiB) and S^T from L2 and ran at 0.74-0.81 of the peak; blocks of
+ * 256 keep the B panel in L1: 0.81-0.85 (checkasm --bench, 3 interleaved rounds, load 13). */
+#define GEMM_KC 256
 
 static inline float avx2_hsum(__m256 v)
 {

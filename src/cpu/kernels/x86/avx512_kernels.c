@@ -26,6 +26,9 @@
 #define VFNMA(a, b, c) _mm512_fnmadd_ps(a, b, c)
 #define VROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define VSCALE2(y, n) _mm512_scalef_ps(y, n)
+/* scalef takes any n (IEEE under- and overflow): the exponential needs no clamp. -inf scores
+ * give NaN inside it, which VZERO_BELOW replaces by 0. */
+#define VEXP_RANGE(x, lo) (x)
 #define VZERO_BELOW(y, x, lo) _mm512_maskz_mov_ps((__mmask16)~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), y)
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define VSTORE_F16(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT))

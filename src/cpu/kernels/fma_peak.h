@@ -1,0 +1,13 @@
+/* The machine's FMA peak for the selected kernels: the physical limit the benchmarks (fa-bench,
+ * checkasm --bench) divide by. Internal to the library's core archive (not exported). */
+#ifndef FA_CPU_FMA_PEAK_H
+#define FA_CPU_FMA_PEAK_H
+#include "kernels.h"
+
+/* GFLOP/s of kern->fma_chains (register-only independent FMA chains of the ISA's vector width) on
+ * `threads` threads (OpenMP; 1 without it): best of 7 bursts of about 20 ms after a warm-up
+ * (thread start, clock ramp), each thread timed in its own CPU time and the threads' rates
+ * summed. On an idle machine that is the wall-clock rate; on a shared one it stays the limit of
+ * the cores while wall-clock timings of the kernels drop (time those in CPU time to compare). */
+double fa_cpu_fma_peak(const fa_cpu_kernels *kern, int threads);
+#endif

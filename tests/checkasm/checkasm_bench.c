@@ -1,0 +1,165 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, CLOCK_THREAD_CPUTIME_ID */
+/* checkasm --bench: every kernel on the tile shapes the CPU drivers give it (the forward's
+ * S^T = K Q^T, col_max, exp_cols and O = alpha O + P V; the backward's dV += P^T dO; the decode's
+ * gemm_nt; the conversions), in ns per call of this thread's CPU time (other jobs on a shared
+ * machine do not count), best of 9 samples after a warm-up, against the reference kernel, and
+ * for the products the fraction of the one-thread FMA peak of the same ISA (fma_peak.h). Then, per
+ * head dimension, the forward's kernels per tile pair: their FLOPs (4 Br Bc d) over their summed
+ * time, as a fraction of the peak, and the share of the softmax kernels (kernels only: the driver's
+ * copies, masks and joins are not in it). */
+#include "checkasm_bench.h"
+
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu/kernels/fma_peak.h"
+#include "cpu/kernels/kernels.h"
+
+enum { BUF = 1 << 17, SAMPLES = 9 };
+
+typedef struct buffers { float *a, *b, *c, *d, *vec0, *vec1, *vec2; uint16_t *half; } buffers;
+
+typedef struct bench_case {
+    const char *kernel; /* the kernel's name, matched by --function */
+    const char *what;
+    int64_t br, bc, d;  /* the tile shape (the forward's tiles on a 1 MiB L2) */
+    void (*run)(const fa_cpu_kernels *k, const buffers *m, const struct bench_case *c);
+    double flops;       /* per call, 0 for kernels without FMAs worth counting */
+} bench_case;
+
+static void run_st(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, NULL, 0); }
+static void run_st_max(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm_max(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, m->vec1); }
+static void run_pv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm(c->br, c->d, c->bc, m->c, 1, c->br, m->a, c->d, m->d, c->d, m->vec0, 1); }
+static void run_dv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm(c->bc, c->d, c->br, m->c, c->br, 1, m->b, c->d, m->d, c->d, NULL, 1); }
+static void run_col_max(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->col_max(m->c, c->br, c->bc, c->br, m->vec1); }
+static void run_exp_cols(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->exp_cols(m->c, c->br, c->bc, c->br, 0.125f, m->vec0, m->vec2); }
+static void run_gemm_nt(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm_nt(c->bc, c->br, c->d, m->a, c->d, m->b, c->d, m->c, c->br); }
+static void run_f16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ (void)c; k->f16_to_f32(m->half, m->a, 65536); }
+static void run_bf16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ (void)c; k->bf16_to_f32(m->half, m->a, 65536); }
+static void run_to_f16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ (void)c; k->f32_to_f16(m->b, m->half, 65536); }
+
+#define PRODUCT(br, bc, d) (2.0 * (double)(br) * (double)(bc) * (double)(d))
+/* One tile pair's kernels, in the order the tile-pair summary reads them (6 cases per d). */
+#define TILE_PAIR_CASES(br, bc, d)                                                                                \
+    {"gemm", "S^T = K Q^T (fwd; bwd dP^T = V dO^T)", br, bc, d, run_st, PRODUCT(br, bc, d)},                     \
+    {"col_max", "row max of S^T", br, bc, d, run_col_max, 0},                                                      \
+    {"exp_cols", "P = exp(S - m), row sums", br, bc, d, run_exp_cols, 0},                                          \
+    {"gemm", "O = alpha O + P V (fwd; bwd dQ += dS K)", br, bc, d, run_pv, PRODUCT(br, bc, d)},                  \
+    {"gemm_max", "S^T = K Q^T and its row max (fwd, full tiles)", br, bc, d, run_st_max, PRODUCT(br, bc, d)},    \
+    {"gemm", "dV += P^T dO (bwd; dK += dS^T Q)", br, bc, d, run_dv, PRODUCT(br, bc, d)}
+static const bench_case cases[] = {
+    TILE_PAIR_CASES(64, 1024, 64),
+    TILE_PAIR_CASES(128, 512, 128),
+    {"gemm_nt", "decode S^T = K q^T, 4 queries", 4, 512, 128, run_gemm_nt, PRODUCT(4, 512, 128)},
+    {"f16_to_f32", "65536 values", 0, 0, 0, run_f16, 0},
+    {"bf16_to_f32", "65536 values", 0, 0, 0, run_bf16, 0},
+    {"f32_to_f16", "65536 values", 0, 0, 0, run_to_f16, 0},
+};
+enum { CASES = sizeof cases / sizeof cases[0] };
+
+static double thread_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int by_value(const void *x, const void *y)
+{
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* Seconds per call: calls batched to >= 1 ms per sample, the best sample (the FMA peak is a best
+ * too: on a shared machine noise only slows). */
+static double time_case(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{
+    int64_t calls = 1;
+    for (;;) { /* warm-up and batch size */
+        const double t0 = thread_seconds();
+        for (int64_t i = 0; i < calls; ++i) c->run(k, m, c);
+        if (thread_seconds() - t0 >= 1e-3) break;
+        calls *= 2;
+    }
+    double samples[SAMPLES];
+    for (int s = 0; s < SAMPLES; ++s) {
+        const double t0 = thread_seconds();
+        for (int64_t i = 0; i < calls; ++i) c->run(k, m, c);
+        samples[s] = (thread_seconds() - t0) / (double)calls;
+    }
+    qsort(samples, SAMPLES, sizeof samples[0], by_value);
+    return samples[0];
+}
+
+static float *filled(size_t count, float lo, float hi)
+{
+    float *x = malloc(count * sizeof *x);
+    uint32_t state = 777u;
+    for (size_t i = 0; x && i < count; ++i) {
+        state = state * 1664525u + 1013904223u;
+        x[i] = lo + (hi - lo) * (float)(state >> 8) * (1.0f / 16777216.0f);
+    }
+    return x;
+}
+
+int checkasm_bench(const char *function, const char *only_isa)
+{
+    buffers m = {filled(BUF, -1, 1), filled(BUF, -1, 1), filled(BUF, -1, 1), filled(BUF, -1, 1),
+                 filled(BUF, 0.5f, 1), filled(BUF, 0, 0), filled(BUF, 0, 0), malloc(BUF * sizeof(uint16_t))};
+    int status = 0;
+    if (!m.a || !m.b || !m.c || !m.d || !m.vec0 || !m.vec1 || !m.vec2 || !m.half) {
+        fprintf(stderr, "checkasm --bench: out of memory\n");
+        status = 1;
+        goto done;
+    }
+    for (int i = 0; i < BUF; ++i) m.half[i] = (uint16_t)(0x3c00 + (i & 0x3ff));
+    const fa_cpu_kernels *ref = &fa_cpu_kernels_ref;
+    double ref_seconds[CASES];
+    printf("\ncheckasm --bench: ns per call (this thread's CPU time, best of %d), vs ref = ref time / time;\n"
+           "products: GFLOP/s and the fraction of the same ISA's one-thread FMA peak\n", SAMPLES);
+    for (int ci = 0; ci < CASES; ++ci) ref_seconds[ci] = fnmatch(function, cases[ci].kernel, 0) ? 0 : time_case(ref, &m, &cases[ci]);
+    for (int i = 0; i < FA_CPU_ISA_COUNT; ++i) {
+        const fa_cpu_kernels *k = fa_cpu_kernels_by_name(fa_cpu_isa_name(i));
+        if (!k || (only_isa && strcmp(k->isa, only_isa) && strcmp(k->isa, "ref"))) continue;
+        const double peak = fa_cpu_fma_peak(k, 1);
+        printf("\n%s: one-thread FMA peak %.1f GFLOP/s\n", k->isa, peak);
+        double seconds[CASES] = {0};
+        for (int ci = 0; ci < CASES; ++ci) {
+            const bench_case *c = &cases[ci];
+            if (fnmatch(function, c->kernel, 0)) continue;
+            seconds[ci] = k == ref ? ref_seconds[ci] : time_case(k, &m, c);
+            printf("  %-11s %-42s d=%-3lld Br=%-3lld Bc=%-4lld %11.0f ns %7.2fx ref", c->kernel, c->what, (long long)c->d,
+                   (long long)c->br, (long long)c->bc, seconds[ci] * 1e9, ref_seconds[ci] / seconds[ci]);
+            if (c->flops > 0) printf(" %7.1f GFLOP/s %5.2f of peak", c->flops / seconds[ci] * 1e-9, c->flops / seconds[ci] * 1e-9 / peak);
+            printf("\n");
+        }
+        /* The forward's kernels per tile pair (cases 0-4 at d = 64, 6-10 at d = 128): partial tiles
+         * (S^T, col_max after the mask, exp_cols, P V) and full ones (gemm_max, exp_cols, P V). */
+        for (int first = 0; first <= 6; first += 6) {
+            const double *t = seconds + first, flops = 2.0 * cases[first].flops;
+            if (t[0] > 0 && t[1] > 0 && t[2] > 0 && t[3] > 0)
+                printf("  forward tile pair d=%lld, gemm + col_max (partial tiles): %.2f of peak; col_max + exp_cols %.0f%% of the time\n",
+                       (long long)cases[first].d, flops / (t[0] + t[1] + t[2] + t[3]) * 1e-9 / peak,
+                       100.0 * (t[1] + t[2]) / (t[0] + t[1] + t[2] + t[3]));
+            if (t[4] > 0 && t[2] > 0 && t[3] > 0)
+                printf("  forward tile pair d=%lld, gemm_max (full tiles): %.2f of peak; exp_cols %.0f%% of the time\n",
+                       (long long)cases[first].d, flops / (t[4] + t[2] + t[3]) * 1e-9 / peak, 100.0 * t[2] / (t[4] + t[2] + t[3]));
+        }
+    }
+done:
+    free(m.a); free(m.b); free(m.c); free(m.d); free(m.vec0); free(m.vec1); free(m.vec2); free(m.half);
+    return status;
+}
