@@ -109,7 +109,8 @@ static const char *cpu_info(void *state)
 static const fa_backend_iface cpu_iface = {
     FA_BACKEND_ABI_VERSION, FA_BACKEND_CPU, "cpu", cpu_device_count, cpu_open, cpu_close,
     cpu_set_num_threads, cpu_set_stream, cpu_synchronize, cpu_mem_alloc, cpu_mem_free, cpu_copy, cpu_copy,
-    cpu_tiling, cpu_info, fa_cpu_forward, fa_cpu_backward, FA_BACKEND_HOST_MEMORY | FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS,
+    cpu_tiling, cpu_info, fa_cpu_forward, fa_cpu_backward, FA_BACKEND_HOST_MEMORY | FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS |
+        FA_BACKEND_POSITION_OFFSETS,
     fa_cpu_forward_kvcache,
 };
 
