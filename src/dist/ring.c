@@ -232,6 +232,25 @@ static void close_ring(ring *g)
     if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
 }
 
+/* Posts the next step's K/V exchange: receive into next from the left, send cur to the right. */
+static int post_kv_exchange(const ring *g, float *next, float *cur, MPI_Request req[2])
+{
+    const int left = (g->rank + g->size - 1) % g->size, right = (g->rank + 1) % g->size;
+    const int count = (int)(g->batch * 2 * g->chunk * g->hk * g->d * 2);
+    int rc = MPI_Irecv(next, count, MPI_FLOAT, left, TAG_KV, g->comm, &req[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(cur, count, MPI_FLOAT, right, TAG_KV, g->comm, &req[1]);
+    return rc;
+}
+
+/* K and V of key chunk kc of a packed K/V block (K [batch, 2C, hk, d], then V). */
+static void kv_chunk(const ring *g, float *kv, int kc, fa_tensor *k, fa_tensor *v)
+{
+    const fa_tensor whole_k = packed(kv, g->batch, 2 * g->chunk, g->hk, g->d);
+    const fa_tensor whole_v = packed(kv + g->batch * 2 * g->chunk * g->hk * g->d, g->batch, 2 * g->chunk, g->hk, g->d);
+    *k = chunk_view(&whole_k, kc, g->chunk);
+    *v = chunk_view(&whole_v, kc, g->chunk);
+}
+
 /* Forward scratch: the K/V ring buffers and, per local query chunk, the merged result so far,
  * the block's partial and the merge target. */
 typedef struct forward_buffers {
@@ -241,27 +260,21 @@ typedef struct forward_buffers {
 
 static fa_status ring_forward_steps(ring *g, fa_context *ctx, const fa_tensor *q, forward_buffers *w, int *have)
 {
-    const int left = (g->rank + g->size - 1) % g->size, right = (g->rank + 1) % g->size;
-    const int kv_count = (int)(g->batch * 2 * g->chunk * g->hk * g->d * 2);
-    const int64_t k_floats = g->batch * 2 * g->chunk * g->hk * g->d;
     fa_status st = FA_SUCCESS;
     for (int s = 0; s < g->size; ++s) {
         const int cur = s & 1, src = (g->rank - s + g->size) % g->size;
         MPI_Request req[2];
         int rc = MPI_SUCCESS;
-        if (s + 1 < g->size) { /* the next block's exchange first, so it overlaps this block's compute */
-            rc = MPI_Irecv(w->kv[1 - cur], kv_count, MPI_FLOAT, left, TAG_KV, g->comm, &req[0]);
-            if (rc == MPI_SUCCESS) rc = MPI_Isend(w->kv[cur], kv_count, MPI_FLOAT, right, TAG_KV, g->comm, &req[1]);
-            if (rc != MPI_SUCCESS) return mpi_failed(rc, "MPI_Isend/Irecv (K/V ring)");
-        }
+        /* The next block's exchange first, so that it overlaps this block's compute. */
+        if (s + 1 < g->size && (rc = post_kv_exchange(g, w->kv[1 - cur], w->kv[cur], req)) != MPI_SUCCESS)
+            return mpi_failed(rc, "MPI_Isend/Irecv (K/V ring)");
         for (int qc = 0; qc < 2 && !st; ++qc) {
             const fa_tensor bq = chunk_view(q, qc, g->chunk);
             for (int kc = 0; kc < 2 && !st; ++kc) {
                 fa_attention_desc desc;
                 if (!block_desc(g, src, qc, kc, &desc)) continue;
-                fa_tensor kv_k = packed(w->kv[cur], g->batch, 2 * g->chunk, g->hk, g->d);
-                fa_tensor kv_v = packed(w->kv[cur] + k_floats, g->batch, 2 * g->chunk, g->hk, g->d);
-                const fa_tensor bk = chunk_view(&kv_k, kc, g->chunk), bv = chunk_view(&kv_v, kc, g->chunk);
+                fa_tensor bk, bv;
+                kv_chunk(g, w->kv[cur], kc, &bk, &bv);
                 fa_tensor part = packed(w->out[qc][1], g->batch, g->chunk, g->hq, g->d);
                 st = fa_forward(ctx, &desc, &bq, &bk, &bv, &part, w->lse[qc][1]);
                 if (st) break;
@@ -360,11 +373,8 @@ static fa_status ring_backward_steps(ring *g, fa_context *ctx, const fa_tensor *
     for (int s = 0; s < g->size && rc == MPI_SUCCESS; ++s) {
         const int cur = s & 1, src = (g->rank - s + g->size) % g->size;
         MPI_Request req[2];
-        if (s + 1 < g->size) { /* the next K/V block first, so it overlaps this block's compute */
-            rc = MPI_Irecv(w->kv[1 - cur], kv_count, MPI_FLOAT, left, TAG_KV, g->comm, &req[0]);
-            if (rc == MPI_SUCCESS) rc = MPI_Isend(w->kv[cur], kv_count, MPI_FLOAT, right, TAG_KV, g->comm, &req[1]);
-            if (rc != MPI_SUCCESS) break;
-        }
+        /* The next K/V block first, so that it overlaps this block's compute. */
+        if (s + 1 < g->size && (rc = post_kv_exchange(g, w->kv[1 - cur], w->kv[cur], req)) != MPI_SUCCESS) break;
         memset(w->contrib, 0, (size_t)kv_count * sizeof *w->contrib);
         for (int qc = 0; qc < 2 && !st; ++qc) {
             const fa_tensor bq = chunk_view(q, qc, g->chunk), bo = chunk_view(out, qc, g->chunk);
@@ -372,9 +382,8 @@ static fa_status ring_backward_steps(ring *g, fa_context *ctx, const fa_tensor *
             for (int kc = 0; kc < 2 && !st; ++kc) {
                 fa_attention_desc desc;
                 if (!block_desc(g, src, qc, kc, &desc)) continue;
-                fa_tensor kv_k = packed(w->kv[cur], g->batch, 2 * g->chunk, g->hk, g->d);
-                fa_tensor kv_v = packed(w->kv[cur] + k_floats, g->batch, 2 * g->chunk, g->hk, g->d);
-                const fa_tensor bk = chunk_view(&kv_k, kc, g->chunk), bv = chunk_view(&kv_v, kc, g->chunk);
+                fa_tensor bk, bv;
+                kv_chunk(g, w->kv[cur], kc, &bk, &bv);
                 fa_tensor dq = packed(w->dq_part, g->batch, g->chunk, g->hq, g->d);
                 fa_tensor dk = packed(w->dk_part, g->batch, g->chunk, g->hk, g->d);
                 fa_tensor dv = packed(w->dv_part, g->batch, g->chunk, g->hk, g->d);
