@@ -64,8 +64,28 @@ static fa_status check_tensor(const char *name, const fa_tensor *t)
     if (!t->data) return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: data is NULL", name);
     if (t->dtype != FA_DTYPE_F32)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "%s: ring attention takes FA_DTYPE_F32 tensors only (for now)", name);
+    if ((uintptr_t)t->data % sizeof(float) != 0)
+        return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: data is not aligned to its 4-byte elements", name);
     if (t->batch <= 0 || t->seqlen <= 0 || t->heads <= 0 || t->head_dim <= 0)
         return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: dimensions must be positive", name);
+    /* The ring copies rows in and out itself: the strides must be sane and every offset must fit. */
+    const int packed_layout = !t->stride_batch && !t->stride_seq && !t->stride_head;
+    if (!packed_layout && (t->stride_batch <= 0 || t->stride_seq <= 0 || t->stride_head <= 0))
+        return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: strides must be all 0 (packed) or all positive", name);
+    int64_t last = t->head_dim, term;
+    int overflow = packed_layout && (__builtin_mul_overflow(t->heads, t->head_dim, &term) ||
+                                     __builtin_mul_overflow(t->seqlen, term, &term) ||
+                                     __builtin_mul_overflow(t->batch, term, &term));
+    if (!overflow) { /* the packed strides are computable now */
+        const fa_tensor e = strided(t);
+        const int64_t extent[3][2] = {{t->batch - 1, e.stride_batch}, {t->seqlen - 1, e.stride_seq},
+                                      {t->heads - 1, e.stride_head}};
+        for (int x = 0; x < 3; ++x)
+            overflow |= __builtin_mul_overflow(extent[x][0], extent[x][1], &term) |
+                        __builtin_add_overflow(last, term, &last);
+    }
+    if (overflow || last > INT64_MAX / 4)
+        return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: element offsets overflow 64 bits", name);
     return FA_SUCCESS;
 }
 
@@ -120,9 +140,15 @@ static fa_status check_local(fa_context *ctx, const fa_attention_desc *desc, con
         if (dd->seqlens_k[b] < 0 || dd->seqlens_k[b] > total)
             return fa_set_error(FA_ERROR_INVALID_VALUE, "desc->seqlens_k[%" PRId64 "]: %d is outside [0, %" PRId64
                                 "] (the whole sequence)", b, dd->seqlens_k[b], total);
-    /* One message holds a block's K and V: its count must fit an int. */
-    if (g->batch * 2 * g->chunk * g->hk * g->d * 2 > 0x7fffffff)
-        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "k: a block of K and V exceeds 2^31 floats (one MPI message)");
+    /* One message holds a block's K and V: its count must fit an int (checked factor by factor,
+     * so the product itself cannot overflow; q's sizes are those of the caller's own array). */
+    const int64_t factors[4] = {g->batch, 2 * g->chunk, g->hk, g->d};
+    int64_t count = 2;
+    for (int x = 0; x < 4; ++x) {
+        if (factors[x] > 0x7fffffff / count)
+            return fa_set_error(FA_ERROR_NOT_SUPPORTED, "k: a block of K and V exceeds 2^31 floats (one MPI message)");
+        count *= factors[x];
+    }
     g->valid_k = dd->seqlens_k ? malloc((size_t)g->batch * sizeof *g->valid_k) : NULL;
     if (dd->seqlens_k && !g->valid_k) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "desc->seqlens_k: scratch");
     return FA_SUCCESS;
@@ -155,7 +181,7 @@ static fa_status agree(ring *g, fa_status st, const int64_t *sig, int count)
 }
 
 /* What every rank must share: shapes and the desc's scalars. */
-static int signature(const ring *g, int has_lse, int64_t *sig)
+static int signature(const ring *g, int64_t *sig)
 {
     const fa_attention_desc *dd = &g->desc;
     uint32_t bits[3];
@@ -165,7 +191,7 @@ static int signature(const ring *g, int has_lse, int64_t *sig)
     const int64_t values[] = {g->batch, g->chunk, g->hq, g->hk, g->d, dd->causal, dd->window_left, dd->window_right,
                               bits[0], bits[1], bits[2], (uint32_t)dd->dropout_seed, (uint32_t)(dd->dropout_seed >> 32),
                               (uint32_t)dd->dropout_offset, (uint32_t)(dd->dropout_offset >> 32),
-                              dd->seqlens_k != NULL, dd->alibi_slopes != NULL, dd->alibi_per_batch, has_lse};
+                              dd->seqlens_k != NULL, dd->alibi_slopes != NULL, dd->alibi_per_batch};
     const int count = (int)(sizeof values / sizeof *values);
     memcpy(sig, values, sizeof values);
     return count;
@@ -309,7 +335,7 @@ fa_status fa_ring_forward(fa_context *ctx, MPI_Comm comm, const fa_attention_des
     if (st) return st;
     st = check_local(ctx, desc, q, k, v, out, &g);
     int64_t sig[24];
-    const int count = signature(&g, lse != NULL, sig);
+    const int count = signature(&g, sig);
     st = agree(&g, st, sig, count);
     forward_buffers w = {0};
     int have[2] = {0, 0};
@@ -430,7 +456,7 @@ fa_status fa_ring_backward(fa_context *ctx, MPI_Comm comm, const fa_attention_de
         (st = check_like("dk", dk, "k", k)) == FA_SUCCESS)
         st = check_like("dv", dv, "v", v);
     int64_t sig[24];
-    const int count = signature(&g, 1, sig);
+    const int count = signature(&g, sig);
     st = agree(&g, st, sig, count);
     backward_buffers w = {0};
     if (!st) {

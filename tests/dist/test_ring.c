@@ -168,6 +168,25 @@ static void run_failures(fa_context *ctx)
     CHECK(st == FA_ERROR_INVALID_VALUE && strstr(fa_last_error(), "disagree"), "disagreeing desc: %d %s", (int)st,
           fa_last_error());
 
+    /* A failure inside the ring (rank 0's first block call refuses a NaN ALiBi slope, after the
+     * ranks agreed on the arguments): the others finish the exchange and every rank errs. */
+    float slopes[HQ] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    if (rank == 0) slopes[2] = NAN;
+    fa_attention_desc with_slopes = desc;
+    with_slopes.alibi_slopes = slopes;
+    memset(o, 0x5a, lq * 4);
+    st = fa_ring_forward(ctx, MPI_COMM_WORLD, &with_slopes, &tq, &tk, &tv, &to, lse);
+    CHECK(st == FA_ERROR_INVALID_VALUE, "NaN slope on rank 0: status %d", (int)st);
+    if (rank == 0) CHECK(strstr(fa_last_error(), "alibi_slopes[2]") != NULL, "message: %s", fa_last_error());
+    else CHECK(strstr(fa_last_error(), "rank 0") != NULL, "message does not name rank 0: %s", fa_last_error());
+    for (size_t x = 0; x < lq; ++x)
+        if (((unsigned char *)o)[x] != 0x5a) {
+            CHECK(0, "out written after a failure inside the ring");
+            break;
+        }
+    st = fa_ring_backward(ctx, MPI_COMM_WORLD, &with_slopes, &tq, &tk, &tv, &to, &tq, lse, &tdq, &tdk, &tdv);
+    CHECK(st == FA_ERROR_INVALID_VALUE, "NaN slope on rank 0, backward: status %d", (int)st);
+
     st = fa_ring_forward(ctx, MPI_COMM_WORLD, &desc, &tq, &tk, &tv, &to, lse);
     CHECK(st == FA_SUCCESS, "good call after failures: %s", fa_last_error());
     fa_tensor bad_dk = tdk;
@@ -176,7 +195,9 @@ static void run_failures(fa_context *ctx)
     CHECK(st == FA_ERROR_INVALID_VALUE, "bad dk on rank 0: status %d", (int)st);
     st = fa_ring_backward(ctx, MPI_COMM_WORLD, &desc, &tq, &tk, &tv, &to, &tq, lse, &tdq, &tdk, &tdv);
     CHECK(st == FA_SUCCESS, "good backward after a failure: %s", fa_last_error());
-    if (rank == 0) printf("P=%d failures: a bad argument on one rank and disagreeing ranks -> every rank errs\n", ranks);
+    if (rank == 0)
+        printf("P=%d failures: a bad argument on one rank, disagreeing ranks, a failure inside the ring -> every "
+               "rank errs\n", ranks);
     float *owned[] = {q, k, v, o, lse, dq, dk, dv};
     for (size_t x = 0; x < sizeof owned / sizeof *owned; ++x) free(owned[x]);
 }
