@@ -252,8 +252,8 @@ static fa_status check_positions(const fa_attention_desc *desc, fa_problem *p, i
                            (long long)offsets[x], local_names[x], (long long)locals[x], global_names[x],
                            (long long)resolved[x], local_names[x]);
     }
-    /* No overflow: every term is at most a global length. */
-    p->diag_offset = desc->q_offset - desc->k_offset + (resolved[1] - resolved[0]);
+    /* Grouped so that nothing overflows: the first term is in [-global q, 0], the second in [0, global k]. */
+    p->diag_offset = (desc->q_offset - resolved[0]) + (resolved[1] - desc->k_offset);
     p->dropout_row0 = desc->q_offset;
     p->dropout_col0 = desc->k_offset;
     p->dropout_rows = *grid_q = resolved[0];
