@@ -368,6 +368,49 @@ static void test_merge_rules(void **state)
     }
 }
 
+/* f16 and bf16 parts: merged in f32, rounded once into out (against the formula in double). */
+static void test_merge_half_dtypes(void **state)
+{
+    (void)state;
+    enum { L = 3, E = BATCH * L * ROW, R = BATCH * HQ * L };
+    static uint16_t a[E], b[E], out[E];
+    static float la[R], lb[R], lse[R];
+    const fa_dtype dtypes[2] = {FA_DTYPE_F16, FA_DTYPE_BF16};
+    const double tolerance[2] = {1.0 / 2048, 1.0 / 256}; /* one ulp below 1: the final rounding plus f32 sums */
+    for (int t = 0; t < 2; ++t) {
+        for (int x = 0; x < E; ++x) { /* multiples of 1/64 in [-1, 1): exact in both dtypes */
+            test_store_element(a, (size_t)x, dtypes[t], (double)((x * 37) % 128 - 64) / 64.0);
+            test_store_element(b, (size_t)x, dtypes[t], (double)((x * 11) % 128 - 64) / 64.0);
+        }
+        for (int r = 0; r < R; ++r) {
+            la[r] = (float)(r % 5) * 0.75f - 1.0f;
+            lb[r] = r % 4 == 0 ? -INFINITY : (float)(r % 3) - 0.5f;
+        }
+        fa_tensor ta = {a, dtypes[t], BATCH, L, HQ, D, 0, 0, 0}, tb = ta, to = ta;
+        tb.data = b;
+        to.data = out;
+        const fa_tensor *outs[2] = {&ta, &tb};
+        const float *lses[2] = {la, lb};
+        assert_int_equal(fa_merge_partials(ctx, 2, outs, lses, &to, lse), FA_SUCCESS);
+        double worst = 0.0;
+        for (int r = 0; r < R; ++r) {
+            const int64_t bb = r / (HQ * L), h = (r / L) % HQ, sq = r % L;
+            const double top = la[r] > lb[r] ? la[r] : lb[r];
+            const double wa = exp(la[r] - top), wb = lb[r] == -INFINITY ? 0.0 : exp(lb[r] - top);
+            for (int64_t c = 0; c < D; ++c) {
+                const size_t at = (size_t)((bb * L + sq) * ROW + h * D + c);
+                const double want = (wa * test_load_element(a, at, dtypes[t]) + wb * test_load_element(b, at, dtypes[t])) /
+                                    (wa + wb);
+                const double e = fabs(test_load_element(out, at, dtypes[t]) - want);
+                if (e > worst) worst = e;
+            }
+            assert_float_equal(lse[r], top + log(wa + wb), 1e-6);
+        }
+        print_message("%s merge: max |out - formula| %.2e\n", t ? "bf16" : "f16", worst);
+        assert_true(worst <= tolerance[t]);
+    }
+}
+
 static void test_merge_arguments(void **state)
 {
     (void)state;
@@ -416,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_blocks_match_oracle),
         cmocka_unit_test(test_position_arguments),
         cmocka_unit_test(test_merge_rules),
+        cmocka_unit_test(test_merge_half_dtypes),
         cmocka_unit_test(test_merge_arguments),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
