@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 3
+#define FA_VERSION_MINOR 4
 #define FA_VERSION_PATCH 0
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -133,6 +133,18 @@ typedef struct fa_attention_desc {
     const float *sinks;                /* [heads_q] fp32 logits, context's memory: each row's softmax
                                           denominator gains exp(sink_h) (in its max and its lse) */
     const fa_bias *bias;               /* additive bias, last; NULL = none */
+    /* Added in 0.4: this call is one block of a larger problem (context parallelism, ring
+     * attention). q holds global query rows [q_offset, q_offset + seqlen_q) and k/v global keys
+     * [k_offset, k_offset + seqlen_k) of a problem with seqlen_q_global queries and seqlen_k_global
+     * keys (0 = this call's seqlen_q / seqlen_k). Causal, window and ALiBi use global positions
+     * (query i at key position q_offset + i + seqlen_k_global - seqlen_q_global), and dropout draws
+     * the global element ((b * heads_q + h) * seqlen_q_global + q_offset + i) * seqlen_k_global +
+     * k_offset + j, so a split run equals the slices of the unsplit one (merge key blocks with
+     * fa_merge_partials). seqlens_k, block_mask and bias stay local to this block's keys/rows.
+     * fa_forward and fa_backward only (varlen and the KV cache: FA_ERROR_NOT_SUPPORTED); backends
+     * without it (GPU plugins for now) return FA_ERROR_NOT_SUPPORTED when any is not 0. */
+    int64_t q_offset, k_offset;
+    int64_t seqlen_q_global, seqlen_k_global;
 } fa_attention_desc;
 
 /* struct_size = sizeof, scale 0, no masks, windows -1, no dropout, no varlen, no modifiers. */
@@ -144,6 +156,16 @@ FA_API void fa_attention_desc_init(fa_attention_desc *desc);
 FA_API fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc,
                             const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                             fa_tensor *out, float *lse);
+
+/* out = merge of n partial results of the same queries over disjoint key sets, by lse, in the
+ * order given (deterministic); lse_out may alias nothing. Rows whose every part is -inf stay zero.
+ * outs[x]: n tensors of out's shape and dtype, in the context's memory; lses[x] and lse_out:
+ * [batch, heads, seqlen] fp32 (fa_forward's layout), lse_out may be NULL. A part with lse -inf
+ * contributes nothing; each row is summed over the parts in the order 0..n-1 in f32, so the
+ * result does not depend on thread counts. out and lse_out must not overlap any input (nor each
+ * other). n >= 1. Host-memory backends (CPU) only: others return FA_ERROR_NOT_SUPPORTED. */
+FA_API fa_status fa_merge_partials(fa_context *ctx, int n, const fa_tensor *const *outs,
+                                   const float *const *lses, fa_tensor *out, float *lse_out);
 
 /* Varlen (desc->varlen != NULL): lse is [heads_q, total_q] (FlashAttention-2's layout). Causal
  * and window align bottom-right within each sequence (j <= i + len_k(b) - len_q(b));

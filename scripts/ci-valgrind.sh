@@ -29,6 +29,8 @@ chmod +x build-valgrind/valgrind-wrap.sh
 start=$(date +%s)
 # The known-bugs suite is excluded: its tests fail by design, and a failed cmocka test leaks. The
 # emulated GPU suite is too: its fibers switch stacks (ASan+UBSan covers it in ci-sanitize.sh).
+# So is the MPI suite: its test program is mpirun, not the ranks (ASan+UBSan covers the ranks).
 meson test -C build-valgrind --wrap="$PWD/build-valgrind/valgrind-wrap.sh" --no-suite known-bugs --no-suite emu \
+  --no-suite dist \
   --num-processes "$jobs" --print-errorlogs --timeout-multiplier 20 "$@"
 echo "ci-valgrind: done in $(( $(date +%s) - start )) s"

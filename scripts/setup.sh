@@ -16,6 +16,7 @@ packages=(
   clang llvm libclang-rt-14-dev libomp-14-dev valgrind   # sanitizer, fuzzing, valgrind CI steps
   gnuplot-nox                                    # IO figures
   python3-dev python3-venv                       # Python package (pip install ., scripts/ci-python.sh)
+  libopenmpi-dev openmpi-bin                     # src/dist: ring attention over MPI, its mpirun tests
 )
 
 if [ "${FA_SETUP_NO_APT:-0}" != 1 ]; then

@@ -14,13 +14,30 @@ static double resolved_scale(const oracle_shape *s, const fa_attention_desc *des
     return desc->softmax_scale != 0.0f ? (double)desc->softmax_scale : 1.0 / sqrt((double)s->head_dim);
 }
 
+/* The block's global lengths (desc->seqlen_*_global, 0 = the local ones). */
+static int64_t global_q(const oracle_shape *s, const fa_attention_desc *desc)
+{
+    return desc->seqlen_q_global ? desc->seqlen_q_global : s->seqlen_q;
+}
+static int64_t global_k(const oracle_shape *s, const fa_attention_desc *desc)
+{
+    return desc->seqlen_k_global ? desc->seqlen_k_global : s->seqlen_k;
+}
+
+/* Global key position minus global diagonal position of (i, j): > 0 right of the diagonal. */
+static int64_t key_past_diagonal(const oracle_shape *s, const fa_attention_desc *desc, int64_t i, int64_t j)
+{
+    const int64_t gi = desc->q_offset + i, gj = desc->k_offset + j;
+    return gj - (gi + global_k(s, desc) - global_q(s, desc)); /* bottom-right alignment */
+}
+
 int oracle_visible(const oracle_shape *s, const fa_attention_desc *desc, int64_t b, int64_t i, int64_t j)
 {
-    const int64_t diagonal = i + (s->seqlen_k - s->seqlen_q); /* bottom-right alignment */
+    const int64_t past = key_past_diagonal(s, desc, i, j);
     if (desc->seqlens_k && j >= desc->seqlens_k[b]) return 0;
-    if (desc->causal && j > diagonal) return 0;
-    if (desc->window_left >= 0 && j < diagonal - desc->window_left) return 0;
-    if (desc->window_right >= 0 && j > diagonal + desc->window_right) return 0;
+    if (desc->causal && past > 0) return 0;
+    if (desc->window_left >= 0 && past < -desc->window_left) return 0;
+    if (desc->window_right >= 0 && past > desc->window_right) return 0;
     const fa_block_mask *bm = desc->block_mask;
     if (bm && bm->mask[(i / bm->block_q) * bm->cols + j / bm->block_k] == 0) return 0;
     return 1;
@@ -30,8 +47,9 @@ int oracle_dropout_keep(const oracle_shape *s, const fa_attention_desc *desc, in
                         int64_t j)
 {
     if (desc->dropout_p == 0.0f) return 1;
-    const uint64_t element = (((uint64_t)b * (uint64_t)s->heads_q + (uint64_t)h) * (uint64_t)s->seqlen_q +
-                              (uint64_t)i) * (uint64_t)s->seqlen_k + (uint64_t)j;
+    const uint64_t element = (((uint64_t)b * (uint64_t)s->heads_q + (uint64_t)h) * (uint64_t)global_q(s, desc) +
+                              (uint64_t)(desc->q_offset + i)) * (uint64_t)global_k(s, desc) +
+                             (uint64_t)(desc->k_offset + j);
     const uint64_t group = element >> 2;
     philox4x32_ctr_t counter = {{(uint32_t)group, (uint32_t)(group >> 32), (uint32_t)desc->dropout_offset,
                                  (uint32_t)(desc->dropout_offset >> 32)}};
@@ -61,7 +79,7 @@ static double modified_score(const oracle_shape *s, const fa_attention_desc *des
         if (dx) *dx = 1.0 - t * t;
     }
     if (desc->alibi_slopes) slope = desc->alibi_slopes[(desc->alibi_per_batch ? b * s->heads_q : 0) + h];
-    score -= slope * fabs((double)(i + s->seqlen_k - s->seqlen_q - j));
+    score -= slope * fabs((double)key_past_diagonal(s, desc, i, j));
     if (desc->bias) score += test_load_element(desc->bias->data, bias_index(desc->bias, b, h, i, j), desc->bias->dtype);
     return score;
 }

@@ -2,7 +2,8 @@
  * (Algorithm 3) in double precision, with exactly the semantics of the public API: scale,
  * causal (bottom-right), sliding window, key padding, block mask, GQA/MQA, dropout (the Philox
  * stream, computed here independently of src/common/philox.h), fully masked rows, and the score
- * modifiers (softcap, ALiBi, sinks, bias: read from desc, their arrays in host memory).
+ * modifiers (softcap, ALiBi, sinks, bias: read from desc, their arrays in host memory), and a
+ * block's global positions (desc->q_offset, k_offset, seqlen_*_global).
  * It is deliberately naive (one element at a time) and shares no code with any backend.
  * Arrays are packed [batch, seqlen, heads, head_dim] doubles; lse is [batch, heads_q, seqlen_q]. */
 #ifndef FA_TEST_ORACLE_H

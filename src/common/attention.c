@@ -40,6 +40,10 @@ static fa_status check_features(const fa_backend_iface *iface, const fa_problem 
             if (st) return st;
         }
     }
+    if (fa_problem_has_positions(p) && !(iface->features & FA_BACKEND_POSITION_OFFSETS))
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED,
+                            "desc->q_offset, k_offset, seqlen_*_global: the %s backend does not implement block "
+                            "positions yet", iface->name);
     if (!p->varlen.batch) return FA_SUCCESS;
     if (!(iface->features & FA_BACKEND_VARLEN))
         return fa_set_error(FA_ERROR_NOT_SUPPORTED,

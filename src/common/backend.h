@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever fa_problem, fa_host_api or fa_backend_iface change layout. */
-#define FA_BACKEND_ABI_VERSION 3u
+#define FA_BACKEND_ABI_VERSION 4u
 
 /* A validated attention problem. Tensor strides are always explicit (never 0). */
 typedef struct fa_problem {
@@ -30,8 +30,8 @@ typedef struct fa_problem {
     float *lse;                        /* forward: output or NULL; backward: input */
     /* Row i of (b, h) in lse: lse[b * lse_stride_batch + h * lse_stride_head + i]. */
     int64_t lse_stride_batch, lse_stride_head;
-    /* Dropout element of (b, h, i, j): ((dropout_batch0 + b) * heads_q + h) * dropout_rows + i)
-     * * dropout_cols + j; dense problems: 0, seqlen_q, seqlen_k. */
+    /* Dropout element of (b, h, i, j): ((dropout_batch0 + b) * heads_q + h) * dropout_rows + i
+     * + dropout_row0) * dropout_cols + j + dropout_col0; dense problems: 0, seqlen_q, seqlen_k. */
     int64_t dropout_batch0, dropout_rows, dropout_cols;
     /* Packed variable-length batch (desc->varlen), batch 0 when absent. Then batch = 1,
      * seqlen_q/seqlen_k are the total rows, lse is [heads_q, total_q] and the block mask's grid
@@ -46,6 +46,12 @@ typedef struct fa_problem {
     const float *sinks;
     fa_bias bias, dbias;
     float *dsinks;
+    /* Block positions (ABI 4; desc->q_offset etc.): query row i's causal/window/ALiBi diagonal is
+     * local key i + diag_offset (dense: seqlen_k - seqlen_q), and the dropout element of (b, h, i,
+     * j) uses row dropout_row0 + i and column dropout_col0 + j. A backend without
+     * FA_BACKEND_POSITION_OFFSETS only ever sees the dense values (the core refuses the rest). */
+    int64_t diag_offset;
+    int64_t dropout_row0, dropout_col0;
 } fa_problem;
 
 /* fa_forward_kvcache's problem: attn.q, attn.out, attn.lse and the score options as in
@@ -64,6 +70,7 @@ typedef struct fa_kv_problem {
 #define FA_BACKEND_HOST_MEMORY 1u      /* tensors and tables are host memory: the core reads tables */
 #define FA_BACKEND_VARLEN 2u           /* forward and backward accept fa_problem.varlen */
 #define FA_BACKEND_SCORE_MODIFIERS 4u  /* forward and backward apply softcap, ALiBi, sinks, bias */
+#define FA_BACKEND_POSITION_OFFSETS 8u /* forward and backward honour diag_offset, dropout_row0/col0 */
 
 /* Services the core library offers to plugins (plugins never link the core). */
 typedef struct fa_host_api {

@@ -25,7 +25,7 @@ int fa_checked_add(int64_t a, int64_t b, int64_t *result)
 }
 
 /* Checks one tensor and returns it with explicit strides. */
-static fa_status check_tensor(const char *name, const fa_tensor *t, fa_tensor *out)
+fa_status fa_validate_tensor(const char *name, const fa_tensor *t, fa_tensor *out)
 {
     if (!t) return INVALID("%s: is NULL", name);
     if (!t->data) return INVALID("%s: data is NULL", name);
@@ -61,7 +61,7 @@ static fa_status check_tensor(const char *name, const fa_tensor *t, fa_tensor *o
     return FA_SUCCESS;
 }
 
-static fa_status same_shape(const char *name, const fa_tensor *t, const char *ref_name, const fa_tensor *ref)
+fa_status fa_validate_same_shape(const char *name, const fa_tensor *t, const char *ref_name, const fa_tensor *ref)
 {
     if (t->batch != ref->batch || t->seqlen != ref->seqlen || t->heads != ref->heads || t->head_dim != ref->head_dim)
         return INVALID("%s: shape [%lld, %lld, %lld, %lld] differs from %s [%lld, %lld, %lld, %lld]", name,
@@ -222,6 +222,48 @@ fa_status fa_validate_modifier_values(const fa_problem *p)
     return FA_SUCCESS;
 }
 
+/* desc->q_offset, k_offset, seqlen_q_global, seqlen_k_global: this call as a block of a larger
+ * dense problem. Sets the problem's diagonal and dropout coordinates, and *grid_q, *grid_k to the
+ * global lengths (the dropout index's extent). */
+static fa_status check_positions(const fa_attention_desc *desc, fa_problem *p, int64_t *grid_q, int64_t *grid_k)
+{
+    const int64_t offsets[2] = {desc->q_offset, desc->k_offset};
+    const int64_t globals[2] = {desc->seqlen_q_global, desc->seqlen_k_global};
+    const int64_t locals[2] = {p->seqlen_q, p->seqlen_k};
+    static const char *const offset_names[2] = {"q_offset", "k_offset"};
+    static const char *const global_names[2] = {"seqlen_q_global", "seqlen_k_global"};
+    static const char *const local_names[2] = {"q's seqlen", "k's seqlen"};
+    int64_t resolved[2];
+    if (desc->q_offset == 0 && desc->k_offset == 0 && desc->seqlen_q_global == 0 && desc->seqlen_k_global == 0)
+        return FA_SUCCESS;
+    if (desc->varlen)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->q_offset, k_offset, seqlen_*_global: not supported with "
+                                                    "desc->varlen (dense problems only)");
+    for (int x = 0; x < 2; ++x) {
+        if (offsets[x] < 0) return INVALID("desc->%s: %lld is negative", offset_names[x], (long long)offsets[x]);
+        if (globals[x] < 0) return INVALID("desc->%s: %lld is negative (0 = %s)", global_names[x],
+                                           (long long)globals[x], local_names[x]);
+        resolved[x] = globals[x] ? globals[x] : locals[x];
+        if (offsets[x] > resolved[x] || locals[x] > resolved[x] - offsets[x])
+            return INVALID("desc->%s: %lld + %s %lld exceeds desc->%s %lld (0 = %s)", offset_names[x],
+                           (long long)offsets[x], local_names[x], (long long)locals[x], global_names[x],
+                           (long long)resolved[x], local_names[x]);
+    }
+    /* Grouped so that nothing overflows: the first term is in [-global q, 0], the second in [0, global k]. */
+    p->diag_offset = (desc->q_offset - resolved[0]) + (resolved[1] - desc->k_offset);
+    p->dropout_row0 = desc->q_offset;
+    p->dropout_col0 = desc->k_offset;
+    p->dropout_rows = *grid_q = resolved[0];
+    p->dropout_cols = *grid_k = resolved[1];
+    return FA_SUCCESS;
+}
+
+int fa_problem_has_positions(const fa_problem *p)
+{
+    return p->dropout_row0 != 0 || p->dropout_col0 != 0 ||
+           (!p->varlen.batch && (p->dropout_rows != p->seqlen_q || p->dropout_cols != p->seqlen_k));
+}
+
 static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
 {
     if (!desc) return INVALID("desc: is NULL");
@@ -257,13 +299,16 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
                            (long long)bm->rows, (long long)bm->cols, (long long)rows, (long long)cols,
                            (long long)grid_q, (long long)grid_k);
     }
+    fa_status st = check_positions(desc, p, &grid_q, &grid_k);
+    if (st) return st;
     int64_t elements;
     if (desc->dropout_p > 0.0f &&
         !(fa_checked_mul(grid_batch, p->heads_q, &elements) && fa_checked_mul(elements, grid_q, &elements) &&
           fa_checked_mul(elements, grid_k, &elements)))
         return INVALID("desc->dropout_p: the attention matrix has more than 2^63 elements to index");
-    const int64_t bias_extent[4] = {grid_batch, p->heads_q, grid_q, grid_k};
-    fa_status st = check_modifiers(desc, p, bias_extent);
+    const int64_t bias_extent[4] = {grid_batch, p->heads_q, p->varlen.batch ? grid_q : p->seqlen_q,
+                                    p->varlen.batch ? grid_k : p->seqlen_k};
+    st = check_modifiers(desc, p, bias_extent);
     if (st) return st;
     p->scale = desc->softmax_scale != 0.0f ? desc->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
     p->causal = desc->causal != 0;
@@ -293,6 +338,7 @@ static void set_sizes(fa_problem *p, const fa_tensor *q, int64_t heads_kv, int64
     p->lse_stride_batch = p->heads_q * p->seqlen_q;
     p->dropout_rows = p->seqlen_q;
     p->dropout_cols = p->seqlen_k;
+    p->diag_offset = p->seqlen_k - p->seqlen_q;
 }
 
 fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
@@ -300,14 +346,14 @@ fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q,
 {
     memset(p, 0, sizeof *p);
     fa_status st;
-    if ((st = check_tensor("q", q, &p->q)) || (st = check_tensor("k", k, &p->k)) ||
-        (st = check_tensor("v", v, &p->v)) || (st = check_tensor("out", out, &p->out)))
+    if ((st = fa_validate_tensor("q", q, &p->q)) || (st = fa_validate_tensor("k", k, &p->k)) ||
+        (st = fa_validate_tensor("v", v, &p->v)) || (st = fa_validate_tensor("out", out, &p->out)))
         return st;
     if (k->batch != q->batch) return INVALID("k: batch %lld differs from q's %lld", (long long)k->batch, (long long)q->batch);
     if (k->head_dim != q->head_dim)
         return INVALID("k: head_dim %lld differs from q's %lld", (long long)k->head_dim, (long long)q->head_dim);
     if (k->dtype != q->dtype) return INVALID("k: dtype differs from q");
-    if ((st = same_shape("v", v, "k", k)) || (st = same_shape("out", out, "q", q))) return st;
+    if ((st = fa_validate_same_shape("v", v, "k", k)) || (st = fa_validate_same_shape("out", out, "q", q))) return st;
     if (q->heads % k->heads != 0)
         return INVALID("k: heads %lld does not divide q's heads %lld", (long long)k->heads, (long long)q->heads);
     set_sizes(p, q, k->heads, k->seqlen, lse);
@@ -322,11 +368,11 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
     fa_status st = fa_validate_forward(desc, q, k, v, out, NULL, p);
     if (st) return st;
     if (!lse) return INVALID("lse: is NULL (backward needs the forward's lse)");
-    if ((st = check_tensor("dout", dout, &p->dout)) || (st = check_tensor("dq", dq, &p->dq)) ||
-        (st = check_tensor("dk", dk, &p->dk)) || (st = check_tensor("dv", dv, &p->dv)))
+    if ((st = fa_validate_tensor("dout", dout, &p->dout)) || (st = fa_validate_tensor("dq", dq, &p->dq)) ||
+        (st = fa_validate_tensor("dk", dk, &p->dk)) || (st = fa_validate_tensor("dv", dv, &p->dv)))
         return st;
-    if ((st = same_shape("dout", dout, "q", q)) || (st = same_shape("dq", dq, "q", q)) ||
-        (st = same_shape("dk", dk, "k", k)) || (st = same_shape("dv", dv, "v", v)))
+    if ((st = fa_validate_same_shape("dout", dout, "q", q)) || (st = fa_validate_same_shape("dq", dq, "q", q)) ||
+        (st = fa_validate_same_shape("dk", dk, "k", k)) || (st = fa_validate_same_shape("dv", dv, "v", v)))
         return st;
     if (dsinks && !p->sinks) return INVALID("dsinks: given but desc->sinks is NULL (no sinks to differentiate)");
     if ((uintptr_t)dsinks % sizeof(float) != 0) return INVALID("dsinks: is not aligned to 4-byte floats");
@@ -349,12 +395,12 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
     memset(kp, 0, sizeof *kp);
     fa_problem *p = &kp->attn;
     fa_status st;
-    if ((st = check_tensor("q", q, &p->q)) || (st = check_tensor("out", out, &p->out)) ||
-        (st = same_shape("out", out, "q", q)))
+    if ((st = fa_validate_tensor("q", q, &p->q)) || (st = fa_validate_tensor("out", out, &p->out)) ||
+        (st = fa_validate_same_shape("out", out, "q", q)))
         return st;
     if (!cache) return INVALID("cache: is NULL");
-    if ((st = check_tensor("cache->k", &cache->k, &p->k)) || (st = check_tensor("cache->v", &cache->v, &p->v)) ||
-        (st = same_shape("cache->v", &cache->v, "cache->k", &cache->k)))
+    if ((st = fa_validate_tensor("cache->k", &cache->k, &p->k)) || (st = fa_validate_tensor("cache->v", &cache->v, &p->v)) ||
+        (st = fa_validate_same_shape("cache->v", &cache->v, "cache->k", &cache->k)))
         return st;
     if (cache->k.dtype != q->dtype) return INVALID("cache->k: dtype differs from q");
     if (cache->k.head_dim != q->head_dim)
@@ -385,8 +431,8 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
     }
     if ((k_new == NULL) != (v_new == NULL)) return INVALID("k_new, v_new: give both or neither");
     if (k_new) {
-        if ((st = check_tensor("k_new", k_new, &kp->k_new)) || (st = check_tensor("v_new", v_new, &kp->v_new)) ||
-            (st = same_shape("v_new", v_new, "k_new", k_new)))
+        if ((st = fa_validate_tensor("k_new", k_new, &kp->k_new)) || (st = fa_validate_tensor("v_new", v_new, &kp->v_new)) ||
+            (st = fa_validate_same_shape("v_new", v_new, "k_new", k_new)))
             return st;
         if (k_new->batch != q->batch || k_new->heads != cache->k.heads || k_new->head_dim != q->head_dim)
             return INVALID("k_new: shape [%lld, %lld, %lld, %lld] must be [batch %lld, seqlen_new, heads_kv %lld, %lld]",
@@ -398,6 +444,9 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
     }
     if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL for the KV cache (use cache->cache_seqlens)");
     if (desc->varlen) return INVALID("desc->varlen: must be NULL for the KV cache");
+    if (desc->q_offset || desc->k_offset || desc->seqlen_q_global || desc->seqlen_k_global)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->q_offset, k_offset, seqlen_*_global: the KV-cache path "
+                                                    "has no block positions (leave them 0)");
     if (desc->block_mask)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->block_mask: the KV-cache path has no block masks");
     if (desc->dropout_p != 0.0f)

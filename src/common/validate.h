@@ -15,6 +15,8 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
 fa_status fa_validate_varlen_offsets(const fa_problem *p);
 /* 1 when any score modifier (softcap, ALiBi, sinks, bias) is set. */
 int fa_problem_has_modifiers(const fa_problem *p);
+/* 1 when desc's block positions (q_offset, k_offset, seqlen_*_global) differ from the defaults. */
+int fa_problem_has_positions(const fa_problem *p);
 /* The values of the ALiBi slopes (finite) and the sinks (not NaN, not +inf), host memory only. */
 fa_status fa_validate_modifier_values(const fa_problem *p);
 
@@ -25,6 +27,12 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
 /* The cache's tables (host memory only): lengths not negative, cached + new within each sequence's
  * capacity or pages, every page index it uses in range. */
 fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp);
+
+/* One tensor: non-NULL, aligned, positive dimensions, offsets within 64 bits; *out gets it with
+ * explicit strides. */
+fa_status fa_validate_tensor(const char *name, const fa_tensor *t, fa_tensor *out);
+/* t has ref's shape and dtype. */
+fa_status fa_validate_same_shape(const char *name, const fa_tensor *t, const char *ref_name, const fa_tensor *ref);
 
 /* a * b and a + b for non-negative int64, returning 0 on overflow. */
 int fa_checked_mul(int64_t a, int64_t b, int64_t *result);

@@ -8,10 +8,10 @@
 
 typedef struct fa_key_range { int64_t lo, hi; } fa_key_range; /* empty when hi <= lo */
 
-FA_HD fa_key_range fa_visible_keys(int64_t i, int64_t seqlen_q, int64_t seqlen_k, int64_t valid_k,
-                                   int causal, int32_t window_left, int32_t window_right)
+/* The keys of a query row whose diagonal (the key at its own position) is local key diag. */
+FA_HD fa_key_range fa_visible_keys_at(int64_t diag, int64_t valid_k, int causal, int32_t window_left,
+                                      int32_t window_right)
 {
-    const int64_t diag = i + (seqlen_k - seqlen_q);
     fa_key_range r;
     r.lo = 0;
     r.hi = valid_k;
@@ -20,5 +20,11 @@ FA_HD fa_key_range fa_visible_keys(int64_t i, int64_t seqlen_q, int64_t seqlen_k
     if (window_left >= 0 && diag - window_left > r.lo) r.lo = diag - window_left;
     if (r.hi < r.lo) r.hi = r.lo;
     return r;
+}
+
+FA_HD fa_key_range fa_visible_keys(int64_t i, int64_t seqlen_q, int64_t seqlen_k, int64_t valid_k,
+                                   int causal, int32_t window_left, int32_t window_right)
+{
+    return fa_visible_keys_at(i + (seqlen_k - seqlen_q), valid_k, causal, window_left, window_right);
 }
 #endif

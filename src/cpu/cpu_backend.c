@@ -124,7 +124,8 @@ static const fa_backend_iface cpu_iface = {
     .info = cpu_info,
     .forward = fa_cpu_forward,
     .backward = fa_cpu_backward,
-    .features = FA_BACKEND_HOST_MEMORY | FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS,
+    .features = FA_BACKEND_HOST_MEMORY | FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS |
+                FA_BACKEND_POSITION_OFFSETS,
     .forward_kvcache = fa_cpu_forward_kvcache,
 };
 

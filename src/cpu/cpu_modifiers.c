@@ -39,7 +39,7 @@ static inline float fast_tanh(float x)
 void fa_cpu_modify_scores(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
                           int64_t cols, float *st, int64_t ld, float *cap_grad)
 {
-    const int64_t n = rows->count, diag0 = rows->i0 + p->seqlen_k - p->seqlen_q;
+    const int64_t n = rows->count, diag0 = rows->i0 + p->diag_offset;
     const float cap = p->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     const float slope = p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
     /* One simple loop per modifier over the contiguous query lanes of a key column, with 32-bit

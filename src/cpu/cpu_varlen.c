@@ -30,6 +30,7 @@ static fa_problem sequence_problem(const fa_problem *p, int64_t b, int64_t q0, i
     s.varlen = (fa_varlen){0};
     s.seqlen_q = len_q;
     s.seqlen_k = len_k;
+    s.diag_offset = len_k - len_q; /* bottom-right within the sequence */
     s.q = rows_view(&p->q, q0, len_q);
     s.out = rows_view(&p->out, q0, len_q);
     s.k = rows_view(&p->k, k0, len_k);

@@ -52,18 +52,24 @@ static void problem_init(problem *p)
     p->tout = (fa_tensor){p->out, FA_DTYPE_F32, 1, SEQ, HEADS, DIM, 0, 0, 0};
 }
 
+/* The current layout's run of a causal, window_left 3 desc: *now and its output. */
+static void reference_run(problem *p, fa_attention_desc *now, float expected[N])
+{
+    problem_init(p);
+    fa_attention_desc_init(now);
+    now->causal = 1;
+    now->window_left = 3;
+    assert_int_equal(fa_forward(p->ctx, now, &p->tq, &p->tk, &p->tv, &p->tout, p->lse), FA_SUCCESS);
+    memcpy(expected, p->out, N * sizeof *expected);
+}
+
 static void test_old_layout_runs_with_defaults(void **state)
 {
     (void)state;
     static problem p;
-    problem_init(&p);
     fa_attention_desc now;
-    fa_attention_desc_init(&now);
-    now.causal = 1;
-    now.window_left = 3;
-    assert_int_equal(fa_forward(p.ctx, &now, &p.tq, &p.tk, &p.tv, &p.tout, p.lse), FA_SUCCESS);
     float expected[N];
-    memcpy(expected, p.out, sizeof expected);
+    reference_run(&p, &now, expected);
 
     old_attention_desc *old = malloc(sizeof *old); /* exactly the old size: ASan sees any over-read */
     assert_non_null(old);
@@ -86,6 +92,28 @@ typedef struct newer_desc {
     fa_attention_desc known;
     uint64_t future_field;
 } newer_desc;
+
+/* A 0.3 client (desc ending at bias) in a block of exactly that size: the 0.4 block positions
+ * are never read and take their defaults (the run equals the current layout's). */
+static void test_layout_0_3_runs_without_positions(void **state)
+{
+    (void)state;
+    static problem p;
+    fa_attention_desc now;
+    float expected[N];
+    reference_run(&p, &now, expected);
+    const size_t size_0_3 = offsetof(fa_attention_desc, q_offset);
+    unsigned char *old = malloc(size_0_3); /* ASan sees any read of the 0.4 fields */
+    assert_non_null(old);
+    memcpy(old, &now, size_0_3);
+    memcpy(old, &size_0_3, sizeof size_0_3); /* struct_size comes first */
+    memset(p.out, 0, sizeof p.out);
+    assert_int_equal(fa_forward(p.ctx, (const fa_attention_desc *)old, &p.tq, &p.tk, &p.tv, &p.tout, p.lse),
+                     FA_SUCCESS);
+    assert_memory_equal(p.out, expected, sizeof expected);
+    free(old);
+    fa_context_destroy(p.ctx);
+}
 
 static void test_newer_layout(void **state)
 {
@@ -138,6 +166,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_old_layout_runs_with_defaults),
+        cmocka_unit_test(test_layout_0_3_runs_without_positions),
         cmocka_unit_test(test_newer_layout),
         cmocka_unit_test(test_too_small),
     };

@@ -166,6 +166,17 @@ static void test_failing_calls_leave_context_usable(void **state)
     fa_attention_desc desc;
     fa_attention_desc_init(&desc);
 
+    /* The core refuses what the plugin does not declare, before calling it (its call count stays 0). */
+    fa_attention_desc block = desc;
+    block.k_offset = 1;
+    block.seqlen_k_global = SEQ_K + 1;
+    assert_int_equal(fa_forward(ctx, &block, &q.t, &k.t, &v.t, &out.t, lse.t.data), FA_ERROR_NOT_SUPPORTED);
+    assert_non_null(strstr(fa_last_error(), "the fake backend does not implement block positions"));
+    const fa_tensor *parts[1] = {&q.t};
+    const float *part_lse[1] = {lse.t.data};
+    assert_int_equal(fa_merge_partials(ctx, 1, parts, part_lse, &out.t, NULL), FA_ERROR_NOT_SUPPORTED);
+    assert_non_null(strstr(fa_last_error(), "fa_merge_partials"));
+
     const fa_status forward1 = fa_forward(ctx, &desc, &q.t, &k.t, &v.t, &out.t, lse.t.data);
     const fa_status forward2 = fa_forward(ctx, &desc, &q.t, &k.t, &v.t, &out.t, lse.t.data);
     expect_failure_then_success(forward1, forward2, "forward");
