@@ -9,6 +9,7 @@
 
 #include "alloc.h"
 #include "backend.h"
+#include "dtype.h"
 #include "error.h"
 #include "half.h"
 #include "validate.h"
