@@ -1,7 +1,8 @@
 /* The generic FlashAttention kernels: CUDA-core (plain FMA) forward and backward for f32, f16 and
  * bf16 with f32 accumulation, written once for NVIDIA and AMD (warp size from warp.cuh). Every
  * API semantic lives here: scale, causal, window, key padding, block mask with tile skipping,
- * GQA/MQA, dropout with the shared Philox stream, lse, fully masked rows.
+ * GQA/MQA, dropout with the shared Philox stream, lse, fully masked rows, and the score
+ * modifiers (score_modifiers.cuh: softcap, ALiBi, sinks, bias, with dsinks and dbias).
  *
  * Layout: a thread block owns a square tile of TILE rows (queries in the forward and dQ kernels,
  * keys in the dK/dV kernel); each of its FA_GENERIC_WARPS warps owns TILE / warps rows and keeps
@@ -15,11 +16,9 @@
 #include <math.h>
 
 #include "../plan.h"
+#include "score_modifiers.cuh"
 #include "tensor_access.cuh"
 #include "warp.cuh"
-
-#define FA_LN2 0.69314718055994530942f
-#define FA_LOG2E 1.44269504088896340736f
 
 namespace fa_generic {
 
@@ -103,9 +102,10 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
     const int64_t b = qb.b, h = qb.h, i0 = qb.i0, rows = qb.rows;
 
     float o[RPW][DPL], m[RPW], l[RPW];
+    const float sink = fa_sink_log2(p, h);
     for (int rr = 0; rr < RPW; ++rr) {
-        m[rr] = -INFINITY;
-        l[rr] = 0.0f;
+        m[rr] = sink; /* a sink is a logit with no value: the running max and sum start from it */
+        l[rr] = sink == -INFINITY ? 0.0f : 1.0f;
         for (int t = 0; t < DPL; ++t) o[rr][t] = 0.0f;
     }
     fa_load_tile(p.q, p.dtype, b, i0, h, rows, TILE, d, sq, ld);
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
                 const int c = lane + cc * W;
                 s[cc] = -INFINITY;
                 if (c < cols && fa_element_visible(p, range, i, j0 + c))
-                    s[cc] = dot_row(sq + r * ld, sk + c * ld, d) * p.scale_log2;
+                    s[cc] = fa_score_log2(p, b, h, i, j0 + c, dot_row(sq + r * ld, sk + c * ld, d), NULL);
                 tile_max = fmaxf(tile_max, s[cc]);
             }
             tile_max = fa_warp_max(tile_max);
@@ -180,14 +180,16 @@ __global__ void __launch_bounds__(kThreads) row_delta(const fa_gpu_params p)
     }
 }
 
-/* The recomputed tile quantities of one visible element (Algorithm 4): z = dropout(P) (what
- * multiplied V in the forward) and dS = P o (dropout(dP) - D). */
-struct element_grads { float z, ds; };
+/* The recomputed tile quantities of one visible element (b, h, i, j) (Algorithm 4): z =
+ * dropout(P) (what multiplied V in the forward), ds_score = P o (dropout(dP) - D), the gradient
+ * of the final score (what a bias receives), and ds, that of tau * q.k (through the softcap). */
+struct element_grads { float z, ds, ds_score; };
 
-__device__ __forceinline__ element_grads recompute(const fa_gpu_params &p, float qk, float dov, float lse_log2,
-                                                   float delta, bool kept)
+__device__ __forceinline__ element_grads recompute(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j,
+                                                   float qk, float dov, float lse_log2, float delta, bool kept)
 {
-    const float prob = fa_exp2(qk * p.scale_log2 - lse_log2);
+    float dscore;
+    const float prob = fa_exp2(fa_score_log2(p, b, h, i, j, qk, &dscore) - lse_log2);
     element_grads g;
     float dp = dov;
     g.z = prob;
@@ -195,7 +197,8 @@ __device__ __forceinline__ element_grads recompute(const fa_gpu_params &p, float
         g.z = kept ? prob * p.keep_scale : 0.0f;
         dp = kept ? dov * p.keep_scale : 0.0f;
     }
-    g.ds = prob * (dp - delta);
+    g.ds_score = prob * (dp - delta);
+    g.ds = g.ds_score * dscore;
     return g;
 }
 
@@ -240,8 +243,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params para
                 float ds = 0.0f;
                 if (c < cols && fa_element_visible(p, range, i, j0 + c)) {
                     const bool kept = p.dropout_p > 0.0f && fa_dropout_kept(p, b, h, i, j0 + c);
-                    ds = recompute(p, dot_row(sq + r * ld, sk + c * ld, d), dot_row(sdo + r * ld, sv + c * ld, d),
-                                   lse_log2, delta, kept).ds;
+                    ds = recompute(p, b, h, i, j0 + c, dot_row(sq + r * ld, sk + c * ld, d),
+                                   dot_row(sdo + r * ld, sv + c * ld, d), lse_log2, delta, kept).ds;
                 }
                 if (c < TILE) sds[c] = ds;
             }
@@ -315,11 +318,11 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params pa
                 const int64_t j = j0 + kr;
                 for (int cc = 0; cc < CPL; ++cc) {
                     const int c = lane + cc * W;
-                    element_grads g = {0.0f, 0.0f};
+                    element_grads g = {0.0f, 0.0f, 0.0f};
                     if (c < rows && slse[c] != -INFINITY && fa_element_visible(p, fa_row_keys(p, b, i0 + c), i0 + c, j)) {
                         const bool kept = p.dropout_p > 0.0f && fa_dropout_kept(p, b, h, i0 + c, j);
-                        g = recompute(p, dot_row(sq + c * ld, sk + kr * ld, d), dot_row(sdo + c * ld, sv + kr * ld, d),
-                                      slse[c], sdelta[c], kept);
+                        g = recompute(p, b, h, i0 + c, j, dot_row(sq + c * ld, sk + kr * ld, d),
+                                      dot_row(sdo + c * ld, sv + kr * ld, d), slse[c], sdelta[c], kept);
                     }
                     if (c < TILE) {
                         sz[c] = g.z;
