@@ -461,22 +461,12 @@ static fa_status tc_forward(fa_gpu_state *s, const fa_problem *p, fa_gpu_kernel 
     return launch_warps(s, kernel, grid, FA_TC_WARPS, (size_t)fa_tc_smem_bytes(width), &k, "tile-MMA forward launch");
 }
 
-/* The tile-MMA kernels have no score modifiers: a problem with one that would run them is refused
- * (never run without its modifiers, never moved to other kernels than the ones asked for). */
-static fa_status tc_modifiers_refused(const fa_gpu_state *s, const char *pass)
-{
-    return FA_ERR(FA_ERROR_NOT_SUPPORTED, "desc: the %s backend's tile-MMA %s kernels (FLASHATTN_GPU_KERNELS=%s, %s) have "
-                  "no score modifiers (softcap, alibi_slopes, sinks, bias); the generic kernels (FLASHATTN_GPU_KERNELS="
-                  "generic, the default) have them", FA_GPU_VENDOR, pass, fa_gpu_family_name(s->family), tc_layer_name(s));
-}
-
 static fa_status gpu_forward(void *state, const fa_problem *p)
 {
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
     int width;
     const fa_gpu_kernel tc_kernel = tc_kernels(s, p->dtype, p->head_dim, &width).forward;
-    if (tc_kernel && fa_problem_has_modifiers(p)) return tc_modifiers_refused(s, "forward");
     if (tc_kernel) return tc_forward(s, p, tc_kernel, width);
     int tile;
     fa_generic_set set;
@@ -490,13 +480,33 @@ static fa_status gpu_forward(void *state, const fa_problem *p)
                   "forward launch");
 }
 
+/* dsinks and dbias (fa_backward_ex): passes of their own after the delta pre-pass, the same
+ * whichever kernel family computed dQ, dK and dV. */
+static fa_status modifier_gradients(fa_gpu_state *s, const fa_problem *p, const fa_gpu_params *k)
+{
+    fa_status st = FA_SUCCESS;
+    if (p->dsinks)
+        st = launch(s, fa_generic::sink_gradients, dim3((unsigned)p->heads_q),
+                    (size_t)FA_GENERIC_WARPS * (size_t)s->props.warpSize * sizeof(double), k, "dsinks launch");
+    if (st != FA_SUCCESS || !p->dbias.data) return st;
+    int tile;
+    fa_generic_set set;
+    st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->head_dim, &tile, &set);
+    if (st != FA_SUCCESS) return st;
+    /* one block per distinct row tile of dbias: a single one along each axis it broadcasts */
+    const fa_bias *db = &p->dbias;
+    const dim3 grid((unsigned)(db->stride_q ? fa_gpu_tiles(p->dropout_rows, tile) : 1),
+                    (unsigned)(db->stride_head ? p->heads_q : 1), db->stride_batch ? grid_batch(p) : 1u);
+    return launch(s, set.backward_dbias, grid, (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim),
+                  k, "dbias launch");
+}
+
 static fa_status gpu_backward(void *state, const fa_problem *p)
 {
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
     int width, tile = 0;
     const fa_tc_set tc = tc_kernels(s, p->dtype, p->head_dim, &width);
-    if (tc.backward_dq && fa_problem_has_modifiers(p)) return tc_modifiers_refused(s, "backward");
     fa_generic_set set;
     fa_status st = FA_SUCCESS;
     if (!tc.backward_dq) st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->head_dim, &tile, &set);
@@ -521,21 +531,12 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
         st = launch_warps(s, tc.backward_dkdv, key_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dK/dV launch");
         if (st == FA_SUCCESS)
             st = launch_warps(s, tc.backward_dq, query_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dQ launch");
-        return st;
+    } else {
+        const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
+        st = launch(s, set.backward_dkdv, key_grid, smem, &k, "backward dK/dV launch");
+        if (st == FA_SUCCESS) st = launch(s, set.backward_dq, query_grid, smem, &k, "backward dQ launch");
     }
-    const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
-    st = launch(s, set.backward_dkdv, key_grid, smem, &k, "backward dK/dV launch");
-    if (st == FA_SUCCESS) st = launch(s, set.backward_dq, query_grid, smem, &k, "backward dQ launch");
-    if (st == FA_SUCCESS && p->dsinks)
-        st = launch(s, fa_generic::sink_gradients, dim3((unsigned)p->heads_q),
-                    (size_t)FA_GENERIC_WARPS * (size_t)s->props.warpSize * sizeof(double), &k, "dsinks launch");
-    if (st == FA_SUCCESS && p->dbias.data) {
-        /* one block per distinct row tile of dbias: a single one along each axis it broadcasts */
-        const fa_bias *db = &p->dbias;
-        const dim3 bias_grid((unsigned)(db->stride_q ? fa_gpu_tiles(p->dropout_rows, tile) : 1),
-                             (unsigned)(db->stride_head ? p->heads_q : 1), db->stride_batch ? grid_batch(p) : 1u);
-        st = launch(s, set.backward_dbias, bias_grid, smem, &k, "dbias launch");
-    }
+    if (st == FA_SUCCESS) st = modifier_gradients(s, p, &k);
     return st;
 }
 
