@@ -84,6 +84,26 @@ __device__ __forceinline__ bool stage_key_tile(const fa_gpu_params &p, const que
     return true;
 }
 
+/* The forward's shared memory (fa_gpu_generic_smem_bytes, FA_GPU_PASS_FORWARD): Q, K and V tiles
+ * of TILE rows of ld floats, then one row of probabilities per warp (sp: this warp's). The
+ * forward and the KV-cache attention (attention_decode.cuh) share it. */
+struct forward_smem {
+    int64_t ld;
+    float *sq, *sk, *sv, *sp;
+};
+
+template <int TILE>
+__device__ __forceinline__ forward_smem forward_layout(float *smem, int64_t head_dim, int warp)
+{
+    forward_smem s;
+    s.ld = fa_gpu_smem_ld(head_dim);
+    s.sq = smem;
+    s.sk = s.sq + TILE * s.ld;
+    s.sv = s.sk + TILE * s.ld;
+    s.sp = s.sv + TILE * s.ld + warp * TILE;
+    return s;
+}
+
 /* Forward: Algorithm 1 with online softmax. */
 template <int BUCKET, int TILE>
 __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
@@ -93,10 +113,10 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
     FA_DYNAMIC_SMEM(float, smem);
-    const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
-    float *sq = smem, *sk = sq + TILE * ld, *sv = sk + TILE * ld;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
-    float *sp = sv + TILE * ld + warp * TILE;
+    const forward_smem sm = forward_layout<TILE>(smem, p.head_dim, warp);
+    const int64_t d = p.head_dim, ld = sm.ld;
+    float *const sq = sm.sq, *const sk = sm.sk, *const sv = sm.sv, *const sp = sm.sp;
     const query_block qb = this_query_block<TILE>(p);
     if (qb.rows <= 0) return; /* past its sequence (packed batch) */
     const int64_t b = qb.b, h = qb.h, i0 = qb.i0, rows = qb.rows;
