@@ -181,6 +181,19 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
     }
 }
 
+/* The row statistics of query rows [i0, i0 + rows) of (b, h) in shared memory for a tile of
+ * `tile` rows: slse[r] = lse in base 2 and sdelta[r] = D, -inf and 0 past `rows`. By the whole
+ * block. Every backward kernel that streams query tiles stages them so. */
+__device__ __forceinline__ void stage_row_stats(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                                                int tile, float *slse, float *sdelta)
+{
+    const int64_t stat_base = fa_stat_index(p, b, h, i0);
+    for (int r = threadIdx.x; r < tile; r += blockDim.x) {
+        slse[r] = r < rows ? p.lse[stat_base + r] * FA_LOG2E : -INFINITY;
+        sdelta[r] = r < rows ? p.delta[stat_base + r] : 0.0f;
+    }
+}
+
 /* Backward pre-pass: delta = rowsum(dO o O), one warp per row, grid-stride. */
 __global__ void __launch_bounds__(kThreads) row_delta(const fa_gpu_params p)
 {
@@ -326,11 +339,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params pa
             __syncthreads();
             fa_load_tile(p.q, p.dtype, b, i0, h, rows, TILE, d, sq, ld);
             fa_load_tile(p.dout, p.dtype, b, i0, h, rows, TILE, d, sdo, ld);
-            const int64_t stat_base = fa_stat_index(p, b, h, i0);
-            for (int r = threadIdx.x; r < TILE; r += blockDim.x) {
-                slse[r] = r < rows ? p.lse[stat_base + r] * FA_LOG2E : -INFINITY;
-                sdelta[r] = r < rows ? p.delta[stat_base + r] : 0.0f;
-            }
+            stage_row_stats(p, b, h, i0, rows, TILE, slse, sdelta);
             __syncthreads();
             for (int rr = 0; rr < RPW; ++rr) {
                 const int kr = warp * RPW + rr;

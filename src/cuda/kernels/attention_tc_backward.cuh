@@ -87,11 +87,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
             load_tile<W>(p, p.q, b, i0, h, rows, BQ, sq);
             load_tile<W>(p, p.dout, b, i0, h, rows, BQ, sdo);
             fa_copy_commit();
-            const int64_t stat_base = fa_stat_index(p, b, h, i0);
-            for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
-                slse[r] = r < rows ? p.lse[stat_base + r] * FA_LOG2E : -INFINITY;
-                sdelta[r] = r < rows ? p.delta[stat_base + r] : 0.0f;
-            }
+            fa_generic::stage_row_stats(p, b, h, i0, rows, BQ, slse, sdelta);
             fa_copy_wait_all();
             __syncthreads();
 

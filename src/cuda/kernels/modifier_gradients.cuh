@@ -73,15 +73,12 @@ __global__ void __launch_bounds__(kThreads) backward_dbias(const fa_gpu_params p
                     const fa_key_range span = fa_tile_keys(p, b, q0, rows);
                     if (span.hi <= j0 || span.lo >= j0 + keys || !fa_block_mask_any(p, q0, rows, j0, keys)) continue;
                     __syncthreads(); /* the previous tiles are no longer read */
-                    const int64_t loaded = fa_loaded_keys(p, b, j0, keys), stat_base = fa_stat_index(p, b, h, q0);
+                    const int64_t loaded = fa_loaded_keys(p, b, j0, keys);
                     fa_load_tile(p.q, p.dtype, b, q0, h, rows, TILE, d, sq, ld);
                     fa_load_tile(p.dout, p.dtype, b, q0, h, rows, TILE, d, sdo, ld);
                     fa_load_tile(p.k, p.dtype, b, j0, h / group, loaded, TILE, d, sk, ld);
                     fa_load_tile(p.v, p.dtype, b, j0, h / group, loaded, TILE, d, sv, ld);
-                    for (int r = threadIdx.x; r < TILE; r += blockDim.x) {
-                        slse[r] = r < rows ? p.lse[stat_base + r] * FA_LOG2E : -INFINITY;
-                        sdelta[r] = r < rows ? p.delta[stat_base + r] : 0.0f;
-                    }
+                    stage_row_stats(p, b, h, q0, rows, TILE, slse, sdelta);
                     __syncthreads();
                     for (int rr = 0; rr < RPW; ++rr) {
                         const int r = warp * RPW + rr;
