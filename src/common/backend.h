@@ -54,6 +54,12 @@ typedef struct fa_problem {
     int64_t dropout_row0, dropout_col0;
 } fa_problem;
 
+/* 1 when any score modifier (softcap, ALiBi, sinks, bias) is set. */
+static inline int fa_problem_has_modifiers(const fa_problem *p)
+{
+    return p->softcap > 0.0f || p->alibi_slopes || p->sinks || p->bias.data;
+}
+
 /* fa_forward_kvcache's problem: attn.q, attn.out, attn.lse and the score options as in
  * fa_problem; attn.k, attn.v are the cache tensors, attn.seqlen_k their capacity per sequence
  * (contiguous) or page_size (paged). */

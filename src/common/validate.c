@@ -205,11 +205,6 @@ static fa_status check_modifiers(const fa_attention_desc *desc, fa_problem *p, c
     return FA_SUCCESS;
 }
 
-int fa_problem_has_modifiers(const fa_problem *p)
-{
-    return p->softcap > 0.0f || p->alibi_slopes || p->sinks || p->bias.data;
-}
-
 fa_status fa_validate_modifier_values(const fa_problem *p)
 {
     const int64_t slope_batches = p->alibi_stride_batch ? (p->varlen.batch ? p->varlen.batch : p->batch) : 1;

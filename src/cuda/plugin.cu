@@ -12,6 +12,7 @@
 #include "kernels/generic_dispatch.cuh"
 #include "kernels/tc_dispatch.cuh"
 #include "plan.h"
+#include "problem_params.h"
 #include "tc_plan.h"
 
 #if defined(__HIPCC__)
@@ -345,16 +346,6 @@ static fa_status workspace_reserve(fa_gpu_state *s, size_t bytes)
     return FA_SUCCESS;
 }
 
-static fa_gpu_tensor device_tensor(const fa_tensor *t)
-{
-    fa_gpu_tensor g;
-    g.data = t->data;
-    g.stride_batch = t->stride_batch;
-    g.stride_seq = t->stride_seq;
-    g.stride_head = t->stride_head;
-    return g;
-}
-
 /* Kernel parameters for p, with the host-side masks uploaded into the workspace (after `reserved`
  * bytes the caller keeps for itself). */
 static fa_status build_params(fa_gpu_state *s, const fa_problem *p, size_t reserved, fa_gpu_params *k)
@@ -365,42 +356,8 @@ static fa_status build_params(fa_gpu_state *s, const fa_problem *p, size_t reser
     if (p->heads_q > 65535 || p->heads_kv > 65535 || p->batch > 65535 || p->varlen.batch > 65535)
         return FA_ERR(FA_ERROR_NOT_SUPPORTED, "batch/heads: the %s backend launches one grid row per head and batch (at most 65535 each)",
                       FA_GPU_VENDOR);
-    memset(k, 0, sizeof *k);
-    k->q = device_tensor(&p->q);
-    k->k = device_tensor(&p->k);
-    k->v = device_tensor(&p->v);
-    k->out = device_tensor(&p->out);
-    k->dout = device_tensor(&p->dout);
-    k->dq = device_tensor(&p->dq);
-    k->dk = device_tensor(&p->dk);
-    k->dv = device_tensor(&p->dv);
-    k->dtype = p->dtype;
-    k->batch = p->batch;
-    k->heads_q = p->heads_q;
-    k->heads_kv = p->heads_kv;
-    k->seqlen_q = p->seqlen_q;
-    k->seqlen_k = p->seqlen_k;
-    k->head_dim = p->head_dim;
-    k->scale = p->scale;
-    k->scale_log2 = p->scale * 1.44269504088896340736f;
-    k->causal = p->causal;
-    k->window_left = p->window_left;
-    k->window_right = p->window_right;
-    k->dropout_p = p->dropout_p;
-    k->keep_scale = 1.0f / (1.0f - p->dropout_p);
-    k->dropout_seed = p->dropout_seed;
-    k->dropout_offset = p->dropout_offset;
-    k->lse = p->lse;
-    k->lse_stride_batch = p->lse_stride_batch;
-    k->lse_stride_head = p->lse_stride_head;
-    k->dropout_rows = p->dropout_rows;
-    k->dropout_cols = p->dropout_cols;
+    fa_gpu_params_of(p, k);
     k->status = s->status;
-    if (p->varlen.batch) {
-        k->cu_seqlens_q = p->varlen.cu_seqlens_q;
-        k->cu_seqlens_k = p->varlen.cu_seqlens_k;
-        k->varlen_batch = p->varlen.batch;
-    }
 
     const size_t seqlens_bytes = p->seqlens_k ? align_up((size_t)p->batch * sizeof(int32_t)) : 0;
     const size_t mask_bytes = p->block_mask ? align_up((size_t)(p->block_mask->rows * p->block_mask->cols)) : 0;
@@ -523,6 +480,27 @@ static fa_status gpu_forward(void *state, const fa_problem *p)
                   "forward launch");
 }
 
+/* dsinks and dbias (fa_backward_ex): passes of their own after the delta pre-pass, the same
+ * whichever kernel family computed dQ, dK and dV. */
+static fa_status modifier_gradients(fa_gpu_state *s, const fa_problem *p, const fa_gpu_params *k)
+{
+    fa_status st = FA_SUCCESS;
+    if (p->dsinks)
+        st = launch(s, fa_generic::sink_gradients, dim3((unsigned)p->heads_q),
+                    (size_t)FA_GENERIC_WARPS * (size_t)s->props.warpSize * sizeof(double), k, "dsinks launch");
+    if (st != FA_SUCCESS || !p->dbias.data) return st;
+    int tile;
+    fa_generic_set set;
+    st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->head_dim, &tile, &set);
+    if (st != FA_SUCCESS) return st;
+    /* one block per distinct row tile of dbias: a single one along each axis it broadcasts */
+    const fa_bias *db = &p->dbias;
+    const dim3 grid((unsigned)(db->stride_q ? fa_gpu_tiles(p->dropout_rows, tile) : 1),
+                    (unsigned)(db->stride_head ? p->heads_q : 1), db->stride_batch ? grid_batch(p) : 1u);
+    return launch(s, set.backward_dbias, grid, (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim),
+                  k, "dbias launch");
+}
+
 static fa_status gpu_backward(void *state, const fa_problem *p)
 {
     fa_gpu_state *s = (fa_gpu_state *)state;
@@ -553,11 +531,12 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
         st = launch_warps(s, tc.backward_dkdv, key_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dK/dV launch");
         if (st == FA_SUCCESS)
             st = launch_warps(s, tc.backward_dq, query_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dQ launch");
-        return st;
+    } else {
+        const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
+        st = launch(s, set.backward_dkdv, key_grid, smem, &k, "backward dK/dV launch");
+        if (st == FA_SUCCESS) st = launch(s, set.backward_dq, query_grid, smem, &k, "backward dQ launch");
     }
-    const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
-    st = launch(s, set.backward_dkdv, key_grid, smem, &k, "backward dK/dV launch");
-    if (st == FA_SUCCESS) st = launch(s, set.backward_dq, query_grid, smem, &k, "backward dQ launch");
+    if (st == FA_SUCCESS) st = modifier_gradients(s, p, &k);
     return st;
 }
 
@@ -592,18 +571,9 @@ static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     fa_gpu_params k;
     st = build_params(s, p, partial_bytes, &k);
     if (st != FA_SUCCESS) return st;
+    fa_gpu_kv_params_of(kp, &k);
     k.partial = (float *)s->workspace;
     k.kv_chunks = chunks;
-    k.cache_seqlens = kp->cache_seqlens;
-    k.block_table = kp->block_table;
-    k.max_pages = kp->max_pages_per_seq;
-    k.page_size = kp->page_size;
-    k.num_pages = kp->num_pages;
-    k.seqlen_new = kp->seqlen_new;
-    if (kp->seqlen_new) {
-        k.k_new = device_tensor(&kp->k_new);
-        k.v_new = device_tensor(&kp->v_new);
-    }
     st = launch(s, fa_decode::check_kvcache, dim3(1), 0, &k, "KV-cache table check launch");
     if (st == FA_SUCCESS && kp->seqlen_new)
         st = launch(s, fa_decode::append, dim3((unsigned)kp->seqlen_new, (unsigned)p->heads_kv, (unsigned)p->batch), 0, &k,
@@ -636,7 +606,8 @@ static const fa_backend_iface g_iface = {
     gpu_info,
     gpu_forward,
     gpu_backward,
-    FA_BACKEND_VARLEN, /* tensors and tables are device memory: their checks run on the device */
+    /* tensors and tables are device memory: their checks run on the device */
+    FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS,
     gpu_forward_kvcache,
 };
 

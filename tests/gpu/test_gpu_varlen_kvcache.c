@@ -85,12 +85,20 @@ static double relative_error(const void *got, const void *want, size_t n, fa_dty
     return worst / scale;
 }
 
+/* stored: the arrays' dtype; computed: the dtype whose tolerance applies. */
+static void expect_close_as(const char *what, const char *name, const void *got, const void *want, size_t n,
+                            fa_dtype stored, fa_dtype computed)
+{
+    const fa_dtype dtype = computed;
+    const double error = relative_error(got, want, n, stored), tol = fa_case_tolerance(dtype);
+    print_message("  %-24s [%s] %-4s GPU vs CPU %.2e (tolerance %.0e)\n", name, fa_dtype_label(dtype), what, error, tol);
+    if (!(error <= tol)) fail_msg("%s [%s]: %s differs from the CPU backend by %g", name, fa_dtype_label(dtype), what, error);
+}
+
 static void expect_close(const char *what, const char *name, const void *got, const void *want, size_t n,
                          fa_dtype dtype)
 {
-    const double error = relative_error(got, want, n, dtype), tol = fa_case_tolerance(dtype);
-    print_message("  %-24s [%s] %-4s GPU vs CPU %.2e (tolerance %.0e)\n", name, fa_dtype_label(dtype), what, error, tol);
-    if (!(error <= tol)) fail_msg("%s [%s]: %s differs from the CPU backend by %g", name, fa_dtype_label(dtype), what, error);
+    expect_close_as(what, name, got, want, n, dtype, dtype);
 }
 
 /* ---- packed variable-length batches ---------------------------------------------------------- */
@@ -102,15 +110,18 @@ typedef struct varlen_gpu_case {
     int32_t window_left;
     float dropout_p;
     int32_t block_q, block_k; /* 0: no block mask */
+    int modifiers; /* 1: softcap, per-sequence ALiBi, sinks and a [batch, heads_q, max_q, max_k] bias, with
+                      dsinks and dbias (fa_backward_ex) */
 } varlen_gpu_case;
 
 static const varlen_gpu_case varlen_cases[] = {
-    {"causal_gqa_empty_len1", 4, 4, 2, 32, {0, 1, 37, 70}, {5, 1, 37, 90}, 1, -1, 0.0f, 0, 0},
-    {"dropout_window_blocks", 3, 2, 2, 48, {7, 0, 20}, {9, 3, 33}, 0, 6, 0.2f, 16, 8},
+    {"causal_gqa_empty_len1", 4, 4, 2, 32, {0, 1, 37, 70}, {5, 1, 37, 90}, 1, -1, 0.0f, 0, 0, 0},
+    {"dropout_window_blocks", 3, 2, 2, 48, {7, 0, 20}, {9, 3, 33}, 0, 6, 0.2f, 16, 8, 0},
+    {"modifiers_causal_gqa_dropout", 3, 4, 2, 32, {9, 0, 40}, {12, 5, 33}, 1, -1, 0.1f, 0, 0, 1},
 };
 
 /* Forward and backward of case c on ctx; out, lse, dq, dk, dv fetched to the host. */
-typedef struct varlen_result { void *out, *dq, *dk, *dv; float *lse; } varlen_result;
+typedef struct varlen_result { void *out, *dq, *dk, *dv, *dbias; float *lse, *dsinks; } varlen_result;
 
 static void varlen_run(fa_context *ctx, int on_device, const varlen_gpu_case *c, fa_dtype dtype, varlen_result *res)
 {
@@ -158,8 +169,27 @@ static void varlen_run(fa_context *ctx, int on_device, const varlen_gpu_case *c,
     tdq_.data = dq.dev;
     tdk_.data = dk.dev;
     tdv_.data = dv.dev;
+    /* the modifiers' arrays and gradients (empty without them), in the context's memory */
+    const int mods = c->modifiers;
+    const size_t bias_n = mods ? (size_t)(c->batch * c->heads_q * max_q * max_k) : 0;
+    buffer slopes = buffer_new(ctx, mods ? (size_t)(c->batch * c->heads_q) : 0, FA_DTYPE_F32, 5);
+    buffer sinks = buffer_new(ctx, mods ? (size_t)c->heads_q : 0, FA_DTYPE_F32, 6);
+    buffer dsinks = buffer_new(ctx, mods ? (size_t)c->heads_q : 0, FA_DTYPE_F32, 0);
+    buffer bias = buffer_new(ctx, bias_n, dtype, 7), dbias = buffer_new(ctx, bias_n, dtype, 0);
+    const fa_bias bias_desc = {bias.dev, dtype, c->heads_q * max_q * max_k, max_q * max_k, max_k};
+    fa_bias dbias_desc = bias_desc;
+    dbias_desc.data = dbias.dev;
+    if (mods) {
+        desc.softcap = 2.0f;
+        desc.alibi_slopes = slopes.dev;
+        desc.alibi_per_batch = 1;
+        desc.sinks = sinks.dev;
+        desc.bias = &bias_desc;
+    }
     fa_status st = fa_forward(ctx, &desc, &tq_, &tk_, &tv_, &to_, lse.dev);
-    if (st == FA_SUCCESS) st = fa_backward(ctx, &desc, &tq_, &tk_, &tv_, &to_, &tdo_, lse.dev, &tdq_, &tdk_, &tdv_);
+    if (st == FA_SUCCESS)
+        st = fa_backward_ex(ctx, &desc, &tq_, &tk_, &tv_, &to_, &tdo_, lse.dev, &tdq_, &tdk_, &tdv_,
+                            mods ? dsinks.dev : NULL, mods ? &dbias_desc : NULL);
     if (st == FA_SUCCESS) st = fa_synchronize(ctx);
     if (st != FA_SUCCESS) fail_msg("%s on %s: %s", c->name, fa_backend_name(fa_context_backend(ctx)), fa_last_error());
     res->out = buffer_fetch(ctx, &out);
@@ -167,11 +197,13 @@ static void varlen_run(fa_context *ctx, int on_device, const varlen_gpu_case *c,
     res->dk = buffer_fetch(ctx, &dk);
     res->dv = buffer_fetch(ctx, &dv);
     res->lse = buffer_fetch(ctx, &lse);
+    res->dsinks = buffer_fetch(ctx, &dsinks);
+    res->dbias = buffer_fetch(ctx, &dbias);
     if (on_device) {
         fa_free(ctx, (void *)vl.cu_seqlens_q);
         fa_free(ctx, (void *)vl.cu_seqlens_k);
     }
-    buffer *all[] = {&q, &k, &v, &dout, &out, &dq, &dk, &dv, &lse};
+    buffer *all[] = {&q, &k, &v, &dout, &out, &dq, &dk, &dv, &lse, &slopes, &sinks, &dsinks, &bias, &dbias};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) buffer_free(ctx, all[i]);
 }
 
@@ -182,6 +214,8 @@ static void varlen_result_free(varlen_result *r)
     free(r->dk);
     free(r->dv);
     free(r->lse);
+    free(r->dsinks);
+    free(r->dbias);
 }
 
 static void check_varlen(void **state, fa_dtype dtype)
@@ -204,6 +238,15 @@ static void check_varlen(void **state, fa_dtype dtype)
         expect_close("dq", c->name, gpu.dq, ref.dq, nq, dtype);
         expect_close("dk", c->name, gpu.dk, ref.dk, nk, dtype);
         expect_close("dv", c->name, gpu.dv, ref.dv, nk, dtype);
+        if (c->modifiers) {
+            int64_t max_q = 1, max_k = 1;
+            for (int64_t b = 0; b < c->batch; ++b) {
+                if (c->len_q[b] > max_q) max_q = c->len_q[b];
+                if (c->len_k[b] > max_k) max_k = c->len_k[b];
+            }
+            expect_close_as("dsinks", c->name, gpu.dsinks, ref.dsinks, (size_t)c->heads_q, FA_DTYPE_F32, dtype);
+            expect_close("dbias", c->name, gpu.dbias, ref.dbias, (size_t)(c->batch * c->heads_q * max_q * max_k), dtype);
+        }
         varlen_run(ctx, 1, c, dtype, &again); /* a second run: the same bits */
         assert_memory_equal(again.out, gpu.out, nq * dtype_size(dtype));
         assert_memory_equal(again.dk, gpu.dk, nk * dtype_size(dtype));

@@ -141,10 +141,10 @@ __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
     FA_DYNAMIC_SMEM(float, smem);
-    const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
-    float *sq = smem, *sk = sq + TILE * ld, *sv = sk + TILE * ld;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
-    float *sp = sv + TILE * ld + warp * TILE;
+    const fa_generic::forward_smem sm = fa_generic::forward_layout<TILE>(smem, p.head_dim, warp);
+    const int64_t d = p.head_dim, ld = sm.ld;
+    float *const sq = sm.sq, *const sk = sm.sk, *const sv = sm.sv, *const sp = sm.sp;
     const int64_t b = blockIdx.z, hk = blockIdx.y, group = p.heads_q / p.heads_kv;
     const int64_t c = blockIdx.x % p.kv_chunks, r0 = blockIdx.x / p.kv_chunks * TILE;
     const int64_t rows = packed_rows(p) - r0 < TILE ? packed_rows(p) - r0 : TILE;

@@ -1,7 +1,8 @@
 /* The generic FlashAttention kernels: CUDA-core (plain FMA) forward and backward for f32, f16 and
  * bf16 with f32 accumulation, written once for NVIDIA and AMD (warp size from warp.cuh). Every
  * API semantic lives here: scale, causal, window, key padding, block mask with tile skipping,
- * GQA/MQA, dropout with the shared Philox stream, lse, fully masked rows.
+ * GQA/MQA, dropout with the shared Philox stream, lse, fully masked rows, and the score
+ * modifiers (score_modifiers.cuh: softcap, ALiBi, sinks, bias, with dsinks and dbias).
  *
  * Layout: a thread block owns a square tile of TILE rows (queries in the forward and dQ kernels,
  * keys in the dK/dV kernel); each of its FA_GENERIC_WARPS warps owns TILE / warps rows and keeps
@@ -15,11 +16,9 @@
 #include <math.h>
 
 #include "../plan.h"
+#include "score_modifiers.cuh"
 #include "tensor_access.cuh"
 #include "warp.cuh"
-
-#define FA_LN2 0.69314718055994530942f
-#define FA_LOG2E 1.44269504088896340736f
 
 namespace fa_generic {
 
@@ -85,6 +84,26 @@ __device__ __forceinline__ bool stage_key_tile(const fa_gpu_params &p, const que
     return true;
 }
 
+/* The forward's shared memory (fa_gpu_generic_smem_bytes, FA_GPU_PASS_FORWARD): Q, K and V tiles
+ * of TILE rows of ld floats, then one row of probabilities per warp (sp: this warp's). The
+ * forward and the KV-cache attention (attention_decode.cuh) share it. */
+struct forward_smem {
+    int64_t ld;
+    float *sq, *sk, *sv, *sp;
+};
+
+template <int TILE>
+__device__ __forceinline__ forward_smem forward_layout(float *smem, int64_t head_dim, int warp)
+{
+    forward_smem s;
+    s.ld = fa_gpu_smem_ld(head_dim);
+    s.sq = smem;
+    s.sk = s.sq + TILE * s.ld;
+    s.sv = s.sk + TILE * s.ld;
+    s.sp = s.sv + TILE * s.ld + warp * TILE;
+    return s;
+}
+
 /* Forward: Algorithm 1 with online softmax. */
 template <int BUCKET, int TILE>
 __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
@@ -94,18 +113,19 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
     FA_DYNAMIC_SMEM(float, smem);
-    const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
-    float *sq = smem, *sk = sq + TILE * ld, *sv = sk + TILE * ld;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
-    float *sp = sv + TILE * ld + warp * TILE;
+    const forward_smem sm = forward_layout<TILE>(smem, p.head_dim, warp);
+    const int64_t d = p.head_dim, ld = sm.ld;
+    float *const sq = sm.sq, *const sk = sm.sk, *const sv = sm.sv, *const sp = sm.sp;
     const query_block qb = this_query_block<TILE>(p);
     if (qb.rows <= 0) return; /* past its sequence (packed batch) */
     const int64_t b = qb.b, h = qb.h, i0 = qb.i0, rows = qb.rows;
 
     float o[RPW][DPL], m[RPW], l[RPW];
+    const float sink = fa_sink_log2(p, h);
     for (int rr = 0; rr < RPW; ++rr) {
-        m[rr] = -INFINITY;
-        l[rr] = 0.0f;
+        m[rr] = sink; /* a sink is a logit with no value: the running max and sum start from it */
+        l[rr] = sink == -INFINITY ? 0.0f : 1.0f;
         for (int t = 0; t < DPL; ++t) o[rr][t] = 0.0f;
     }
     fa_load_tile(p.q, p.dtype, b, i0, h, rows, TILE, d, sq, ld);
@@ -124,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
                 const int c = lane + cc * W;
                 s[cc] = -INFINITY;
                 if (c < cols && fa_element_visible(p, range, i, j0 + c))
-                    s[cc] = dot_row(sq + r * ld, sk + c * ld, d) * p.scale_log2;
+                    s[cc] = fa_score_log2(p, b, h, i, j0 + c, dot_row(sq + r * ld, sk + c * ld, d), NULL);
                 tile_max = fmaxf(tile_max, s[cc]);
             }
             tile_max = fa_warp_max(tile_max);
@@ -161,6 +181,19 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
     }
 }
 
+/* The row statistics of query rows [i0, i0 + rows) of (b, h) in shared memory for a tile of
+ * `tile` rows: slse[r] = lse in base 2 and sdelta[r] = D, -inf and 0 past `rows`. By the whole
+ * block. Every backward kernel that streams query tiles stages them so. */
+__device__ __forceinline__ void stage_row_stats(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                                                int tile, float *slse, float *sdelta)
+{
+    const int64_t stat_base = fa_stat_index(p, b, h, i0);
+    for (int r = threadIdx.x; r < tile; r += blockDim.x) {
+        slse[r] = r < rows ? p.lse[stat_base + r] * FA_LOG2E : -INFINITY;
+        sdelta[r] = r < rows ? p.delta[stat_base + r] : 0.0f;
+    }
+}
+
 /* Backward pre-pass: delta = rowsum(dO o O), one warp per row, grid-stride. */
 __global__ void __launch_bounds__(kThreads) row_delta(const fa_gpu_params p)
 {
@@ -180,14 +213,16 @@ __global__ void __launch_bounds__(kThreads) row_delta(const fa_gpu_params p)
     }
 }
 
-/* The recomputed tile quantities of one visible element (Algorithm 4): z = dropout(P) (what
- * multiplied V in the forward) and dS = P o (dropout(dP) - D). */
-struct element_grads { float z, ds; };
+/* The recomputed tile quantities of one visible element (b, h, i, j) (Algorithm 4): z =
+ * dropout(P) (what multiplied V in the forward), ds_score = P o (dropout(dP) - D), the gradient
+ * of the final score (what a bias receives), and ds, that of tau * q.k (through the softcap). */
+struct element_grads { float z, ds, ds_score; };
 
-__device__ __forceinline__ element_grads recompute(const fa_gpu_params &p, float qk, float dov, float lse_log2,
-                                                   float delta, bool kept)
+__device__ __forceinline__ element_grads recompute(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j,
+                                                   float qk, float dov, float lse_log2, float delta, bool kept)
 {
-    const float prob = fa_exp2(qk * p.scale_log2 - lse_log2);
+    float dscore;
+    const float prob = fa_exp2(fa_score_log2(p, b, h, i, j, qk, &dscore) - lse_log2);
     element_grads g;
     float dp = dov;
     g.z = prob;
@@ -195,7 +230,8 @@ __device__ __forceinline__ element_grads recompute(const fa_gpu_params &p, float
         g.z = kept ? prob * p.keep_scale : 0.0f;
         dp = kept ? dov * p.keep_scale : 0.0f;
     }
-    g.ds = prob * (dp - delta);
+    g.ds_score = prob * (dp - delta);
+    g.ds = g.ds_score * dscore;
     return g;
 }
 
@@ -240,8 +276,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params para
                 float ds = 0.0f;
                 if (c < cols && fa_element_visible(p, range, i, j0 + c)) {
                     const bool kept = p.dropout_p > 0.0f && fa_dropout_kept(p, b, h, i, j0 + c);
-                    ds = recompute(p, dot_row(sq + r * ld, sk + c * ld, d), dot_row(sdo + r * ld, sv + c * ld, d),
-                                   lse_log2, delta, kept).ds;
+                    ds = recompute(p, b, h, i, j0 + c, dot_row(sq + r * ld, sk + c * ld, d),
+                                   dot_row(sdo + r * ld, sv + c * ld, d), lse_log2, delta, kept).ds;
                 }
                 if (c < TILE) sds[c] = ds;
             }
@@ -303,11 +339,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params pa
             __syncthreads();
             fa_load_tile(p.q, p.dtype, b, i0, h, rows, TILE, d, sq, ld);
             fa_load_tile(p.dout, p.dtype, b, i0, h, rows, TILE, d, sdo, ld);
-            const int64_t stat_base = fa_stat_index(p, b, h, i0);
-            for (int r = threadIdx.x; r < TILE; r += blockDim.x) {
-                slse[r] = r < rows ? p.lse[stat_base + r] * FA_LOG2E : -INFINITY;
-                sdelta[r] = r < rows ? p.delta[stat_base + r] : 0.0f;
-            }
+            stage_row_stats(p, b, h, i0, rows, TILE, slse, sdelta);
             __syncthreads();
             for (int rr = 0; rr < RPW; ++rr) {
                 const int kr = warp * RPW + rr;
@@ -315,11 +347,11 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params pa
                 const int64_t j = j0 + kr;
                 for (int cc = 0; cc < CPL; ++cc) {
                     const int c = lane + cc * W;
-                    element_grads g = {0.0f, 0.0f};
+                    element_grads g = {0.0f, 0.0f, 0.0f};
                     if (c < rows && slse[c] != -INFINITY && fa_element_visible(p, fa_row_keys(p, b, i0 + c), i0 + c, j)) {
                         const bool kept = p.dropout_p > 0.0f && fa_dropout_kept(p, b, h, i0 + c, j);
-                        g = recompute(p, dot_row(sq + c * ld, sk + kr * ld, d), dot_row(sdo + c * ld, sv + kr * ld, d),
-                                      slse[c], sdelta[c], kept);
+                        g = recompute(p, b, h, i0 + c, j, dot_row(sq + c * ld, sk + kr * ld, d),
+                                      dot_row(sdo + c * ld, sv + kr * ld, d), slse[c], sdelta[c], kept);
                     }
                     if (c < TILE) {
                         sz[c] = g.z;

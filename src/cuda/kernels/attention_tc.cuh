@@ -8,7 +8,9 @@
  * (scores times tau log2 e, exp2); the row sum is kept per lane and reduced once at the end.
  * Masks are evaluated element by element only on boundary tiles: a tile inside every row's
  * visible key range and fully set in the block mask skips them; tiles the block mask hides are
- * never loaded. Dropout uses the shared Philox stream; fully masked rows give zeros, lse = -inf. */
+ * never loaded. Dropout uses the shared Philox stream; fully masked rows give zeros, lse = -inf.
+ * Score modifiers through fa_score_log2 (score_modifiers.cuh), as in the generic kernels; a sink
+ * starts its row's running max, and the row's leader lane's partial sum at 1. */
 #ifndef FA_GPU_ATTENTION_TC_CUH
 #define FA_GPU_ATTENTION_TC_CUH
 #include <math.h>
@@ -16,6 +18,7 @@
 #include "../tc_plan.h"
 #include "async_copy.cuh"
 #include "attention_generic.cuh"
+#include "score_modifiers.cuh"
 #include "tc_layout.h"
 #include "tensor_access.cuh"
 
@@ -104,8 +107,11 @@ __device__ __forceinline__ void softmax_tile(const fa_gpu_params &p, const fa_ge
 #pragma unroll
     for (int it = 0; it < L::items(BC); ++it) {
         const int sl = L::item_slot(it);
+        const int64_t j = j0 + L::item_col(lane, it);
         float x = s.v[it] * p.scale_log2;
-        if (!interior && !element_visible(p, range[sl], row_index[sl], j0 + L::item_col(lane, it))) x = -INFINITY;
+        if (!interior && !element_visible(p, range[sl], row_index[sl], j)) x = -INFINITY;
+        else if (p.modified) /* rows past the block's own (zero Q) would read a bias row that may not exist */
+            x = row_index[sl] - qb.i0 < qb.rows ? fa_score_log2(p, qb.b, qb.h, row_index[sl], j, s.v[it], NULL) : -INFINITY;
         s.v[it] = x;
         tile_max[sl] = fmaxf(tile_max[sl], x);
     }
@@ -145,13 +151,14 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) forward(const fa_gpu_p
     fa_key_range range[L::kSlots];
     int64_t row_index[L::kSlots];
     float m[L::kSlots], l[L::kSlots];
+    const float sink = fa_sink_log2(p, qb.h);
 #pragma unroll
     for (int sl = 0; sl < L::kSlots; ++sl) {
         const int r = warp * FA_TC_WARP_ROWS + L::slot_row(lane, sl);
         row_index[sl] = qb.i0 + r;
         range[sl] = r < qb.rows ? fa_row_keys(p, qb.b, row_index[sl]) : fa_key_range{0, 0};
-        m[sl] = -INFINITY;
-        l[sl] = 0.0f;
+        m[sl] = sink;
+        l[sl] = sink != -INFINITY && L::row_leader(lane) ? 1.0f : 0.0f; /* row_sum adds the lanes of a row */
     }
     typename L::template acc<W> o;
 #pragma unroll

@@ -9,7 +9,9 @@
  *   backward_dq: one block per (64 queries, query head, batch), the forward's structure: S = Q K^T,
  *     dP = dO V^T, dS = P o (dP - D), dQ += dS K, dQ kept in registers.
  * Both recompute P from the forward's lse in base 2 and apply the masks and the shared Philox
- * dropout stream exactly as the forward did. Keys hidden by padding are loaded as zeros. */
+ * dropout stream exactly as the forward did, with the score modifiers (fa_score_log2; dS goes
+ * through the softcap's derivative; dsinks and dbias are passes of their own, modifier_gradients.cuh).
+ * Keys hidden by padding are loaded as zeros. */
 #ifndef FA_GPU_ATTENTION_TC_BACKWARD_CUH
 #define FA_GPU_ATTENTION_TC_BACKWARD_CUH
 #include "attention_tc.cuh"
@@ -17,7 +19,7 @@
 namespace fa_tc {
 
 /* The gradient terms of one element (Algorithm 4): z = dropout(P) (what multiplied V) and
- * dS = P o (dropout(dP) - D); zeros when the element is not visible. */
+ * dS = P o (dropout(dP) - D) times d score / d (tau q.k); zeros when the element is not visible. */
 struct element_terms { float z, ds; };
 
 __device__ __forceinline__ element_terms element_gradients(const fa_gpu_params &p, bool visible, float score,
@@ -26,14 +28,15 @@ __device__ __forceinline__ element_terms element_gradients(const fa_gpu_params &
 {
     element_terms t = {0.0f, 0.0f};
     if (!visible) return t;
-    const float prob = fa_exp2(score * p.scale_log2 - lse_log2);
+    float dscore;
+    const float prob = fa_exp2(fa_score_log2(p, b, h, i, j, score, &dscore) - lse_log2);
     t.z = prob;
     if (p.dropout_p > 0.0f) {
         const bool kept = dropout_kept(p, b, h, i, j);
         t.z = kept ? prob * p.keep_scale : 0.0f;
         dp = kept ? dp * p.keep_scale : 0.0f;
     }
-    t.ds = prob * (dp - delta);
+    t.ds = prob * (dp - delta) * dscore;
     return t;
 }
 
@@ -84,11 +87,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
             load_tile<W>(p, p.q, b, i0, h, rows, BQ, sq);
             load_tile<W>(p, p.dout, b, i0, h, rows, BQ, sdo);
             fa_copy_commit();
-            const int64_t stat_base = fa_stat_index(p, b, h, i0);
-            for (int r = threadIdx.x; r < BQ; r += blockDim.x) {
-                slse[r] = r < rows ? p.lse[stat_base + r] * FA_LOG2E : -INFINITY;
-                sdelta[r] = r < rows ? p.delta[stat_base + r] : 0.0f;
-            }
+            fa_generic::stage_row_stats(p, b, h, i0, rows, BQ, slse, sdelta);
             fa_copy_wait_all();
             __syncthreads();
 

@@ -1,14 +1,16 @@
 /* Runtime dispatch over the few instantiated generic kernels: (head-dim bucket, tile) pairs from
- * fa_gpu_tile_options() in plan.h, four kernels each (forward, the backward's two, the KV-cache
- * attention), plus the untemplated delta pre-pass, checks, append and merge. */
+ * fa_gpu_tile_options() in plan.h, five kernels each (forward, the backward's two, its dbias
+ * pass, the KV-cache attention), plus the untemplated delta pre-pass, dsinks, checks, append and
+ * merge. */
 #ifndef FA_GPU_GENERIC_DISPATCH_CUH
 #define FA_GPU_GENERIC_DISPATCH_CUH
 #include "attention_decode.cuh"
+#include "modifier_gradients.cuh"
 
 typedef void (*fa_gpu_kernel)(fa_gpu_params);
 
 typedef struct fa_generic_set {
-    fa_gpu_kernel forward, backward_dq, backward_dkdv, decode;
+    fa_gpu_kernel forward, backward_dq, backward_dkdv, backward_dbias, decode;
 } fa_generic_set;
 
 template <int BUCKET, int TILE>
@@ -18,6 +20,7 @@ static fa_generic_set fa_generic_instance(void)
     set.forward = fa_generic::forward<BUCKET, TILE>;
     set.backward_dq = fa_generic::backward_dq<BUCKET, TILE>;
     set.backward_dkdv = fa_generic::backward_dkdv<BUCKET, TILE>;
+    set.backward_dbias = fa_generic::backward_dbias<TILE>;
     set.decode = fa_decode::attend<BUCKET, TILE>;
     return set;
 }
@@ -36,7 +39,7 @@ static fa_generic_set fa_generic_kernels(int bucket, int tile)
     case 256016: return fa_generic_instance<256, 16>();
     case 256008: return fa_generic_instance<256, 8>();
     }
-    fa_generic_set none = {NULL, NULL, NULL, NULL};
+    fa_generic_set none = {NULL, NULL, NULL, NULL, NULL};
     return none;
 }
 #endif

@@ -66,5 +66,15 @@ typedef struct fa_gpu_params {
     int64_t kv_chunks;
     float *partial;
     fa_gpu_status *status; /* device; NULL for calls without device tables */
+    /* Score modifiers (fa_problem's, arrays in device memory; score_modifiers.cuh applies them).
+     * modified: softcap, ALiBi or a bias is on, so scores are formed explicitly (sinks alone need
+     * not). Alibi slope of (b, h): alibi_slopes[b * alibi_stride_batch + h]. */
+    int modified;
+    float softcap, inv_softcap;
+    const float *alibi_slopes;
+    int64_t alibi_stride_batch;
+    const float *sinks;
+    fa_bias bias, dbias; /* data NULL when absent; dbias and dsinks: backward outputs */
+    float *dsinks;
 } fa_gpu_params;
 #endif
