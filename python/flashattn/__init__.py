@@ -22,7 +22,7 @@ from ._errors import (BackendFailureError, BackendUnavailableError, Error, Inval
 __all__ = [
     "forward", "backward", "dropout_mask", "tiling_for", "backends", "flash_attn_func",
     "Error", "InvalidValueError", "InvalidTypeError", "NotSupportedError", "OutOfMemoryError",
-    "BackendUnavailableError", "BackendFailureError", "BackendStatus", "Tiling", "__version__",
+    "BackendUnavailableError", "BackendFailureError", "BackendStatus", "Tiling", "Gradients", "__version__",
 ]
 
 #: Version of the loaded C library (fa_version_string()).
@@ -32,6 +32,10 @@ BackendStatus = namedtuple("BackendStatus", ["available", "detail"])
 BackendStatus.__doc__ = "available: usable now; detail: fa_context_info() when available, else why not."
 Tiling = namedtuple("Tiling", ["block_rows", "block_cols"])
 Tiling.__doc__ = "The paper's tile sizes Br, Bc."
+Gradients = namedtuple("Gradients", ["dq", "dk", "dv", "dsinks", "dbias"])
+Gradients.__doc__ = """backward(..., return_modifier_grads=True): dq, dk, dv, plus dsinks (float32 [heads_q])
+and dbias (the bias's dtype and shape, each broadcast axis of size 1: summed over it), None where
+sinks / bias were not given."""
 
 _BACKEND_NUMBERS = {"auto": 0, "cpu": 1, "cuda": 2, "hip": 3}
 
@@ -67,7 +71,8 @@ def _seed(value, name):
     return value
 
 
-def _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size):
+def _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size,
+             softcap, alibi_slopes, sinks, bias):
     """The option arguments of _native.forward/backward, in order."""
     window_left, window_right = _pair(window, "window")
     block_q, block_k = _pair(block_size, "block_size")
@@ -79,11 +84,13 @@ def _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, 
         # Host memory, one byte per block; already-uint8 contiguous host arrays are not copied.
         block_mask = numpy.ascontiguousarray(numpy.asarray(block_mask), dtype=numpy.uint8)
     return (_scale(softmax_scale), bool(causal), window_left, window_right, seqlens_k, float(dropout_p),
-            _seed(seed, "seed"), _seed(offset, "offset"), block_mask, block_q, block_k)
+            _seed(seed, "seed"), _seed(offset, "offset"), block_mask, block_q, block_k, float(softcap), alibi_slopes,
+            sinks, bias)
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), seqlens_k=None, dropout_p=0.0,
-            seed=0, offset=0, block_mask=None, block_size=(128, 128), backend="auto"):
+            seed=0, offset=0, block_mask=None, block_size=(128, 128), softcap=0.0, alibi_slopes=None, sinks=None,
+            bias=None, backend="auto"):
     """Attention forward: returns (out, lse).
 
     q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim] with
@@ -97,31 +104,51 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), seqle
     = (block_q, block_k) tokens. backend: "auto" (follow the tensors' memory), "cpu", "cuda" or
     "hip" (must match the memory).
 
+    Score modifiers (README "Score modifiers"), applied in this order to s = scale * q.k of the
+    visible keys: softcap > 0: s = softcap * tanh(s / softcap). alibi_slopes: float32 [heads_q]
+    or [batch, heads_q]: s -= slope * |i + seqlen_k - seqlen_q - j|. bias: float32/16, bfloat16,
+    broadcastable to [batch, heads_q, seqlen_q, seqlen_k] (missing leading, size-1 and stride-0
+    axes broadcast without a copy; the key axis must be whole and contiguous): s += bias. sinks:
+    float32 [heads_q] logits: each row's softmax denominator gains exp(sink). The modifier
+    tensors must be on q's device; masked keys stay masked.
+
     On a GPU, the call runs on the framework's current stream (torch, CuPy) and is synchronized
     before returning, because the outputs are new allocations any stream may read.
     Raises a flashattn.Error subclass (ValueError/TypeError where apt) with fa_last_error()'s
     message; nothing is returned or written on failure.
     """
     device, stream = placement(q)
-    options = _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size)
+    options = _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size,
+                       softcap, alibi_slopes, sinks, bias)
     out, lse = _native.forward(q, k, v, None, None, True, *options, _backend_number(backend), stream)
     convert = converter_for(q)
     return wrap(convert, out, device), wrap(convert, lse, device)
 
 
 def backward(q, k, v, out, dout, lse, *, causal=False, softmax_scale=None, window=(-1, -1), seqlens_k=None,
-             dropout_p=0.0, seed=0, offset=0, block_mask=None, block_size=(128, 128), backend="auto"):
-    """Attention backward by recomputation: returns (dq, dk, dv) shaped like q, k, v.
+             dropout_p=0.0, seed=0, offset=0, block_mask=None, block_size=(128, 128), softcap=0.0,
+             alibi_slopes=None, sinks=None, bias=None, backend="auto", return_modifier_grads=False):
+    """Attention backward by recomputation: returns (dq, dk, dv) shaped like q, k, v, or with
+    return_modifier_grads a Gradients(dq, dk, dv, dsinks, dbias) namedtuple.
 
     out and lse must come from forward() on the same inputs with the same options (dropout
     regenerated from the same seed and offset). dk and dv sum over the query heads of a group.
-    Options, streams and errors as in forward().
+    return_modifier_grads: also compute dsinks (float32 [heads_q], summed over batch and rows)
+    when sinks is given and dbias (the bias's dtype; the bias's shape with each broadcast axis,
+    size 1 or stride 0, of size 1 holding the sum over it) when bias is given; None otherwise.
+    Without it they are not computed (dbias costs a pass of its own). Options, streams and errors
+    as in forward().
     """
     device, stream = placement(q)
-    options = _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size)
-    grads = _native.backward(q, k, v, out, dout, lse, None, None, None, *options, _backend_number(backend), stream)
+    options = _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size,
+                       softcap, alibi_slopes, sinks, bias)
+    want_dsinks = True if return_modifier_grads and sinks is not None else None
+    want_dbias = True if return_modifier_grads and bias is not None else None
+    grads = _native.backward(q, k, v, out, dout, lse, None, None, None, want_dsinks, want_dbias, *options,
+                             _backend_number(backend), stream)
     convert = converter_for(q)
-    return tuple(wrap(convert, g, device) for g in grads)
+    grads = [None if g is None else wrap(convert, g, device) for g in grads]
+    return Gradients(*grads) if return_modifier_grads else tuple(grads[:3])
 
 
 def dropout_mask(seed, offset, p, heads_q, seqlen_q, seqlen_k, batch_index, head_index):

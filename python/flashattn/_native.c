@@ -398,6 +398,8 @@ typedef struct {
     Py_ssize_t seqlens_k_count;
     dl_input block_mask_input;
     fa_block_mask block_mask;
+    fa_bias bias, dbias;             /* desc.bias points at bias when a bias is given */
+    const DLTensor *bias_tensor;     /* the bias's DLPack view (owned by the call's inputs) */
 } options;
 
 static void release_options(options *o)
@@ -408,8 +410,9 @@ static void release_options(options *o)
 }
 
 /* args: scale, causal, window_left, window_right, seqlens_k, dropout_p, seed, offset,
- * block_mask, block_q, block_k. seqlens_k: None or a sequence of ints; block_mask: None or a
- * host uint8/bool DLPack tensor [rows, cols], contiguous. */
+ * block_mask, block_q, block_k, softcap, alibi_slopes, sinks, bias. seqlens_k: None or a sequence
+ * of ints; block_mask: None or a host uint8/bool DLPack tensor [rows, cols], contiguous. The
+ * modifier tensors (alibi_slopes, sinks, bias) live on q's device: bind_modifiers() takes them. */
 static int parse_options(PyObject *const *args, options *o)
 {
     memset(o, 0, sizeof *o);
@@ -421,6 +424,7 @@ static int parse_options(PyObject *const *args, options *o)
     unsigned long long seed = PyLong_AsUnsignedLongLongMask(args[6]);
     unsigned long long offset = PyLong_AsUnsignedLongLongMask(args[7]);
     long bq = PyLong_AsLong(args[9]), bk = PyLong_AsLong(args[10]);
+    double softcap = PyFloat_AsDouble(args[11]);
     if (PyErr_Occurred() || causal < 0) return -1;
     if (wl < INT32_MIN || wl > INT32_MAX || wr < INT32_MIN || wr > INT32_MAX)
         return raise_value("window: (%ld, %ld) does not fit in 32 bits", wl, wr), -1;
@@ -433,6 +437,7 @@ static int parse_options(PyObject *const *args, options *o)
     o->desc.dropout_p = (float)p;
     o->desc.dropout_seed = seed;
     o->desc.dropout_offset = offset;
+    o->desc.softcap = (float)softcap; /* its range is the C API's to check */
     if (args[4] != Py_None) {
         PyObject *seq = PySequence_Fast(args[4], "seqlens_k: must be None or a sequence of ints");
         if (!seq) return -1;
@@ -477,7 +482,7 @@ static int parse_options(PyObject *const *args, options *o)
 }
 
 /* ---- one attention call ---------------------------------------------------------------------- */
-#define MAX_TENSORS 9
+#define MAX_TENSORS 16 /* backward: 9 tensors, 3 modifiers, dsinks, dbias */
 typedef struct {
     dl_input inputs[MAX_TENSORS];
     int n_inputs;
@@ -545,6 +550,110 @@ static int bind_lse(call *c, PyObject *obj, const fa_tensor *q, float **lse)
     return 0;
 }
 
+#define N_OPTION_ARGS 15
+enum { OPTION_ALIBI_SLOPES = 12, OPTION_SINKS, OPTION_BIAS };
+
+/* A float32 vector (or [rows, cols] matrix) of exactly these sizes, packed: the C API takes a bare pointer. */
+static int check_f32_packed(const DLTensor *t, const char *name, int ndim, const int64_t *shape)
+{
+    if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
+        char buf[32];
+        return raise_type("%s: dtype %s is not supported (float32)", name, dtype_name(t->dtype, buf, sizeof buf)), -1;
+    }
+    int64_t expected = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+        if (t->strides && shape[i] > 1 && t->strides[i] != expected) return raise_value("%s: must be contiguous", name), -1;
+        expected *= shape[i];
+    }
+    return 0;
+}
+
+static int shape_is(const DLTensor *t, int ndim, const int64_t *shape)
+{
+    if (t->ndim != ndim) return 0;
+    for (int i = 0; i < ndim; ++i)
+        if (t->shape[i] != shape[i]) return 0;
+    return 1;
+}
+
+/* A bias DLTensor broadcastable to [batch, heads_q, seqlen_q, seqlen_k] (numpy rules: missing
+ * leading axes and size-1 axes broadcast, as do axes of stride 0) as an fa_bias. The key axis
+ * cannot broadcast: the C API reads keys at stride 1. */
+static int to_fa_bias(const DLTensor *t, const char *name, const fa_tensor *q, int64_t seqlen_k, fa_bias *out)
+{
+    static const char *axis_names[4] = {"batch", "heads_q", "seqlen_q", "seqlen_k"};
+    const int64_t target[4] = {q->batch, q->heads, q->seqlen, seqlen_k};
+    if (t->ndim < 1 || t->ndim > 4)
+        return raise_value("%s: has %d dimensions, expected 1 to 4 (broadcastable to [batch, heads_q, seqlen_q, "
+                           "seqlen_k])", name, (int)t->ndim), -1;
+    if (to_fa_dtype(t, name, &out->dtype) < 0) return -1;
+    int64_t strides[4];
+    int64_t packed = 1;
+    for (int axis = 3; axis >= 0; --axis) {
+        int d = axis - (4 - t->ndim);
+        int64_t size = d >= 0 ? t->shape[d] : 1;
+        int64_t stride = d < 0 ? 0 : t->strides ? t->strides[d] : packed;
+        if (d >= 0) packed *= size;
+        if (size != target[axis] && (size != 1 || axis == 3))
+            return raise_value("%s: dimension %d has size %lld, which does not broadcast to %s = %lld%s", name, d,
+                               (long long)size, axis_names[axis], (long long)target[axis],
+                               axis == 3 ? " (the key axis cannot broadcast: expand it)" : ""), -1;
+        if (axis == 3) {
+            if (size > 1 && stride != 1)
+                return raise_value("%s: key-axis stride is %lld; it must be 1 (make the last dimension contiguous)",
+                                   name, (long long)stride), -1;
+            continue;
+        }
+        if (size == 1) stride = 0;
+        if (stride < 0)
+            return raise_value("%s: stride %lld of dimension %d is negative (reversed views are not supported)", name,
+                               (long long)stride, d), -1;
+        strides[axis] = stride;
+    }
+    out->data = (char *)t->data + t->byte_offset;
+    out->stride_batch = strides[0];
+    out->stride_head = strides[1];
+    out->stride_q = strides[2];
+    return 0;
+}
+
+/* alibi_slopes ([heads_q] or [batch, heads_q]), sinks ([heads_q]) and bias, once q and k are bound. */
+static int bind_modifiers(call *c, PyObject *const *option_args, const fa_tensor *q, const fa_tensor *k)
+{
+    options *o = &c->opts;
+    if (option_args[OPTION_ALIBI_SLOPES] != Py_None) {
+        const DLTensor *t = bind_input(c, option_args[OPTION_ALIBI_SLOPES], "alibi_slopes");
+        if (!t) return -1;
+        const int64_t per_head[1] = {q->heads}, per_batch[2] = {q->batch, q->heads};
+        int batched = shape_is(t, 2, per_batch);
+        if (!batched && !shape_is(t, 1, per_head))
+            return raise_value("alibi_slopes: expected shape [%lld] (heads_q) or [%lld, %lld] (batch, heads_q), got %d "
+                               "dimensions of sizes [%lld%s]", (long long)q->heads, (long long)q->batch,
+                               (long long)q->heads, (int)t->ndim, t->ndim > 0 ? (long long)t->shape[0] : 0LL,
+                               t->ndim > 1 ? ", ..." : ""), -1;
+        if (check_f32_packed(t, "alibi_slopes", batched ? 2 : 1, batched ? per_batch : per_head) < 0) return -1;
+        o->desc.alibi_slopes = (const float *)((const char *)t->data + t->byte_offset);
+        o->desc.alibi_per_batch = batched;
+    }
+    if (option_args[OPTION_SINKS] != Py_None) {
+        const DLTensor *t = bind_input(c, option_args[OPTION_SINKS], "sinks");
+        if (!t) return -1;
+        const int64_t shape[1] = {q->heads};
+        if (!shape_is(t, 1, shape))
+            return raise_value("sinks: expected shape [%lld] (heads_q), got %d dimensions", (long long)q->heads,
+                               (int)t->ndim), -1;
+        if (check_f32_packed(t, "sinks", 1, shape) < 0) return -1;
+        o->desc.sinks = (const float *)((const char *)t->data + t->byte_offset);
+    }
+    if (option_args[OPTION_BIAS] != Py_None) {
+        const DLTensor *t = bind_input(c, option_args[OPTION_BIAS], "bias");
+        if (!t || to_fa_bias(t, "bias", q, k->seqlen, &o->bias) < 0) return -1;
+        o->desc.bias = &o->bias;
+        o->bias_tensor = t;
+    }
+    return 0;
+}
+
 /* q is bound first: its device picks the backend (an explicit backend must agree) and context. */
 static int begin_call(call *c, PyObject *q_obj, fa_tensor *q, PyObject *const *option_args, PyObject *backend_obj,
                       PyObject *stream)
@@ -605,7 +714,6 @@ static PyObject *finish_call(call *c, fa_status st, const int *made_index, int n
     return result;
 }
 
-#define N_OPTION_ARGS 11
 
 /* forward(q, k, v, out, lse, want_lse, *options, backend, stream) -> (out | None, lse | None) */
 static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -617,6 +725,7 @@ static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t na
     int made_index[2] = {-1, -1};
     if (begin_call(&c, args[0], &q, args + 6, args[6 + N_OPTION_ARGS], args[7 + N_OPTION_ARGS]) < 0) goto fail;
     if (bind_tensor(&c, args[1], "k", &k) < 0 || bind_tensor(&c, args[2], "v", &v) < 0) goto fail;
+    if (bind_modifiers(&c, args + 6, &q, &k) < 0) goto fail;
     if (args[3] == Py_None) made_index[0] = c.n_made;
     if (bind_output(&c, args[3], "out", &q, &out) < 0) goto fail;
     int want_lse = PyObject_IsTrue(args[5]);
@@ -639,18 +748,76 @@ fail:
     return NULL;
 }
 
-/* backward(q, k, v, out, dout, lse, dq, dk, dv, *options, backend, stream) -> (dq, dk, dv), None where given */
+/* dsinks: None (not computed), True (allocated here) or a float32 [heads_q] tensor to write. */
+static int bind_dsinks(call *c, PyObject *obj, const fa_tensor *q, float **dsinks, int *made_index)
+{
+    if (obj == Py_None) return 0;
+    if (!c->opts.desc.sinks) return raise_value("dsinks: needs sinks"), -1;
+    const int64_t shape[1] = {q->heads};
+    if (obj == Py_True) {
+        exported *e = new_output(c->ctx, c->device_ref->device, dl_dtype(FA_DTYPE_F32), 1, shape);
+        if (!e) return -1;
+        *made_index = c->n_made;
+        c->made[c->n_made++] = e;
+        *dsinks = e->mt.dl_tensor.data;
+        return 0;
+    }
+    const DLTensor *t = bind_input(c, obj, "dsinks");
+    if (!t) return -1;
+    if (c->inputs[c->n_inputs - 1].read_only) return raise_value("dsinks: is read-only"), -1;
+    if (!shape_is(t, 1, shape)) return raise_value("dsinks: expected shape [%lld] (heads_q)", (long long)q->heads), -1;
+    if (check_f32_packed(t, "dsinks", 1, shape) < 0) return -1;
+    *dsinks = (float *)((char *)t->data + t->byte_offset);
+    return 0;
+}
+
+/* dbias: None (not computed), True (allocated here: the bias's shape with each broadcast axis of
+ * size 1, the gradient summed over it) or a tensor with the bias's broadcast to write. */
+static int bind_dbias(call *c, PyObject *obj, const fa_tensor *q, const fa_tensor *k, const fa_bias **dbias,
+                      int *made_index)
+{
+    if (obj == Py_None) return 0;
+    if (!c->opts.desc.bias) return raise_value("dbias: needs bias"), -1;
+    const DLTensor *t;
+    if (obj == Py_True) {
+        const DLTensor *bias = c->opts.bias_tensor;
+        int64_t shape[4];
+        for (int i = 0; i < bias->ndim; ++i)
+            shape[i] = (bias->shape[i] == 1 || (bias->strides && bias->strides[i] == 0 && i < bias->ndim - 1)) ? 1
+                       : bias->shape[i];
+        exported *e = new_output(c->ctx, c->device_ref->device, bias->dtype, bias->ndim, shape);
+        if (!e) return -1;
+        *made_index = c->n_made;
+        c->made[c->n_made++] = e;
+        t = &e->mt.dl_tensor;
+    } else {
+        if (!(t = bind_input(c, obj, "dbias"))) return -1;
+        if (c->inputs[c->n_inputs - 1].read_only) return raise_value("dbias: is read-only"), -1;
+    }
+    if (to_fa_bias(t, "dbias", q, k->seqlen, &c->opts.dbias) < 0) return -1;
+    *dbias = &c->opts.dbias;
+    return 0;
+}
+
+/* backward(q, k, v, out, dout, lse, dq, dk, dv, dsinks, dbias, *options, backend, stream)
+ * -> (dq, dk, dv, dsinks, dbias): capsules for what was allocated here, None for the rest. */
 static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9 + N_OPTION_ARGS + 2) return PyErr_Format(PyExc_TypeError, "backward: takes %d arguments", 9 + N_OPTION_ARGS + 2);
+    enum { N_TENSOR_ARGS = 11 };
+    if (nargs != N_TENSOR_ARGS + N_OPTION_ARGS + 2)
+        return PyErr_Format(PyExc_TypeError, "backward: takes %d arguments", N_TENSOR_ARGS + N_OPTION_ARGS + 2);
     call c;
     fa_tensor q, k, v, out, dout, dq, dk, dv;
-    float *lse = NULL;
-    int made_index[3] = {-1, -1, -1};
-    if (begin_call(&c, args[0], &q, args + 9, args[9 + N_OPTION_ARGS], args[10 + N_OPTION_ARGS]) < 0) goto fail;
+    float *lse = NULL, *dsinks = NULL;
+    const fa_bias *dbias = NULL;
+    int made_index[5] = {-1, -1, -1, -1, -1};
+    PyObject *const *option_args = args + N_TENSOR_ARGS;
+    if (begin_call(&c, args[0], &q, option_args, option_args[N_OPTION_ARGS], option_args[N_OPTION_ARGS + 1]) < 0)
+        goto fail;
     if (bind_tensor(&c, args[1], "k", &k) < 0 || bind_tensor(&c, args[2], "v", &v) < 0 ||
         bind_tensor(&c, args[3], "out", &out) < 0 || bind_tensor(&c, args[4], "dout", &dout) < 0)
         goto fail;
+    if (bind_modifiers(&c, option_args, &q, &k) < 0) goto fail;
     if (args[5] == Py_None) {
         raise_value("lse: is None (backward needs the forward's lse)");
         goto fail;
@@ -663,15 +830,18 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (args[6 + i] == Py_None) made_index[i] = c.n_made;
         if (bind_output(&c, args[6 + i], names[i], like[i], grads[i]) < 0) goto fail;
     }
+    if (bind_dsinks(&c, args[9], &q, &dsinks, &made_index[3]) < 0 ||
+        bind_dbias(&c, args[10], &q, &k, &dbias, &made_index[4]) < 0)
+        goto fail;
     fa_status st;
     if (c.backend == FA_BACKEND_CPU) {
         Py_BEGIN_ALLOW_THREADS
-        st = fa_backward(c.ctx, &c.opts.desc, &q, &k, &v, &out, &dout, lse, &dq, &dk, &dv);
+        st = fa_backward_ex(c.ctx, &c.opts.desc, &q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, dsinks, dbias);
         Py_END_ALLOW_THREADS
     } else {
-        st = fa_backward(c.ctx, &c.opts.desc, &q, &k, &v, &out, &dout, lse, &dq, &dk, &dv);
+        st = fa_backward_ex(c.ctx, &c.opts.desc, &q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, dsinks, dbias);
     }
-    return finish_call(&c, st, made_index, 3);
+    return finish_call(&c, st, made_index, 5);
 fail:
     release_call(&c);
     return NULL;
@@ -733,9 +903,11 @@ static PyObject *py_version(PyObject *self, PyObject *unused) { return PyUnicode
 static PyMethodDef methods[] = {
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
      "forward(q, k, v, out, lse, want_lse, scale, causal, window_left, window_right, seqlens_k, dropout_p, seed, "
-     "offset, block_mask, block_q, block_k, backend, stream) -> (out capsule | None, lse capsule | None)"},
+     "offset, block_mask, block_q, block_k, softcap, alibi_slopes, sinks, bias, backend, stream) "
+     "-> (out capsule | None, lse capsule | None)"},
     {"backward", (PyCFunction)(void (*)(void))py_backward, METH_FASTCALL,
-     "backward(q, k, v, out, dout, lse, dq, dk, dv, <options as forward>, backend, stream) -> (dq, dk, dv) capsules or None"},
+     "backward(q, k, v, out, dout, lse, dq, dk, dv, dsinks, dbias, <options as forward>, backend, stream) "
+     "-> (dq, dk, dv, dsinks, dbias) capsules or None"},
     {"export", py_export, METH_VARARGS, "export(output, versioned): the output as a DLPack capsule, once"},
     {"dropout_mask", py_dropout_mask, METH_VARARGS, "fa_dropout_mask: a uint8 [seqlen_q, seqlen_k] capsule"},
     {"tiling_for", py_tiling_for, METH_VARARGS, "fa_tiling_for: (block_rows, block_cols)"},

@@ -153,7 +153,7 @@ def test_gradcheck_float32():
 
 def test_opcheck():
     q, k, v = inputs(seqlen_q=8, seqlen_k=8, head_dim=8)
-    torch.library.opcheck(torch.ops.flashattn.forward.default, (q, k, v, 0.0, 0.35, True, -1, -1, 0, 0))
+    torch.library.opcheck(torch.ops.flashattn.forward.default, (q, k, v, 0.0, 0.35, True, -1, -1, 0, 0, 0.0, None, None, None))
 
 
 def example_module(**kwargs):
