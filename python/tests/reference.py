@@ -26,27 +26,57 @@ def visible(seqlen_q, seqlen_k, causal=False, window=(-1, -1), valid_k=None, blo
     return vis
 
 
+def alibi_distance(seqlen_q, seqlen_k):
+    """|i + seqlen_k - seqlen_q - j|: the ALiBi distance, bottom-right aligned like causal."""
+    i = np.arange(seqlen_q)[:, None]
+    j = np.arange(seqlen_k)[None, :]
+    return np.abs(i + seqlen_k - seqlen_q - j).astype(np.float64)
+
+
 def attention(q, k, v, dout=None, *, causal=False, softmax_scale=None, window=(-1, -1), seqlens_k=None,
-              dropout_p=0.0, seed=0, offset=0, block_mask=None, block_size=(128, 128)):
-    """Returns (out, lse) or, with dout, (out, lse, dq, dk, dv), all float64."""
+              dropout_p=0.0, seed=0, offset=0, block_mask=None, block_size=(128, 128), softcap=0.0,
+              alibi_slopes=None, sinks=None, bias=None, return_modifier_grads=False):
+    """Returns (out, lse) or, with dout, (out, lse, dq, dk, dv), all float64; with
+    return_modifier_grads also dsinks [heads_q] and dbias [batch, heads_q, seqlen_q, seqlen_k]
+    (per element, not summed over the bias's broadcast)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv
     scale = head_dim ** -0.5 if softmax_scale is None else softmax_scale
+    if alibi_slopes is not None:
+        alibi_slopes = np.broadcast_to(np.asarray(alibi_slopes, dtype=np.float64), (batch, heads_q))
+    if bias is not None:
+        bias = np.broadcast_to(np.asarray(bias, dtype=np.float64), (batch, heads_q, seqlen_q, seqlen_k))
     out = np.zeros_like(q)
     lse = np.full((batch, heads_q, seqlen_q), -np.inf)
     grads = (np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)) if dout is not None else None
+    dsinks = np.zeros(heads_q)
+    dbias = np.zeros((batch, heads_q, seqlen_q, seqlen_k))
     for b in range(batch):
         vis = visible(seqlen_q, seqlen_k, causal, window, None if seqlens_k is None else seqlens_k[b], block_mask,
                       block_size)
         for h in range(heads_q):
             kv = h // group
-            s = np.where(vis, scale * q[b, :, h] @ k[b, :, kv].T, -np.inf)
+            s = scale * q[b, :, h] @ k[b, :, kv].T
+            softcap_slope = 1.0  # d s / d (scale * q.k)
+            if softcap > 0:
+                t = np.tanh(s / softcap)
+                s = softcap * t
+                softcap_slope = 1.0 - t * t
+            if alibi_slopes is not None:
+                s = s - alibi_slopes[b, h] * alibi_distance(seqlen_q, seqlen_k)
+            if bias is not None:
+                s = s + bias[b, h]
+            s = np.where(vis, s, -np.inf)
             m = s.max(axis=1, keepdims=True)
+            if sinks is not None:
+                m = np.maximum(m, sinks[h])
             m_safe = np.where(np.isfinite(m), m, 0.0)
             e = np.where(vis, np.exp(s - m_safe), 0.0)
             l = e.sum(axis=1, keepdims=True)
+            if sinks is not None:
+                l = l + np.exp(sinks[h] - m_safe)
             p = np.divide(e, l, out=np.zeros_like(e), where=l > 0)
             lse[b, h] = np.where(l[:, 0] > 0, m_safe[:, 0] + np.log(np.where(l[:, 0] > 0, l[:, 0], 1.0)), -np.inf)
             keep = 1.0
@@ -58,7 +88,15 @@ def attention(q, k, v, dout=None, *, causal=False, softmax_scale=None, window=(-
                 do = np.asarray(dout[b, :, h], dtype=np.float64)
                 grads[2][b, :, kv] += pd.T @ do
                 dp = (do @ v[b, :, kv].T) * keep
-                ds = p * (dp - (dp * p).sum(axis=1, keepdims=True))
+                row_dot = (dp * p).sum(axis=1, keepdims=True)
+                ds = p * (dp - row_dot)
+                dbias[b, h] = ds
+                if sinks is not None:
+                    # The sink's probability exp(sink - lse) times (0 - row_dot): it carries no value.
+                    dsinks[h] -= (np.exp(sinks[h] - lse[b, h]) * row_dot[:, 0]).sum()
+                ds = ds * softcap_slope
                 grads[0][b, :, h] = scale * ds @ k[b, :, kv]
                 grads[1][b, :, kv] += scale * ds.T @ q[b, :, h]
-    return (out, lse) if dout is None else (out, lse) + grads
+    if dout is None:
+        return out, lse
+    return (out, lse) + grads + ((dsinks, dbias) if return_modifier_grads else ())
