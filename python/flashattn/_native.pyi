@@ -3,12 +3,14 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 def forward(q: Any, k: Any, v: Any, out: Any, lse: Any, want_lse: bool, softmax_scale: float, causal: bool,
             window_left: int, window_right: int, seqlens_k: Optional[Sequence[int]], dropout_p: float, seed: int,
-            offset: int, block_mask: Any, block_q: int, block_k: int, backend: int,
-            stream: Optional[int]) -> Tuple[Any, Any]: ...
-def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, dq: Any, dk: Any, dv: Any,
-             softmax_scale: float, causal: bool, window_left: int, window_right: int,
+            offset: int, block_mask: Any, block_q: int, block_k: int, softcap: float, alibi_slopes: Any, sinks: Any,
+            bias: Any, backend: int, stream: Optional[int]) -> Tuple[Any, Any]: ...
+# dsinks, dbias: None (not computed), True (allocated here) or a tensor to write into.
+def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, dq: Any, dk: Any, dv: Any, dsinks: Any,
+             dbias: Any, softmax_scale: float, causal: bool, window_left: int, window_right: int,
              seqlens_k: Optional[Sequence[int]], dropout_p: float, seed: int, offset: int, block_mask: Any,
-             block_q: int, block_k: int, backend: int, stream: Optional[int]) -> Tuple[Any, Any, Any]: ...
+             block_q: int, block_k: int, softcap: float, alibi_slopes: Any, sinks: Any, bias: Any, backend: int,
+             stream: Optional[int]) -> Tuple[Any, Any, Any, Any, Any]: ...
 def dropout_mask(seed: int, offset: int, p: float, heads_q: int, seqlen_q: int, seqlen_k: int, batch_index: int,
                  head_index: int) -> Any: ...
 def tiling_for(sram_elements: int, head_dim: int) -> Tuple[int, int]: ...
