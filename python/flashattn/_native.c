@@ -568,6 +568,16 @@ static int check_f32_packed(const DLTensor *t, const char *name, int ndim, const
     return 0;
 }
 
+/* "[2, 4]": t's shape for messages. */
+static const char *shape_text(const DLTensor *t, char *buf, size_t size)
+{
+    size_t used = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < t->ndim && used < size; ++i)
+        used += (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (used < size) snprintf(buf + used, size - used, "]");
+    return buf;
+}
+
 static int shape_is(const DLTensor *t, int ndim, const int64_t *shape)
 {
     if (t->ndim != ndim) return 0;
@@ -626,11 +636,11 @@ static int bind_modifiers(call *c, PyObject *const *option_args, const fa_tensor
         if (!t) return -1;
         const int64_t per_head[1] = {q->heads}, per_batch[2] = {q->batch, q->heads};
         int batched = shape_is(t, 2, per_batch);
+        char shape[96];
         if (!batched && !shape_is(t, 1, per_head))
-            return raise_value("alibi_slopes: expected shape [%lld] (heads_q) or [%lld, %lld] (batch, heads_q), got %d "
-                               "dimensions of sizes [%lld%s]", (long long)q->heads, (long long)q->batch,
-                               (long long)q->heads, (int)t->ndim, t->ndim > 0 ? (long long)t->shape[0] : 0LL,
-                               t->ndim > 1 ? ", ..." : ""), -1;
+            return raise_value("alibi_slopes: expected shape [%lld] (heads_q) or [%lld, %lld] (batch, heads_q), got %s",
+                               (long long)q->heads, (long long)q->batch, (long long)q->heads,
+                               shape_text(t, shape, sizeof shape)), -1;
         if (check_f32_packed(t, "alibi_slopes", batched ? 2 : 1, batched ? per_batch : per_head) < 0) return -1;
         o->desc.alibi_slopes = (const float *)((const char *)t->data + t->byte_offset);
         o->desc.alibi_per_batch = batched;
@@ -639,9 +649,10 @@ static int bind_modifiers(call *c, PyObject *const *option_args, const fa_tensor
         const DLTensor *t = bind_input(c, option_args[OPTION_SINKS], "sinks");
         if (!t) return -1;
         const int64_t shape[1] = {q->heads};
+        char text[96];
         if (!shape_is(t, 1, shape))
-            return raise_value("sinks: expected shape [%lld] (heads_q), got %d dimensions", (long long)q->heads,
-                               (int)t->ndim), -1;
+            return raise_value("sinks: expected shape [%lld] (heads_q), got %s", (long long)q->heads,
+                               shape_text(t, text, sizeof text)), -1;
         if (check_f32_packed(t, "sinks", 1, shape) < 0) return -1;
         o->desc.sinks = (const float *)((const char *)t->data + t->byte_offset);
     }
@@ -765,7 +776,10 @@ static int bind_dsinks(call *c, PyObject *obj, const fa_tensor *q, float **dsink
     const DLTensor *t = bind_input(c, obj, "dsinks");
     if (!t) return -1;
     if (c->inputs[c->n_inputs - 1].read_only) return raise_value("dsinks: is read-only"), -1;
-    if (!shape_is(t, 1, shape)) return raise_value("dsinks: expected shape [%lld] (heads_q)", (long long)q->heads), -1;
+    char text[96];
+    if (!shape_is(t, 1, shape))
+        return raise_value("dsinks: expected shape [%lld] (heads_q), got %s", (long long)q->heads,
+                           shape_text(t, text, sizeof text)), -1;
     if (check_f32_packed(t, "dsinks", 1, shape) < 0) return -1;
     *dsinks = (float *)((char *)t->data + t->byte_offset);
     return 0;
