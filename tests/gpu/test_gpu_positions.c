@@ -227,16 +227,20 @@ static void check_positions(void **state, fa_dtype dtype)
     buffer slopes = buffer_new(gpu, HQ, FA_DTYPE_F32, 0);
     static const float alibi[HQ] = {0.5f, 0.25f, 0.125f, 0.0625f};
     assert_int_equal(fa_memcpy_h2d(gpu, slopes.dev, alibi, sizeof alibi), FA_SUCCESS);
+    /* FA_TEST_QUICK=1 (sanitizer runs: 75 s a run under ASan for all three): the last desc only */
+    const char *quick = getenv("FA_TEST_QUICK");
     fa_attention_desc desc;
-    fa_attention_desc_init(&desc);
-    desc.causal = 1;
-    check_split(state, "causal, GQA", &desc, alibi, dtype);
+    if (!quick || strcmp(quick, "1") != 0) {
+        fa_attention_desc_init(&desc);
+        desc.causal = 1;
+        check_split(state, "causal, GQA", &desc, alibi, dtype);
 
-    fa_attention_desc_init(&desc);
-    desc.window_left = 9;
-    desc.window_right = 4;
-    desc.alibi_slopes = slopes.dev;
-    check_split(state, "window 9/4, ALiBi, GQA", &desc, alibi, dtype);
+        fa_attention_desc_init(&desc);
+        desc.window_left = 9;
+        desc.window_right = 4;
+        desc.alibi_slopes = slopes.dev;
+        check_split(state, "window 9/4, ALiBi, GQA", &desc, alibi, dtype);
+    }
 
     fa_attention_desc_init(&desc);
     desc.causal = 1;
