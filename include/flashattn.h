@@ -141,8 +141,8 @@ typedef struct fa_attention_desc {
      * the global element ((b * heads_q + h) * seqlen_q_global + q_offset + i) * seqlen_k_global +
      * k_offset + j, so a split run equals the slices of the unsplit one (merge key blocks with
      * fa_merge_partials). seqlens_k, block_mask and bias stay local to this block's keys/rows.
-     * fa_forward and fa_backward only (varlen and the KV cache: FA_ERROR_NOT_SUPPORTED); backends
-     * without it (GPU plugins for now) return FA_ERROR_NOT_SUPPORTED when any is not 0. */
+     * fa_forward and fa_backward only (varlen and the KV cache: FA_ERROR_NOT_SUPPORTED); every
+     * backend (CPU, CUDA, HIP); a backend without it returns FA_ERROR_NOT_SUPPORTED. */
     int64_t q_offset, k_offset;
     int64_t seqlen_q_global, seqlen_k_global;
 } fa_attention_desc;

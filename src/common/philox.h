@@ -3,7 +3,8 @@
  * every backend drops exactly the same elements for the same (seed, offset).
  *
  * Stream: element e = ((b * heads_q + h) * seqlen_q + i) * seqlen_k + j of the attention matrix
- * uses word (e & 3) of philox(counter = {lo(e>>2), hi(e>>2), lo(offset), hi(offset)},
+ * (fa_dropout_element: for a block of a larger problem, its global row and column in the global
+ * rows x cols grid) uses word (e & 3) of philox(counter = {lo(e>>2), hi(e>>2), lo(offset), hi(offset)},
  * key = {lo(seed), hi(seed)}); u = (word >> 8) * 2^-24; the element is dropped iff u < p. */
 #ifndef FA_PHILOX_H
 #define FA_PHILOX_H
@@ -50,6 +51,15 @@ FA_HD fa_philox4x32 fa_dropout_words(uint64_t seed, uint64_t offset, uint64_t gr
 
 /* Uniform in [0, 1) with 24 bits, exactly representable in float. */
 FA_HD float fa_dropout_uniform(uint32_t word) { return (float)(word >> 8) * (1.0f / 16777216.0f); }
+
+/* The stream's element of row `row`, column `col` of head h of batch entry b in a grid of rows x
+ * cols per (b, h): the one formula of every backend. A block of a larger problem (desc->q_offset,
+ * k_offset) passes its global row and column and the global extents. */
+FA_HD uint64_t fa_dropout_element(uint64_t b, uint64_t heads_q, uint64_t h, uint64_t rows, uint64_t row, uint64_t cols,
+                                  uint64_t col)
+{
+    return ((b * heads_q + h) * rows + row) * cols + col;
+}
 
 FA_HD int fa_dropout_keep(uint64_t seed, uint64_t offset, uint64_t element, float p)
 {

@@ -9,6 +9,7 @@
 
 #include "../common/alloc.h"
 #include "../common/error.h"
+#include "../common/visibility.h"
 #include "kernels/exp_poly.h"
 
 /* tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)) with exp from the kernels' polynomial, written
@@ -39,7 +40,7 @@ static inline float fast_tanh(float x)
 void fa_cpu_modify_scores(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
                           int64_t cols, float *st, int64_t ld, float *cap_grad)
 {
-    const int64_t n = rows->count, diag0 = rows->i0 + p->diag_offset;
+    const int64_t n = rows->count, diag0 = fa_diagonal_key(rows->i0, p->diag_offset);
     const float cap = p->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     const float slope = p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
     /* One simple loop per modifier over the contiguous query lanes of a key column, with 32-bit

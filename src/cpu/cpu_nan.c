@@ -20,7 +20,7 @@ static int row_has_nan(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
 static fa_key_range keys_of(const fa_problem *p, int64_t b, int64_t i)
 {
     const int64_t valid_k = p->seqlens_k ? p->seqlens_k[b] : p->seqlen_k;
-    return fa_visible_keys_at(i + p->diag_offset, valid_k, p->causal, p->window_left, p->window_right);
+    return fa_visible_keys_at(fa_diagonal_key(i, p->diag_offset), valid_k, p->causal, p->window_left, p->window_right);
 }
 
 fa_cpu_nan_inputs fa_cpu_find_nan_inputs(const fa_problem *p, int threads)

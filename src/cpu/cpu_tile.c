@@ -121,7 +121,7 @@ void fa_cpu_rows_init(const fa_problem *p, int64_t b, int64_t i0, int64_t count,
     rows->key_lo = INT64_MAX;
     rows->key_hi = 0;
     for (int64_t r = 0; r < count; ++r) {
-        storage[r] = fa_visible_keys_at(i0 + r + p->diag_offset, valid_k, p->causal, p->window_left,
+        storage[r] = fa_visible_keys_at(fa_diagonal_key(i0 + r, p->diag_offset), valid_k, p->causal, p->window_left,
                                         p->window_right);
         if (storage[r].hi <= storage[r].lo) continue;
         if (storage[r].lo < rows->key_lo) rows->key_lo = storage[r].lo;
@@ -198,9 +198,10 @@ void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cp
 {
     const float keep_scale = 1.0f / (1.0f - p->dropout_p);
     for (int64_t r = 0; r < rows->count; ++r) {
-        const uint64_t row_base = (((uint64_t)(p->dropout_batch0 + b) * (uint64_t)p->heads_q + (uint64_t)h) *
-                                       (uint64_t)p->dropout_rows + (uint64_t)(p->dropout_row0 + rows->i0 + r)) *
-                                      (uint64_t)p->dropout_cols + (uint64_t)p->dropout_col0;
+        const uint64_t row_base =
+            fa_dropout_element((uint64_t)(p->dropout_batch0 + b), (uint64_t)p->heads_q, (uint64_t)h,
+                               (uint64_t)p->dropout_rows, (uint64_t)(p->dropout_row0 + rows->i0 + r),
+                               (uint64_t)p->dropout_cols, (uint64_t)p->dropout_col0);
         int64_t c = 0;
         while (c < cols) {
             const uint64_t e = row_base + (uint64_t)(j0 + c);

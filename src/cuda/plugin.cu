@@ -495,7 +495,7 @@ static fa_status modifier_gradients(fa_gpu_state *s, const fa_problem *p, const 
     if (st != FA_SUCCESS) return st;
     /* one block per distinct row tile of dbias: a single one along each axis it broadcasts */
     const fa_bias *db = &p->dbias;
-    const dim3 grid((unsigned)(db->stride_q ? fa_gpu_tiles(p->dropout_rows, tile) : 1),
+    const dim3 grid((unsigned)(db->stride_q ? fa_gpu_tiles(k->grid_rows, tile) : 1),
                     (unsigned)(db->stride_head ? p->heads_q : 1), db->stride_batch ? grid_batch(p) : 1u);
     return launch(s, set.backward_dbias, grid, (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim),
                   k, "dbias launch");
@@ -607,7 +607,7 @@ static const fa_backend_iface g_iface = {
     gpu_forward,
     gpu_backward,
     /* tensors and tables are device memory: their checks run on the device */
-    FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS,
+    FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS | FA_BACKEND_POSITION_OFFSETS,
     gpu_forward_kvcache,
 };
 

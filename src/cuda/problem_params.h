@@ -53,6 +53,11 @@ static inline void fa_gpu_params_of(const fa_problem *p, fa_gpu_params *k)
     k->lse_stride_head = p->lse_stride_head;
     k->dropout_rows = p->dropout_rows;
     k->dropout_cols = p->dropout_cols;
+    k->dropout_row0 = p->dropout_row0;
+    k->dropout_col0 = p->dropout_col0;
+    k->diag_offset = p->diag_offset;
+    k->grid_rows = p->varlen.batch ? p->varlen.max_seqlen_q : p->seqlen_q;
+    k->grid_cols = p->varlen.batch ? p->varlen.max_seqlen_k : p->seqlen_k;
     if (p->varlen.batch) {
         k->cu_seqlens_q = p->varlen.cu_seqlens_q;
         k->cu_seqlens_k = p->varlen.cu_seqlens_k;

@@ -18,6 +18,7 @@
 #include "flashattn.h"
 #include "gpu_tests.h"
 #include "harness.h"
+#include "test_arrays.h"
 
 typedef struct gpu_fixture { fa_backend backend; fa_context *ctx; } gpu_fixture;
 
@@ -106,20 +107,98 @@ float from_dtype(const void *x, size_t i, fa_dtype dtype)
     return fa_bf16_to_f32(((const uint16_t *)x)[i]);
 }
 
+/* n values of dtype on the host and their device copy. */
+buffer buffer_new(fa_context *ctx, size_t n, fa_dtype dtype, uint64_t seed)
+{
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    assert_non_null(f);
+    if (seed) {
+        double *x = test_random_doubles(seed, n);
+        for (size_t i = 0; i < n; ++i) f[i] = (float)x[i];
+        free(x);
+    } else {
+        for (size_t i = 0; i < n; ++i) f[i] = NAN; /* outputs: a value never written shows up */
+    }
+    buffer b = {to_dtype(f, n, dtype), NULL, n, dtype};
+    free(f);
+    assert_int_equal(fa_malloc(ctx, (n ? n : 1) * dtype_size(dtype), &b.dev), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, b.dev, b.host, n * dtype_size(dtype)), FA_SUCCESS);
+    return b;
+}
+
+/* The device copy's current contents, as a new host array. */
+void *buffer_fetch(fa_context *ctx, const buffer *b)
+{
+    void *x = malloc((b->n ? b->n : 1) * dtype_size(b->dtype));
+    assert_non_null(x);
+    assert_int_equal(fa_memcpy_d2h(ctx, x, b->dev, b->n * dtype_size(b->dtype)), FA_SUCCESS);
+    return x;
+}
+
+void buffer_free(fa_context *ctx, buffer *b)
+{
+    fa_free(ctx, b->dev);
+    free(b->host);
+}
+
+int32_t *table_upload(fa_context *ctx, const int32_t *t, size_t n)
+{
+    void *dev;
+    assert_int_equal(fa_malloc(ctx, n * sizeof *t, &dev), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, dev, t, n * sizeof *t), FA_SUCCESS);
+    return dev;
+}
+
+/* max |got - want| / max(1, max |want|); equal infinities and NaN against NaN count as equal, any
+ * other non-finite value as INFINITY. */
+double relative_error(const void *got, const void *want, size_t n, fa_dtype dtype)
+{
+    double worst = 0.0, scale = 1.0;
+    for (size_t i = 0; i < n; ++i) {
+        const double g = from_dtype(got, i, dtype), w = from_dtype(want, i, dtype);
+        if (isnan(w) || isnan(g) || isinf(w) || isinf(g)) {
+            if (!(g == w || (isnan(g) && isnan(w)))) return INFINITY;
+            continue;
+        }
+        if (fabs(g - w) > worst) worst = fabs(g - w);
+        if (fabs(w) > scale) scale = fabs(w);
+    }
+    return worst / scale;
+}
+
+/* stored: the arrays' dtype; computed: the dtype whose tolerance applies. */
+void expect_close_as(const char *what, const char *name, const void *got, const void *want, size_t n,
+                            fa_dtype stored, fa_dtype computed)
+{
+    const fa_dtype dtype = computed;
+    const double error = relative_error(got, want, n, stored), tol = fa_case_tolerance(dtype);
+    print_message("  %-24s [%s] %-4s error %.2e (tolerance %.0e)\n", name, fa_dtype_label(dtype), what, error, tol);
+    if (!(error <= tol)) fail_msg("%s [%s]: %s differs from the reference by %g", name, fa_dtype_label(dtype), what, error);
+}
+
+void expect_close(const char *what, const char *name, const void *got, const void *want, size_t n,
+                         fa_dtype dtype)
+{
+    expect_close_as(what, name, got, want, n, dtype, dtype);
+}
+
 /* Q = K = 0 makes P uniform (1/Nk) and V = identity puts element (i, j) of dropout(P) into
  * O[i][j]: O[i][j] = keep(i, j) / ((1 - p) Nk). The recovered mask must equal the shared
  * stream's (fa_dropout_mask) and the CPU backend's output, for two heads of a batch of two.
  * In f16/bf16 the forward may run the tile-MMA kernels (FLASHATTN_GPU_KERNELS), in f32 the
- * generic ones; the value of a kept element is then held to the 16-bit rounding. */
-static void check_dropout_mask(void **state, fa_dtype dtype)
+ * generic ones; the value of a kept element is then held to the 16-bit rounding. blocked: the
+ * call is the block at query row Q0, key K0 of a larger problem (desc->q_offset...), so its mask
+ * must be that block of the global problem's mask. */
+static void check_dropout_mask(void **state, fa_dtype dtype, int blocked)
 {
     fa_context *ctx = context_or_skip(state);
-    enum { B = 2, H = 2, NQ = 37, NK = 48, D = 48 };
+    enum { B = 2, H = 2, NQ = 37, NK = 48, D = 48, Q0 = 70, K0 = 29, GQ = Q0 + NQ + 5, GK = K0 + NK + 3 };
     const float p = 0.3f;
+    const int64_t q0 = blocked ? Q0 : 0, k0 = blocked ? K0 : 0, gq = blocked ? GQ : NQ, gk = blocked ? GK : NK;
     const size_t qn = (size_t)B * NQ * H * D, kn = (size_t)B * NK * H * D, es = dtype_size(dtype);
     float *q = calloc(qn, sizeof *q), *k = calloc(kn, sizeof *k), *v = calloc(kn, sizeof *v);
     float *cpu_out = calloc(qn, sizeof *cpu_out);
-    uint8_t *keep = malloc((size_t)NQ * NK);
+    uint8_t *keep = malloc((size_t)gq * (size_t)gk);
     assert_non_null(q); assert_non_null(k); assert_non_null(v); assert_non_null(cpu_out);
     assert_non_null(keep);
     for (int b = 0; b < B; ++b)
@@ -130,6 +209,10 @@ static void check_dropout_mask(void **state, fa_dtype dtype)
     desc.dropout_p = p;
     desc.dropout_seed = 0x1234abcd5678ULL;
     desc.dropout_offset = 77;
+    desc.q_offset = q0;
+    desc.k_offset = k0;
+    desc.seqlen_q_global = blocked ? GQ : 0;
+    desc.seqlen_k_global = blocked ? GK : 0;
 
     fa_context *cpu = NULL;
     assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &cpu), FA_SUCCESS);
@@ -159,14 +242,14 @@ static void check_dropout_mask(void **state, fa_dtype dtype)
     size_t dropped = 0;
     for (int b = 0; b < B; ++b)
         for (int h = 0; h < H; ++h) {
-            assert_int_equal(fa_dropout_mask(desc.dropout_seed, desc.dropout_offset, p, H, NQ, NK, b, h, keep), FA_SUCCESS);
+            assert_int_equal(fa_dropout_mask(desc.dropout_seed, desc.dropout_offset, p, H, gq, gk, b, h, keep), FA_SUCCESS);
             for (int i = 0; i < NQ; ++i)
                 for (int j = 0; j < NK; ++j) {
                     const size_t at = (((size_t)b * NQ + i) * H + h) * D + j;
                     const float got = from_dtype(out, at, dtype);
                     const int gpu_keep = got > 0.5f * kept_value;
                     const int cpu_keep = cpu_out[at] > 0.5f * kept_value;
-                    if (gpu_keep != keep[(size_t)i * NK + j] || gpu_keep != cpu_keep)
+                    if (gpu_keep != keep[(size_t)(q0 + i) * (size_t)gk + (size_t)(k0 + j)] || gpu_keep != cpu_keep)
                         fail_msg("dropout mask differs at b=%d h=%d i=%d j=%d", b, h, i, j);
                     if (gpu_keep) assert_true(fabsf(got - kept_value) <= tolerance);
                     dropped += !gpu_keep;
@@ -176,9 +259,12 @@ static void check_dropout_mask(void **state, fa_dtype dtype)
     fa_free(ctx, dq); fa_free(ctx, dk); fa_free(ctx, dv); fa_free(ctx, dout);
     free(q); free(k); free(v); free(out); free(cpu_out); free(keep); free(hq); free(hk); free(hv);
 }
-static void test_dropout_mask_matches_cpu(void **state) { check_dropout_mask(state, FA_DTYPE_F32); }
-static void test_dropout_mask_matches_cpu_f16(void **state) { check_dropout_mask(state, FA_DTYPE_F16); }
-static void test_dropout_mask_matches_cpu_bf16(void **state) { check_dropout_mask(state, FA_DTYPE_BF16); }
+static void test_dropout_mask_matches_cpu(void **state) { check_dropout_mask(state, FA_DTYPE_F32, 0); }
+static void test_dropout_mask_matches_cpu_f16(void **state) { check_dropout_mask(state, FA_DTYPE_F16, 0); }
+static void test_dropout_mask_matches_cpu_bf16(void **state) { check_dropout_mask(state, FA_DTYPE_BF16, 0); }
+static void test_block_dropout_mask_matches_cpu(void **state) { check_dropout_mask(state, FA_DTYPE_F32, 1); }
+static void test_block_dropout_mask_matches_cpu_f16(void **state) { check_dropout_mask(state, FA_DTYPE_F16, 1); }
+static void test_block_dropout_mask_matches_cpu_bf16(void **state) { check_dropout_mask(state, FA_DTYPE_BF16, 1); }
 
 /* Keys hidden by padding take no part in the result whatever they hold: NaN in K and V past
  * seqlens_k must leave out, lse and the gradients finite, and dk, dv of the padded keys zero
@@ -308,10 +394,14 @@ static void test_unavailable_is_explained(void **state)
     cmocka_unit_test_setup_teardown(test_dropout_mask_matches_cpu, setup, teardown),                \
     cmocka_unit_test_setup_teardown(test_dropout_mask_matches_cpu_f16, setup, teardown),            \
     cmocka_unit_test_setup_teardown(test_dropout_mask_matches_cpu_bf16, setup, teardown),           \
+    cmocka_unit_test_setup_teardown(test_block_dropout_mask_matches_cpu, setup, teardown),          \
+    cmocka_unit_test_setup_teardown(test_block_dropout_mask_matches_cpu_f16, setup, teardown),      \
+    cmocka_unit_test_setup_teardown(test_block_dropout_mask_matches_cpu_bf16, setup, teardown),     \
     cmocka_unit_test_setup_teardown(test_nan_in_padded_keys_f32, setup, teardown),                  \
     cmocka_unit_test_setup_teardown(test_nan_in_padded_keys_f16, setup, teardown),                  \
     cmocka_unit_test_setup_teardown(test_nan_in_padded_keys_bf16, setup, teardown),                 \
-    GPU_VARLEN_KVCACHE_TESTS(setup, teardown)
+    GPU_VARLEN_KVCACHE_TESTS(setup, teardown),                                                   \
+    GPU_POSITIONS_TESTS(setup, teardown)
 
 /* Exit status 77 tells meson the test was skipped. */
 enum { EXIT_SKIPPED = 77 };

@@ -73,7 +73,7 @@ __device__ __noinline__ bool dropout_keep_element(uint64_t seed, uint64_t offset
 
 __device__ __forceinline__ bool dropout_kept(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    return dropout_keep_element(p.dropout_seed, p.dropout_offset, fa_dropout_element(p, b, h, i, j), p.dropout_p);
+    return dropout_keep_element(p.dropout_seed, p.dropout_offset, fa_element_of(p, b, h, i, j), p.dropout_p);
 }
 
 /* Whether the block mask lets row i see key j, out of line for the same reason (two 64-bit

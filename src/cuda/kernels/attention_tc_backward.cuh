@@ -98,8 +98,8 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
             for (int it = 0; it < L::items(BQ); ++it) {
                 const int c = L::item_col(lane, it);
                 const int64_t i = i0 + c, j = j0 + warp * FA_TC_WARP_ROWS + L::slot_row(lane, L::item_slot(it));
-                const fa_key_range range = fa_visible_keys(i, p.seqlen_q, p.seqlen_k, valid_k, p.causal, p.window_left,
-                                                           p.window_right);
+                const fa_key_range range = fa_visible_keys_at(fa_diagonal_key(i, p.diag_offset), valid_k, p.causal,
+                                                              p.window_left, p.window_right);
                 const bool visible = c < rows && slse[c] != -INFINITY && element_visible(p, range, i, j);
                 const element_terms t = element_gradients(p, visible, st.v[it], dpt.v[it], slse[c], sdelta[c], b, h, i, j);
                 st.v[it] = t.z;

@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads) sink_gradients(const fa_gpu_params p
 
 /* The dbias pass: one block per distinct row tile of dbias (its batch, head and query tile; a
  * single one along each axis dbias broadcasts), over the padded layout's rows and keys
- * (dropout_rows x dropout_cols: seqlen_q x seqlen_k, or max_seqlen_q x max_seqlen_k of a packed
+ * (grid_rows x grid_cols: seqlen_q x seqlen_k, or max_seqlen_q x max_seqlen_k of a packed
  * batch). For each key tile it recomputes the score gradient of every (batch, head, query row)
  * that maps onto its elements, in a fixed order (batch, head, query tile, row), and writes every
  * element, zeros where nothing is visible. Each thread owns fixed elements of the tile (the
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) backward_dbias(const fa_gpu_params p
     float *slse = sv + TILE * ld, *sdelta = slse + TILE, *srow = sdelta + TILE; /* srow: a row per warp */
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
     const bool rows_summed = db.stride_q == 0;
-    const int64_t grid_rows = params.dropout_rows, grid_keys = params.dropout_cols;
+    const int64_t grid_rows = params.grid_rows, grid_keys = params.grid_cols;
     const int64_t i0 = rows_summed ? 0 : static_cast<int64_t>(blockIdx.x) * TILE;
     const int64_t out_rows = rows_summed ? 1 : (grid_rows - i0 < TILE ? grid_rows - i0 : TILE);
     const int64_t batches = params.varlen_batch ? params.varlen_batch : params.batch;

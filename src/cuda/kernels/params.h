@@ -51,7 +51,17 @@ typedef struct fa_gpu_params {
     float *lse;   /* natural log; row i of (b, h) at b * lse_stride_batch + h * lse_stride_head + i */
     float *delta; /* backward: rowsum(dO o O), same layout as lse (context workspace) */
     int64_t lse_stride_batch, lse_stride_head;
-    int64_t dropout_rows, dropout_cols; /* element ((b * heads_q + h) * rows + i) * cols + j */
+    /* Dropout element of (b, h, i, j): fa_dropout_element(b, heads_q, h, dropout_rows, dropout_row0 + i,
+     * dropout_cols, dropout_col0 + j) (src/common/philox.h). Dense: seqlen_q x seqlen_k from 0; a
+     * block of a larger problem (desc->q_offset...): the global grid from its global row and key. */
+    int64_t dropout_rows, dropout_cols;
+    int64_t dropout_row0, dropout_col0;
+    /* Query row i's causal/window/ALiBi diagonal is local key fa_diagonal_key(i, diag_offset)
+     * (src/common/visibility.h): seqlen_k - seqlen_q, or a block's global diagonal. */
+    int64_t diag_offset;
+    /* The padded layout the dbias pass covers: seqlen_q x seqlen_k, max_seqlen_q x max_seqlen_k of
+     * a packed batch. */
+    int64_t grid_rows, grid_cols;
     /* Packed varlen batch: [varlen_batch + 1] offsets in device memory, or NULL. batch is then 1,
      * seqlen_q and seqlen_k the total rows; kernels see one sequence per blockIdx.z through
      * fa_sequence_params. */

@@ -33,7 +33,7 @@ __device__ __forceinline__ float fa_score_log2(const fa_gpu_params &p, int64_t b
         if (dscore) *dscore = 1.0f - t * t;
     }
     if (p.alibi_slopes)
-        s -= p.alibi_slopes[b * p.alibi_stride_batch + h] * fabsf(static_cast<float>(i + p.seqlen_k - p.seqlen_q - j));
+        s -= p.alibi_slopes[b * p.alibi_stride_batch + h] * fabsf(static_cast<float>(fa_diagonal_key(i, p.diag_offset) - j));
     if (p.bias.data) s += fa_load_elem(p.bias.data, fa_bias_index(p.bias, b, h, i, j), p.bias.dtype);
     return s * FA_LOG2E;
 }

@@ -63,7 +63,8 @@ __device__ __forceinline__ int64_t fa_loaded_keys(const fa_gpu_params &p, int64_
 
 __device__ __forceinline__ fa_key_range fa_row_keys(const fa_gpu_params &p, int64_t b, int64_t i)
 {
-    return fa_visible_keys(i, p.seqlen_q, p.seqlen_k, fa_valid_keys(p, b), p.causal, p.window_left, p.window_right);
+    return fa_visible_keys_at(fa_diagonal_key(i, p.diag_offset), fa_valid_keys(p, b), p.causal, p.window_left,
+                              p.window_right);
 }
 
 /* Keys [lo, hi) any row of the query tile [i0, i0 + rows) may see: lo and hi of fa_visible_keys
@@ -109,17 +110,20 @@ __device__ __forceinline__ bool fa_element_visible(const fa_gpu_params &p, fa_ke
     return !p.block_mask || p.block_mask[(i / p.mask_block_q) * p.mask_cols + j / p.mask_block_k] != 0;
 }
 
-/* The shared Philox stream's element index of (b, h, i, j): the dense layout's, or for a packed
- * batch the padded layout's (sequence b, rows of max_seqlen_q x max_seqlen_k). */
-__device__ __forceinline__ uint64_t fa_dropout_element(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
+/* The shared Philox stream's element index of (b, h, i, j): the dense layout's, a block's global
+ * element (block positions), or for a packed batch the padded layout's (sequence b, rows of
+ * max_seqlen_q x max_seqlen_k). */
+__device__ __forceinline__ uint64_t fa_element_of(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    return ((static_cast<uint64_t>(b) * p.heads_q + h) * p.dropout_rows + i) * p.dropout_cols + j;
+    return fa_dropout_element(static_cast<uint64_t>(b), static_cast<uint64_t>(p.heads_q), static_cast<uint64_t>(h),
+                              static_cast<uint64_t>(p.dropout_rows), static_cast<uint64_t>(p.dropout_row0 + i),
+                              static_cast<uint64_t>(p.dropout_cols), static_cast<uint64_t>(p.dropout_col0 + j));
 }
 
 /* The shared Philox dropout stream (src/common/philox.h): element (b, h, i, j). */
 __device__ __forceinline__ bool fa_dropout_kept(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    return fa_dropout_keep(p.dropout_seed, p.dropout_offset, fa_dropout_element(p, b, h, i, j), p.dropout_p) != 0;
+    return fa_dropout_keep(p.dropout_seed, p.dropout_offset, fa_element_of(p, b, h, i, j), p.dropout_p) != 0;
 }
 
 /* Where row i of (b, h) sits in lse and delta. */
@@ -151,6 +155,7 @@ __device__ __forceinline__ fa_gpu_params fa_sequence_params(const fa_gpu_params 
     const int64_t q0 = in.cu_seqlens_q[b], k0 = in.cu_seqlens_k[b];
     p.seqlen_q = in.cu_seqlens_q[b + 1] - q0;
     p.seqlen_k = in.cu_seqlens_k[b + 1] - k0;
+    p.diag_offset = p.seqlen_k - p.seqlen_q; /* bottom-right within the sequence */
     p.q = fa_rows_from(in.q, q0, in.dtype);
     p.out = fa_rows_from(in.out, q0, in.dtype);
     p.dout = fa_rows_from(in.dout, q0, in.dtype);
