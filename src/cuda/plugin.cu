@@ -588,32 +588,39 @@ static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     return st;
 }
 
-static const fa_backend_iface g_iface = {
-    FA_BACKEND_ABI_VERSION,
-    FA_PLUGIN_KIND,
-    FA_GPU_VENDOR,
-    gpu_device_count,
-    gpu_open,
-    gpu_close,
-    gpu_set_num_threads,
-    gpu_set_stream,
-    gpu_synchronize,
-    gpu_mem_alloc,
-    gpu_mem_free,
-    gpu_copy_h2d,
-    gpu_copy_d2h,
-    gpu_tiling,
-    gpu_info,
-    gpu_forward,
-    gpu_backward,
+/* The table by member name (C++17 has no designated initialisers): a reordered or appended
+ * member of fa_backend_iface cannot shift the others. */
+static fa_backend_iface plugin_iface()
+{
+    fa_backend_iface t = {};
+    t.abi_version = FA_BACKEND_ABI_VERSION;
+    t.kind = FA_PLUGIN_KIND;
+    t.name = FA_GPU_VENDOR;
+    t.device_count = gpu_device_count;
+    t.open = gpu_open;
+    t.close = gpu_close;
+    t.set_num_threads = gpu_set_num_threads;
+    t.set_stream = gpu_set_stream;
+    t.synchronize = gpu_synchronize;
+    t.mem_alloc = gpu_mem_alloc;
+    t.mem_free = gpu_mem_free;
+    t.copy_h2d = gpu_copy_h2d;
+    t.copy_d2h = gpu_copy_d2h;
+    t.tiling = gpu_tiling;
+    t.info = gpu_info;
+    t.forward = gpu_forward;
+    t.backward = gpu_backward;
     /* tensors and tables are device memory: their checks run on the device */
-    FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS | FA_BACKEND_POSITION_OFFSETS,
-    gpu_forward_kvcache,
-};
+    t.features = FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS | FA_BACKEND_POSITION_OFFSETS;
+    t.forward_kvcache = gpu_forward_kvcache;
+    return t;
+}
+
 
 extern "C" __attribute__((visibility("default"))) const fa_backend_iface *fa_backend_plugin_entry(const fa_host_api *host)
 {
     if (!host || host->abi_version != FA_BACKEND_ABI_VERSION || !host->set_error) return NULL;
     g_host = host;
-    return &g_iface;
+    static const fa_backend_iface iface = plugin_iface();
+    return &iface;
 }
