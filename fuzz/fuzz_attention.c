@@ -5,6 +5,9 @@
  *    allocation failure), with a message;
  *  - a failed call wrote no output;
  *  - on success, out, lse, dq, dk and dv match the double-precision oracle (tests/oracle.h).
+ * Trailing bytes (after the problem) switch on the block positions (q_offset, k_offset, global
+ * lengths) and the score modifiers (softcap, ALiBi, sinks, bias); fa_backward_ex's dsinks and dbias
+ * are then checked against the oracle too.
  * Buffers are allocated to their exact extent, so AddressSanitizer sees any out-of-bounds access.
  * Input layout: fuzz/README.md. Build and run: scripts/ci-fuzz.sh. */
 #include <math.h>
@@ -14,6 +17,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/dtype.h"
 #include "common/half.h"
 #include "flashattn.h"
 #include "oracle.h"
@@ -37,6 +41,9 @@ enum flags {
     F_CORRUPT = 128
 };
 
+/* The extras byte, read after everything else so that older inputs decode as before. */
+enum extras { X_POSITIONS = 1, X_SOFTCAP = 2, X_ALIBI = 4, X_ALIBI_PER_BATCH = 8, X_SINKS = 16, X_BIAS = 32 };
+
 typedef struct problem {
     oracle_shape s;
     fa_dtype dtype;
@@ -48,6 +55,10 @@ typedef struct problem {
     float *lse;
     double amplitude;
     uint64_t value_seed;
+    float slopes[3 * 9], sinks[9], dsinks[9];
+    fa_bias bias, dbias;
+    size_t bias_elements;          /* of bias and of dbias (same packed layout) */
+    double modifier_max;           /* bound on |ALiBi| + |bias| + |sink|, for the tolerances */
 } problem;
 
 /* Explicit strides with gaps, or a [batch, heads, seqlen, head_dim] layout; exact-size buffer. */
@@ -153,6 +164,71 @@ static int untouched(const fa_tensor *t)
     return 1;
 }
 
+/* A bias over [batch, heads_q, seqlen_q, seqlen_k], packed, broadcast along the axes whose bit is
+ * set in `broadcast` (1 batch, 2 heads, 4 rows): the layout oracle_dbias_shape gives its dbias. */
+static void make_bias(fa_bias *bias, fa_dtype dtype, const oracle_shape *s, uint8_t broadcast, size_t *count)
+{
+    const int64_t rows = broadcast & 4 ? 1 : s->seqlen_q, heads = broadcast & 2 ? 1 : s->heads_q;
+    const int64_t batches = broadcast & 1 ? 1 : s->batch;
+    *bias = (fa_bias){NULL, dtype, broadcast & 1 ? 0 : heads * rows * s->seqlen_k,
+                      broadcast & 2 ? 0 : rows * s->seqlen_k, broadcast & 4 ? 0 : s->seqlen_k};
+    *count = (size_t)(batches * heads * rows * s->seqlen_k);
+    bias->data = malloc(*count * fa_dtype_size(dtype));
+}
+
+static void decode_extras(reader *r, problem *p, uint64_t *rng)
+{
+    const uint8_t extras = next(r);
+    const oracle_shape *s = &p->s;
+    fa_attention_desc *desc = &p->desc;
+    if (extras & X_POSITIONS) {
+        /* This problem as a block of a larger one: both offsets and both global lengths vary. */
+        desc->q_offset = next(r) % 9;
+        desc->k_offset = next(r) % 9;
+        desc->seqlen_q_global = desc->q_offset + s->seqlen_q + next(r) % 9;
+        desc->seqlen_k_global = desc->k_offset + s->seqlen_k + next(r) % 9;
+    }
+    if (extras & X_SOFTCAP) desc->softcap = 0.5f + (float)(next(r) % 64) * 0.25f;
+    if (extras & X_ALIBI) {
+        desc->alibi_per_batch = (extras & X_ALIBI_PER_BATCH) != 0;
+        const int64_t n = (desc->alibi_per_batch ? s->batch : 1) * s->heads_q;
+        float max_slope = 0.0f;
+        for (int64_t x = 0; x < n; ++x) {
+            p->slopes[x] = (float)(next(r) % 65) / 64.0f;
+            max_slope = p->slopes[x] > max_slope ? p->slopes[x] : max_slope;
+        }
+        desc->alibi_slopes = p->slopes;
+        const int64_t reach = (desc->seqlen_q_global ? desc->seqlen_q_global : s->seqlen_q) +
+                              (desc->seqlen_k_global ? desc->seqlen_k_global : s->seqlen_k);
+        p->modifier_max += (double)max_slope * (double)reach;
+    }
+    if (extras & X_SINKS) {
+        double max_sink = 0.0;
+        for (int64_t h = 0; h < s->heads_q; ++h) {
+            const uint8_t b = next(r);
+            p->sinks[h] = b == 255 ? -INFINITY : (float)(b % 33) - 16.0f; /* -inf: a head without a sink */
+            if (b != 255 && fabs((double)p->sinks[h]) > max_sink) max_sink = fabs((double)p->sinks[h]);
+        }
+        desc->sinks = p->sinks;
+        p->modifier_max += max_sink;
+    }
+    if (extras & X_BIAS) {
+        const fa_dtype dtype = (fa_dtype)(next(r) % 3);
+        const uint8_t broadcast = next(r) & 7;
+        const double amplitude = 0.25 * (double)(1 + next(r) % 16);
+        make_bias(&p->bias, dtype, s, broadcast, &p->bias_elements);
+        make_bias(&p->dbias, FA_DTYPE_F32, s, broadcast, &p->bias_elements);
+        for (size_t x = 0; x < p->bias_elements; ++x) {
+            const double u = (double)(splitmix(rng) >> 11) * 0x1p-53 * 2.0 - 1.0;
+            const float value = (float)(u * amplitude);
+            if (dtype == FA_DTYPE_F32) ((float *)p->bias.data)[x] = value;
+            else ((uint16_t *)p->bias.data)[x] = dtype == FA_DTYPE_F16 ? fa_f32_to_f16(value) : fa_f32_to_bf16(value);
+        }
+        desc->bias = &p->bias;
+        p->modifier_max += amplitude;
+    }
+}
+
 static void decode(reader *r, problem *p, uint8_t flags)
 {
     p->dtype = (fa_dtype)(next(r) % 3);
@@ -208,6 +284,7 @@ static void decode(reader *r, problem *p, uint8_t flags)
     fill(&p->k, &rng, p->amplitude);
     fill(&p->v, &rng, p->amplitude);
     fill(&p->dout, &rng, 1.0);
+    decode_extras(r, p, &rng);
 }
 
 /* FUZZ_VERBOSE=1: print the decoded problem, to turn a crash input into a readable reproducer. */
@@ -218,12 +295,17 @@ static void describe(const problem *p, uint8_t flags, uint8_t corruption, uint8_
     fprintf(stderr,
             "problem: %s batch %lld heads_q %lld heads_kv %lld seqlen_q %lld seqlen_k %lld head_dim %lld\n"
             "  causal %d window (%d, %d) padding %s dropout %g block_mask %s scale %g amplitude %g strided %d\n"
-            "  corrupt %s (mode %u) alloc_fault %u\n",
+            "  corrupt %s (mode %u) alloc_fault %u\n"
+            "  positions q %lld/%lld k %lld/%lld softcap %g alibi %s%s sinks %s bias %s\n",
             dtypes[p->dtype], (long long)s->batch, (long long)s->heads_q, (long long)s->heads_kv,
             (long long)s->seqlen_q, (long long)s->seqlen_k, (long long)s->head_dim, p->desc.causal,
             p->desc.window_left, p->desc.window_right, p->desc.seqlens_k ? "yes" : "no", (double)p->desc.dropout_p,
             p->desc.block_mask ? "yes" : "no", (double)p->desc.softmax_scale, p->amplitude, (flags & F_STRIDED) != 0,
-            flags & F_CORRUPT ? "yes" : "no", (unsigned)(corruption % 10), (unsigned)alloc_fault);
+            flags & F_CORRUPT ? "yes" : "no", (unsigned)(corruption % 10), (unsigned)alloc_fault,
+            (long long)p->desc.q_offset, (long long)p->desc.seqlen_q_global, (long long)p->desc.k_offset,
+            (long long)p->desc.seqlen_k_global, (double)p->desc.softcap, p->desc.alibi_slopes ? "yes" : "no",
+            p->desc.alibi_per_batch ? " (per batch)" : "", p->desc.sinks ? "yes" : "no",
+            p->desc.bias ? dtypes[p->bias.dtype] : "no");
 }
 
 static void free_problem(problem *p)
@@ -231,6 +313,8 @@ static void free_problem(problem *p)
     fa_tensor *ts[] = {&p->q, &p->k, &p->v, &p->out, &p->dout, &p->dq, &p->dk, &p->dv}; /* data never corrupted */
     for (size_t i = 0; i < 8; ++i) free(ts[i]->data);
     free(p->lse);
+    free(p->bias.data);
+    free(p->dbias.data);
 }
 
 /* Breaks one argument in a way the documentation says is invalid. */
@@ -297,7 +381,7 @@ static void check_against_oracle(problem *p, int backward)
     double *out = malloc(nq * sizeof *out), *lse = malloc(rows * sizeof *lse);
     oracle_forward(s, &p->desc, q, k, v, out, lse);
     const double scale = p->desc.softmax_scale != 0.0f ? p->desc.softmax_scale : 1.0 / sqrt((double)s->head_dim);
-    const double score_max = fabs(scale) * qmax * kmax * (double)s->head_dim;
+    const double score_max = fabs(scale) * qmax * kmax * (double)s->head_dim + p->modifier_max;
     const double keep = p->desc.dropout_p > 0.0f ? 1.0 / (1.0 - p->desc.dropout_p) : 1.0;
     if (!backward) {
         const double tol = tolerance(p->dtype, vmax * keep, score_max);
@@ -312,7 +396,8 @@ static void check_against_oracle(problem *p, int backward)
         double dout_max = 0.0;
         double *dout = to_doubles(&p->dout, &dout_max);
         double *dq = malloc(nq * sizeof *dq), *dk = malloc(nk * sizeof *dk), *dv = malloc(nk * sizeof *dv);
-        oracle_backward(s, &p->desc, q, k, v, dout, dq, dk, dv);
+        double dsinks[9], *dbias = p->desc.bias ? malloc(p->bias_elements * sizeof *dbias) : NULL;
+        oracle_backward_ex(s, &p->desc, q, k, v, dout, dq, dk, dv, p->desc.sinks ? dsinks : NULL, dbias);
         /* The backend gets O as stored in the dtype, the oracle recomputes it exactly: the error of
          * D = rowsum(dO o O) is up to d |dO| |O| u (|O| <= |V| / (1 - p)). Through dS = P o (dP - D)
          * it reaches dQ_i = tau sum_j dS_ij K_j weighted by sum_j P_ij <= 1, and dK_j, which sums
@@ -327,6 +412,24 @@ static void check_against_oracle(problem *p, int backward)
         if (!((err = max_error(&p->dq, dq)) <= dq_tol)) report("dq", err, dq_tol);
         if (!((err = max_error(&p->dk, dk)) <= dk_tol)) report("dk", err, dk_tol);
         if (!((err = max_error(&p->dv, dv)) <= dv_tol)) report("dv", err, dv_tol);
+        /* dsinks and dbias sum dS-sized terms (|dS| <= P (|dP| + |D|), |dP|, |D| <= d |dO| |V| / (1 - p))
+         * over the rows (and the bias's broadcast axes): each term carries the error of dP and D. */
+        const double ds_max = 2.0 * (double)s->head_dim * dout_max * vmax * keep;
+        const double term_tol = tolerance(p->dtype, ds_max, score_max) + delta_err;
+        if (p->desc.sinks) {
+            const double sink_tol = (double)(s->batch * s->seqlen_q) * term_tol;
+            for (int64_t h = 0; h < s->heads_q; ++h)
+                if (!((err = fabs((double)p->dsinks[h] - dsinks[h])) <= sink_tol)) report("dsinks", err, sink_tol);
+        }
+        if (dbias) {
+            const double summed = (double)((p->bias.stride_batch ? 1 : s->batch) * (p->bias.stride_head ? 1 : s->heads_q) *
+                                           (p->bias.stride_q ? 1 : s->seqlen_q));
+            const double bias_tol = summed * term_tol;
+            const float *got = p->dbias.data;
+            for (size_t x = 0; x < p->bias_elements; ++x)
+                if (!((err = fabs((double)got[x] - dbias[x])) <= bias_tol)) report("dbias", err, bias_tol);
+        }
+        free(dbias);
         free(dout);
         free(dq);
         free(dk);
@@ -367,6 +470,31 @@ static void expect_failure(fa_status st, fa_status expected, const char *call, i
     }
 }
 
+static int all_ff(const void *data, size_t bytes)
+{
+    const uint8_t *b = data;
+    for (size_t i = 0; i < bytes; ++i)
+        if (b[i] != 0xff) return 0;
+    return 1;
+}
+
+static int modifier_grads_untouched(const problem *p)
+{
+    return (!p->desc.sinks || all_ff(p->dsinks, sizeof p->dsinks)) &&
+           (!p->desc.bias || all_ff(p->dbias.data, p->bias_elements * sizeof(float)));
+}
+
+/* fa_backward, or fa_backward_ex with dsinks/dbias (poisoned first) when the desc has sinks or a bias. */
+static fa_status backward(fa_context *ctx, problem *p)
+{
+    if (!p->desc.sinks && !p->desc.bias)
+        return fa_backward(ctx, &p->desc, &p->q, &p->k, &p->v, &p->out, &p->dout, p->lse, &p->dq, &p->dk, &p->dv);
+    memset(p->dsinks, 0xff, sizeof p->dsinks);
+    if (p->desc.bias) memset(p->dbias.data, 0xff, p->bias_elements * sizeof(float));
+    return fa_backward_ex(ctx, &p->desc, &p->q, &p->k, &p->v, &p->out, &p->dout, p->lse, &p->dq, &p->dk, &p->dv,
+                          p->desc.sinks ? p->dsinks : NULL, p->desc.bias ? &p->dbias : NULL);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     reader r = {data, size, 0};
@@ -404,14 +532,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     poison(&p.dk);
     poison(&p.dv);
     fa_debug_fail_allocation(fail_at);
-    st = fa_backward(ctx, &p.desc, &p.q, &p.k, &p.v, &p.out, &p.dout, p.lse, &p.dq, &p.dk, &p.dv);
+    st = backward(ctx, &p);
     const size_t backward_allocations = fa_debug_fail_allocation(0);
     if (flags & F_CORRUPT) {
-        expect_failure(st, FA_ERROR_INVALID_VALUE, "fa_backward", untouched(&p.dq) && untouched(&p.dk) && untouched(&p.dv));
+        expect_failure(st, FA_ERROR_INVALID_VALUE, "fa_backward", untouched(&p.dq) && untouched(&p.dk) && untouched(&p.dv) &&
+                                                                  modifier_grads_untouched(&p));
     } else {
         if (fail_at && fail_at <= backward_allocations) {
             expect_failure(st, FA_ERROR_OUT_OF_MEMORY, "fa_backward", 1);
-            st = fa_backward(ctx, &p.desc, &p.q, &p.k, &p.v, &p.out, &p.dout, p.lse, &p.dq, &p.dk, &p.dv);
+            st = backward(ctx, &p);
         }
         if (st != FA_SUCCESS) {
             fprintf(stderr, "fuzz_attention: fa_backward failed on a valid problem: %s\n", fa_last_error());
