@@ -62,24 +62,70 @@ static fa_status zero_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64
     return FA_SUCCESS;
 }
 
+/* A dbias shared by the sequences (stride_batch 0) is their sum: each sequence writes its part
+ * into an f32 block of dbias's broadcast shape (zeroed first: its padding has no gradient), the
+ * parts are added to the total in sequence order (deterministic), and the total is stored once. */
+typedef struct shared_dbias {
+    fa_bias part;      /* f32, packed, dbias's broadcast: what one sequence's backward writes */
+    float *total;
+    int64_t heads, rows, keys;
+} shared_dbias;
+
+static fa_status shared_dbias_begin(const fa_problem *p, shared_dbias *sh)
+{
+    sh->heads = p->dbias.stride_head ? p->heads_q : 1;
+    sh->rows = p->dbias.stride_q ? p->varlen.max_seqlen_q : 1;
+    sh->keys = p->varlen.max_seqlen_k;
+    const size_t count = (size_t)(sh->heads * sh->rows * sh->keys);
+    sh->part = (fa_bias){fa_host_alloc((count ? count : 1) * sizeof(float)), FA_DTYPE_F32, 0,
+                         p->dbias.stride_head ? sh->rows * sh->keys : 0, p->dbias.stride_q ? sh->keys : 0};
+    sh->total = fa_host_calloc(count ? count : 1, sizeof(float));
+    if (sh->part.data && sh->total) return FA_SUCCESS;
+    fa_host_free(sh->part.data);
+    fa_host_free(sh->total);
+    return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "varlen backward: cannot allocate the sum of a dbias shared by the "
+                        "sequences (%zu floats, twice)", count);
+}
+
+static void shared_dbias_add_part(shared_dbias *sh)
+{
+    const float *part = sh->part.data;
+    for (int64_t x = 0; x < sh->heads * sh->rows * sh->keys; ++x) sh->total[x] += part[x];
+}
+
+static void shared_dbias_end(const fa_problem *p, shared_dbias *sh, fa_status st)
+{
+    for (int64_t h = 0; st == FA_SUCCESS && h < sh->heads; ++h)
+        for (int64_t i = 0; i < sh->rows; ++i)
+            fa_cpu_store_bias_row(&p->dbias, 0, h, i, 0, sh->total + (h * sh->rows + i) * sh->keys, sh->keys);
+    fa_host_free(sh->part.data);
+    fa_host_free(sh->total);
+}
+
 fa_status fa_cpu_varlen_run(void *state, const fa_problem *p, int backward)
 {
     const fa_cpu_kernels *kern = ((const fa_cpu_state *)state)->kernels;
     const int32_t *cq = p->varlen.cu_seqlens_q, *ck = p->varlen.cu_seqlens_k;
     fa_status st = FA_SUCCESS;
-    if (p->dbias.data) {
-        /* Sequences run one after another; a dbias shared by them would need their sum. */
-        if (!p->dbias.stride_batch)
-            return fa_set_error(FA_ERROR_NOT_SUPPORTED, "dbias: stride_batch 0 (one bias shared by the sequences) "
-                                "is not supported with desc->varlen on the cpu backend; give each sequence its own");
+    shared_dbias shared = {0};
+    const int dbias_shared = p->dbias.data && !p->dbias.stride_batch;
+    if (dbias_shared) {
+        st = shared_dbias_begin(p, &shared);
+        if (st) return st;
+    } else if (p->dbias.data) {
         /* the padding of each sequence's block (rows and keys past its lengths) stays zero */
         fa_cpu_zero_bias(&p->dbias, p->varlen.batch, p->heads_q, p->varlen.max_seqlen_q, p->varlen.max_seqlen_k);
     }
     for (int64_t b = 0; b < p->varlen.batch && st == FA_SUCCESS; ++b) {
         const int64_t q0 = cq[b], len_q = cq[b + 1] - cq[b], k0 = ck[b], len_k = ck[b + 1] - ck[b];
         if (len_q > 0 && len_k > 0) {
-            const fa_problem s = sequence_problem(p, b, q0, len_q, k0, len_k);
+            fa_problem s = sequence_problem(p, b, q0, len_q, k0, len_k);
+            if (dbias_shared) {
+                s.dbias = shared.part;
+                fa_cpu_zero_bias(&s.dbias, 1, p->heads_q, shared.rows, shared.keys);
+            }
             st = backward ? fa_cpu_backward(state, &s) : fa_cpu_forward(state, &s);
+            if (dbias_shared && st == FA_SUCCESS) shared_dbias_add_part(&shared);
         } else if (backward) { /* no score exists: zero gradients */
             st = zero_rows(&p->dq, kern, q0, len_q);
             if (st == FA_SUCCESS) st = zero_rows(&p->dk, kern, k0, len_k);
@@ -90,5 +136,6 @@ fa_status fa_cpu_varlen_run(void *state, const fa_problem *p, int backward)
                 for (int64_t i = 0; i < len_q; ++i) p->lse[fa_lse_index(p, 0, h, q0 + i)] = fa_cpu_sink(p, h); /* -inf, or the sink alone */
         }
     }
+    if (dbias_shared) shared_dbias_end(p, &shared, st);
     return st;
 }

@@ -4,7 +4,8 @@
  * max_seqlen bounds. Dropout draws the padded layout's element, so those cases are checked
  * against the oracle on the padded batch and against the library's own padded run. Every case
  * is also run with 1 and 2 threads (bit-identical). Bad varlen arguments: status, message,
- * nothing written. */
+ * nothing written. Score modifiers on a packed batch (per-sequence slopes and bias blocks, a bias
+ * shared by the sequences, sinks) against the same per-sequence oracle runs. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -373,6 +374,163 @@ static void test_cases(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) run_case(&cases[i]);
 }
 
+/* ---- score modifiers on a packed batch: softcap, per-sequence ALiBi slopes, sinks (dsinks summed
+ * over the sequences), a bias whose block b belongs to sequence b, or one bias shared by every
+ * sequence (stride_batch 0: dbias is the sum of the sequences' parts) ---- */
+enum { BROADCAST_BATCH = 1, BROADCAST_HEADS = 2, BROADCAST_ROWS = 4 };
+
+typedef struct modifier_run {
+    float *slopes, sinks[8], dsinks[8], *bias, *dbias;
+    fa_bias bias_desc, dbias_desc;
+    int64_t nb, nh, nr; /* the bias's extent: batches, heads, rows (1 where it broadcasts) */
+} modifier_run;
+
+static void modifiers_setup(modifier_run *m, varlen_run *r, const varlen_case *c, int broadcast)
+{
+    memset(m, 0, sizeof *m);
+    m->slopes = malloc((size_t)(c->batch * c->heads_q) * sizeof(float));
+    assert_non_null(m->slopes);
+    for (int64_t x = 0; x < c->batch * c->heads_q; ++x) m->slopes[x] = 0.05f * (float)(1 + x % 4);
+    for (int64_t h = 0; h < c->heads_q; ++h) m->sinks[h] = h % 2 ? -1.0f : 0.5f;
+    m->nb = broadcast & BROADCAST_BATCH ? 1 : c->batch;
+    m->nh = broadcast & BROADCAST_HEADS ? 1 : c->heads_q;
+    m->nr = broadcast & BROADCAST_ROWS ? 1 : r->max_q;
+    const size_t n = (size_t)(m->nb * m->nh * m->nr * r->max_k);
+    double *values = test_random_doubles(5, n);
+    m->bias = malloc(n * sizeof(float));
+    assert_non_null(m->bias);
+    for (size_t x = 0; x < n; ++x) m->bias[x] = (float)(0.5 * values[x]);
+    free(values);
+    m->dbias = test_nan_floats(n);
+    m->bias_desc = (fa_bias){m->bias, FA_DTYPE_F32, broadcast & BROADCAST_BATCH ? 0 : m->nh * m->nr * r->max_k,
+                             broadcast & BROADCAST_HEADS ? 0 : m->nr * r->max_k, broadcast & BROADCAST_ROWS ? 0 : r->max_k};
+    m->dbias_desc = m->bias_desc;
+    m->dbias_desc.data = m->dbias;
+    r->desc.softcap = 3.0f;
+    r->desc.alibi_slopes = m->slopes;
+    r->desc.alibi_per_batch = 1;
+    r->desc.sinks = m->sinks;
+    r->desc.bias = &m->bias_desc;
+}
+
+static fa_status modifiers_library(fa_context *ctx, varlen_run *r, modifier_run *m)
+{
+    fa_status st = fa_forward(ctx, &r->desc, &r->tq.t, &r->tk.t, &r->tv.t, &r->tout.t, r->lse);
+    if (st == FA_SUCCESS)
+        st = fa_backward_ex(ctx, &r->desc, &r->tq.t, &r->tk.t, &r->tv.t, &r->tout.t, &r->tdout.t, r->lse, &r->tdq.t,
+                            &r->tdk.t, &r->tdv.t, m->dsinks, &m->dbias_desc);
+    return st;
+}
+
+/* The oracle per sequence, with that sequence's slopes and bias block; dsinks and a shared dbias
+ * summed over the sequences. */
+static void modifiers_reference(const varlen_case *c, const varlen_run *r, const modifier_run *m, reference *ref,
+                                double *dsinks, double *dbias)
+{
+    const int64_t hq = c->heads_q, hk = c->heads_kv, dim = c->head_dim;
+    for (int64_t b = 0; b < c->batch; ++b) {
+        const int64_t lq = c->len_q[b], lk = c->len_k[b];
+        for (int64_t h = 0; lk == 0 && h < hq; ++h) /* no key: lse is the sink alone */
+            for (int64_t i = 0; i < lq; ++i) ref->lse[h * r->total_q + r->cu_q[b] + i] = m->sinks[h];
+        if (lq == 0 || lk == 0) continue;
+        fa_attention_desc d = r->desc;
+        d.varlen = NULL;
+        d.alibi_slopes = m->slopes + b * hq;
+        d.alibi_per_batch = 0;
+        fa_bias block = m->bias_desc;
+        block.data = m->bias + b * m->bias_desc.stride_batch;
+        block.stride_batch = 0;
+        d.bias = &block;
+        const oracle_shape s = {1, hq, hk, lq, lk, dim};
+        const size_t qo = (size_t)(r->cu_q[b] * hq * dim), ko = (size_t)(r->cu_k[b] * hk * dim);
+        fa_bias packed;
+        size_t count;
+        oracle_dbias_shape(&s, &d, &packed, &count);
+        double *lse = malloc((size_t)(hq * lq) * sizeof *lse), *ds = malloc((size_t)hq * sizeof *ds);
+        double *db = malloc(count * sizeof *db);
+        assert_true(lse && ds && db);
+        oracle_forward(&s, &d, r->q + qo, r->k + ko, r->v + ko, ref->out + qo, lse);
+        for (int64_t h = 0; h < hq; ++h)
+            for (int64_t i = 0; i < lq; ++i) ref->lse[h * r->total_q + r->cu_q[b] + i] = lse[h * lq + i];
+        oracle_backward_ex(&s, &d, r->q + qo, r->k + ko, r->v + ko, r->dout + qo, ref->dq + qo, ref->dk + ko,
+                           ref->dv + ko, ds, db);
+        for (int64_t h = 0; h < hq; ++h) dsinks[h] += ds[h];
+        /* sequence b's dbias (rows lq or 1, keys lk) into its block of the [nb, nh, nr, max_k] layout */
+        const int64_t rows = packed.stride_q ? lq : 1, bb = m->nb > 1 ? b : 0;
+        for (int64_t h = 0; h < m->nh; ++h)
+            for (int64_t i = 0; i < rows; ++i)
+                for (int64_t j = 0; j < lk; ++j)
+                    dbias[((bb * m->nh + h) * m->nr + i) * r->max_k + j] +=
+                        db[(size_t)(h * packed.stride_head + i * packed.stride_q + j)];
+        free(lse);
+        free(ds);
+        free(db);
+    }
+}
+
+static void run_modifier_case(const varlen_case *c, int broadcast)
+{
+    fa_context *ctx;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
+    assert_int_equal(fa_context_set_num_threads(ctx, 2), FA_SUCCESS);
+    varlen_run r;
+    modifier_run m;
+    run_setup(&r, c);
+    modifiers_setup(&m, &r, c, broadcast);
+    if (modifiers_library(ctx, &r, &m) != FA_SUCCESS) fail_msg("%s: %s", c->name, fa_last_error());
+
+    const size_t nq = (size_t)(r.total_q * c->heads_q * c->head_dim);
+    const size_t nk = (size_t)(r.total_k * c->heads_kv * c->head_dim), nl = (size_t)(c->heads_q * r.total_q);
+    const size_t nbias = (size_t)(m.nb * m.nh * m.nr * r.max_k);
+    reference ref = {calloc(nq, sizeof(double)), malloc(nl * sizeof(double)), calloc(nq, sizeof(double)),
+                     calloc(nk, sizeof(double)), calloc(nk, sizeof(double))};
+    double *dsinks = calloc((size_t)c->heads_q, sizeof *dsinks), *dbias = calloc(nbias, sizeof *dbias);
+    assert_true(ref.out && ref.lse && ref.dq && ref.dk && ref.dv && dsinks && dbias);
+    for (size_t i = 0; i < nl; ++i) ref.lse[i] = -INFINITY;
+    modifiers_reference(c, &r, &m, &ref, dsinks, dbias);
+    float *out = tensor_packed(&r.tout), *dq = tensor_packed(&r.tdq), *dk = tensor_packed(&r.tdk);
+    float *dv = tensor_packed(&r.tdv);
+    printf("  modifiers, bias broadcast %d:\n", broadcast);
+    check_result("out", c->name, test_relative_error(ref.out, out, nq), OUT_TOL);
+    check_result("lse", c->name, test_relative_error(ref.lse, r.lse, nl), OUT_TOL);
+    check_result("dq", c->name, test_relative_error(ref.dq, dq, nq), GRAD_TOL);
+    check_result("dk", c->name, test_relative_error(ref.dk, dk, nk), GRAD_TOL);
+    check_result("dv", c->name, test_relative_error(ref.dv, dv, nk), GRAD_TOL);
+    check_result("dsinks", c->name, test_relative_error(dsinks, m.dsinks, (size_t)c->heads_q), GRAD_TOL);
+    check_result("dbias", c->name, test_relative_error(dbias, m.dbias, nbias), GRAD_TOL);
+
+    /* One thread: the same bits. */
+    varlen_run one;
+    modifier_run m1;
+    run_setup(&one, c);
+    modifiers_setup(&m1, &one, c, broadcast);
+    assert_int_equal(fa_context_set_num_threads(ctx, 1), FA_SUCCESS);
+    assert_int_equal(modifiers_library(ctx, &one, &m1), FA_SUCCESS);
+    assert_memory_equal(m1.dsinks, m.dsinks, (size_t)c->heads_q * sizeof(float));
+    assert_memory_equal(m1.dbias, m.dbias, nbias * sizeof(float));
+    assert_memory_equal(one.tdk.data, r.tdk.data, r.tdk.elements * sizeof(float));
+
+    float *all[] = {out, dq, dk, dv, m.slopes, m.bias, m.dbias, m1.slopes, m1.bias, m1.dbias};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]);
+    double *refs[] = {ref.out, ref.lse, ref.dq, ref.dk, ref.dv, dsinks, dbias};
+    for (size_t i = 0; i < sizeof refs / sizeof refs[0]; ++i) free(refs[i]);
+    run_free(&one);
+    run_free(&r);
+    fa_context_destroy(ctx);
+}
+
+static void test_modifiers(void **state)
+{
+    (void)state;
+    /* empty sequences and a sequence of queries with no key (lse = the sink); loose bounds (the
+     * padding of dbias's blocks must stay zero); every broadcast of the bias incl. shared ones */
+    static const int broadcasts[] = {0, BROADCAST_BATCH, BROADCAST_BATCH | BROADCAST_HEADS,
+                                     BROADCAST_BATCH | BROADCAST_ROWS, BROADCAST_HEADS};
+    const size_t picks[] = {0, 1, 3};
+    for (size_t x = 0; x < sizeof picks / sizeof picks[0]; ++x)
+        for (size_t y = 0; y < sizeof broadcasts / sizeof broadcasts[0]; ++y) run_modifier_case(&cases[picks[x]], broadcasts[y]);
+}
+
 /* ---- bad inputs: each breaks one thing of a valid call; status, message, nothing written ---- */
 typedef struct bad_varlen {
     const char *name;
@@ -451,6 +609,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cases),
+        cmocka_unit_test(test_modifiers),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -30,14 +30,19 @@ typedef struct varlen_gpu_case {
     float dropout_p;
     int32_t block_q, block_k; /* 0: no block mask */
     int modifiers; /* 1: softcap, per-sequence ALiBi, sinks and a [batch, heads_q, max_q, max_k] bias, with
-                      dsinks and dbias (fa_backward_ex) */
+                      dsinks and dbias (fa_backward_ex); 2: the same with one [heads_q, max_q, max_k]
+                      bias shared by the sequences (stride_batch 0: dbias sums them) */
 } varlen_gpu_case;
 
 static const varlen_gpu_case varlen_cases[] = {
     {"causal_gqa_empty_len1", 4, 4, 2, 32, {0, 1, 37, 70}, {5, 1, 37, 90}, 1, -1, 0.0f, 0, 0, 0},
     {"dropout_window_blocks", 3, 2, 2, 48, {7, 0, 20}, {9, 3, 33}, 0, 6, 0.2f, 16, 8, 0},
     {"modifiers_causal_gqa_dropout", 3, 4, 2, 32, {9, 0, 40}, {12, 5, 33}, 1, -1, 0.1f, 0, 0, 1},
+    {"modifiers_shared_bias", 3, 2, 1, 16, {6, 0, 17}, {9, 4, 20}, 1, -1, 0.0f, 0, 0, 2},
 };
+
+/* The bias's batch extent: 1 when the sequences share it. */
+static int64_t bias_batches(const varlen_gpu_case *c) { return c->modifiers == 2 ? 1 : c->batch; }
 
 /* Forward and backward of case c on ctx; out, lse, dq, dk, dv fetched to the host. */
 typedef struct varlen_result { void *out, *dq, *dk, *dv, *dbias; float *lse, *dsinks; } varlen_result;
@@ -90,12 +95,12 @@ static void varlen_run(fa_context *ctx, int on_device, const varlen_gpu_case *c,
     tdv_.data = dv.dev;
     /* the modifiers' arrays and gradients (empty without them), in the context's memory */
     const int mods = c->modifiers;
-    const size_t bias_n = mods ? (size_t)(c->batch * c->heads_q * max_q * max_k) : 0;
+    const size_t bias_n = mods ? (size_t)(bias_batches(c) * c->heads_q * max_q * max_k) : 0;
     buffer slopes = buffer_new(ctx, mods ? (size_t)(c->batch * c->heads_q) : 0, FA_DTYPE_F32, 5);
     buffer sinks = buffer_new(ctx, mods ? (size_t)c->heads_q : 0, FA_DTYPE_F32, 6);
     buffer dsinks = buffer_new(ctx, mods ? (size_t)c->heads_q : 0, FA_DTYPE_F32, 0);
     buffer bias = buffer_new(ctx, bias_n, dtype, 7), dbias = buffer_new(ctx, bias_n, dtype, 0);
-    const fa_bias bias_desc = {bias.dev, dtype, c->heads_q * max_q * max_k, max_q * max_k, max_k};
+    const fa_bias bias_desc = {bias.dev, dtype, mods == 2 ? 0 : c->heads_q * max_q * max_k, max_q * max_k, max_k};
     fa_bias dbias_desc = bias_desc;
     dbias_desc.data = dbias.dev;
     if (mods) {
@@ -164,7 +169,8 @@ static void check_varlen(void **state, fa_dtype dtype)
                 if (c->len_k[b] > max_k) max_k = c->len_k[b];
             }
             expect_close_as("dsinks", c->name, gpu.dsinks, ref.dsinks, (size_t)c->heads_q, FA_DTYPE_F32, dtype);
-            expect_close("dbias", c->name, gpu.dbias, ref.dbias, (size_t)(c->batch * c->heads_q * max_q * max_k), dtype);
+            expect_close("dbias", c->name, gpu.dbias, ref.dbias, (size_t)(bias_batches(c) * c->heads_q * max_q * max_k),
+                         dtype);
         }
         varlen_run(ctx, 1, c, dtype, &again); /* a second run: the same bits */
         assert_memory_equal(again.out, gpu.out, nq * dtype_size(dtype));
