@@ -208,11 +208,11 @@ typedef struct fa_kv_cache {
 /* q [batch, seqlen_q, heads_q, d]. If k_new/v_new ([batch, seqlen_new, heads_kv, d]) are given they
  * are first written into the cache at positions cache_seqlens[b] .. + seqlen_new - 1 (through the
  * block table when paged); then q attends to the first cache_seqlens[b] + seqlen_new keys of
- * sequence b, with the desc's scale, causal (bottom-right) and window.
+ * sequence b, with the desc's scale, causal (bottom-right), window and score modifiers (key j = cache
+ * position j: a bias is [batch, heads_q, seqlen_q, capacity], ALiBi uses each sequence's length).
  * cache_seqlens is not modified. Forward only; dropout_p > 0 -> FA_ERROR_NOT_SUPPORTED.
  * lse: [batch, heads_q, seqlen_q] or NULL. desc->seqlens_k and desc->varlen must be NULL (the
- * lengths come from cache_seqlens); a block mask or a score modifier (softcap, ALiBi, sinks,
- * bias) is FA_ERROR_NOT_SUPPORTED. Every tensor has q's dtype. A length or page check that fails returns FA_ERROR_INVALID_VALUE naming the sequence,
+ * lengths come from cache_seqlens); a block mask or block positions are FA_ERROR_NOT_SUPPORTED. Every tensor has q's dtype. A length or page check that fails returns FA_ERROR_INVALID_VALUE naming the sequence,
  * with nothing written to the cache or the outputs. Results are bit-identical across thread
  * counts: long caches are split into key chunks whose count depends on the shape only, merged by
  * lse in a fixed order. Every backend. On GPU backends block_table and cache_seqlens are device

@@ -112,6 +112,15 @@ static fa_status check_kvcache_features(const fa_backend_iface *iface, const fa_
     if (!iface->forward_kvcache)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "fa_forward_kvcache: the %s backend does not implement the KV-cache "
                             "path yet", iface->name);
+    if (fa_problem_has_modifiers(&p->attn)) {
+        if (!(iface->features & FA_BACKEND_KVCACHE_MODIFIERS))
+            return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc: the %s backend does not implement score modifiers "
+                                "(softcap, alibi_slopes, sinks, bias) on the KV-cache path", iface->name);
+        if (iface->features & FA_BACKEND_HOST_MEMORY) {
+            fa_status st = fa_validate_modifier_values(&p->attn);
+            if (st) return st;
+        }
+    }
     /* Tables in device memory are the backend's to check (without a host sync). */
     return iface->features & FA_BACKEND_HOST_MEMORY ? fa_validate_kvcache_tables(p) : FA_SUCCESS;
 }

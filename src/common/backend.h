@@ -77,6 +77,8 @@ typedef struct fa_kv_problem {
 #define FA_BACKEND_VARLEN 2u           /* forward and backward accept fa_problem.varlen */
 #define FA_BACKEND_SCORE_MODIFIERS 4u  /* forward and backward apply softcap, ALiBi, sinks, bias */
 #define FA_BACKEND_POSITION_OFFSETS 8u /* forward and backward honour diag_offset, dropout_row0/col0 */
+#define FA_BACKEND_KVCACHE_MODIFIERS 16u /* forward_kvcache applies softcap, ALiBi, sinks, bias (a flag, not an
+                                            ABI bump: a plugin built before it leaves it 0 and is refused them) */
 
 /* Services the core library offers to plugins (plugins never link the core). */
 typedef struct fa_host_api {

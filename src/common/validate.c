@@ -449,11 +449,7 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
                                                     "without dropout");
     set_sizes(p, q, cache->k.heads, p->seqlen_k, lse);
     kp->cache_seqlens = cache->cache_seqlens;
-    if ((st = check_desc(desc, p))) return st;
-    if (fa_problem_has_modifiers(p))
-        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc: the KV-cache path has no score modifiers (softcap, "
-                                                    "alibi_slopes, sinks, bias) yet");
-    return FA_SUCCESS;
+    return check_desc(desc, p);
 }
 
 fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)

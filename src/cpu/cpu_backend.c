@@ -125,7 +125,7 @@ static const fa_backend_iface cpu_iface = {
     .forward = fa_cpu_forward,
     .backward = fa_cpu_backward,
     .features = FA_BACKEND_HOST_MEMORY | FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS |
-                FA_BACKEND_POSITION_OFFSETS,
+                FA_BACKEND_POSITION_OFFSETS | FA_BACKEND_KVCACHE_MODIFIERS,
     .forward_kvcache = fa_cpu_forward_kvcache,
 };
 

@@ -33,4 +33,11 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p);
 fa_status fa_cpu_varlen_run(void *state, const fa_problem *p, int backward);
 /* fa_forward_kvcache: append, then split-KV decode attention (cpu_decode.c). */
 fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *p);
+/* The KV-cache path with score modifiers: per sequence through the dense forward on its gathered
+ * keys (cpu_kvcache_modifiers.c). */
+fa_status fa_cpu_forward_kvcache_modified(void *state, const fa_kv_problem *kp);
+/* Row (b, key j, head h) of a cache tensor, through the block table when paged; and the append of
+ * k_new/v_new at cache_seqlens[b] (cpu_decode.c). */
+const void *fa_cpu_kvcache_row(const fa_kv_problem *kp, const fa_tensor *cache, int64_t b, int64_t j, int64_t h);
+void fa_cpu_kvcache_append(const fa_kv_problem *kp);
 #endif

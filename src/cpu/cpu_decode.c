@@ -83,7 +83,14 @@ static void key_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slo
     *slot_s = j % kp->page_size;
 }
 
-static void append_new(const fa_kv_problem *kp)
+const void *fa_cpu_kvcache_row(const fa_kv_problem *kp, const fa_tensor *cache, int64_t b, int64_t j, int64_t h)
+{
+    int64_t sb, ss;
+    key_slot(kp, b, j, &sb, &ss);
+    return fa_row_ptr(cache, sb, ss, h);
+}
+
+void fa_cpu_kvcache_append(const fa_kv_problem *kp)
 {
     const fa_problem *p = &kp->attn;
     const size_t row_bytes = (size_t)p->head_dim * fa_dtype_size(p->dtype);
@@ -366,6 +373,7 @@ fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
 {
     const fa_cpu_state *s = state;
     const fa_problem *p = &kp->attn;
+    if (fa_problem_has_modifiers(p)) return fa_cpu_forward_kvcache_modified(state, kp);
     decode_plan plan = make_plan(p);
     plan.chunks = 1;
     for (int64_t b = 0; b < p->batch; ++b)
@@ -381,7 +389,7 @@ fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_forward_kvcache: cannot allocate %lld partial tiles",
                             (long long)tasks);
     }
-    append_new(kp);
+    fa_cpu_kvcache_append(kp);
 #pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP

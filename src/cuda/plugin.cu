@@ -611,7 +611,7 @@ static fa_backend_iface plugin_iface()
     t.forward = gpu_forward;
     t.backward = gpu_backward;
     /* tensors and tables are device memory: their checks run on the device */
-    t.features = FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS | FA_BACKEND_POSITION_OFFSETS;
+    t.features = FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS | FA_BACKEND_POSITION_OFFSETS | FA_BACKEND_KVCACHE_MODIFIERS;
     t.forward_kvcache = gpu_forward_kvcache;
     return t;
 }

@@ -35,27 +35,33 @@ typedef struct kv_case {
                         [slots, slot_len, heads_kv, d] */
     int nan_in;      /* 1: K, 2: V: key nan_key of sequence 0 (cached or new) has a NaN in head 0, column 3 */
     int32_t nan_key;
+    int modifiers;   /* 1: softcap, per-sequence ALiBi slopes, sinks and a [batch, heads_q, seqlen_q,
+                        capacity] bias (key j = cache position j) */
 } kv_case;
 
 static const kv_case cases[] = {
-    {"contiguous_decode_gqa8", 2, 8, 1, 64, 1, 1, 0, 700, {0, 600}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0},
-    {"contiguous_q16_window", 3, 4, 2, 32, 16, 0, 0, 300, {1, 17, 300}, 1, 20, -1, FA_DTYPE_F32, 0, 0, 0},
-    {"paged_1", 2, 8, 1, 16, 4, 4, 1, 40, {5, 30}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0},
-    {"paged_3_noncausal", 3, 4, 4, 40, 2, 2, 3, 120, {0, 7, 100}, 0, -1, -1, FA_DTYPE_F32, 0, 0, 0},
-    {"paged_16_long", 2, 16, 2, 128, 1, 1, 16, 2048, {1000, 2047}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0},
-    {"paged_256_window", 2, 8, 1, 64, 8, 0, 256, 5120, {300, 5000}, 1, 100, 0, FA_DTYPE_F32, 0, 0, 0},
-    {"contiguous_f16_32_8", 1, 32, 8, 128, 1, 1, 0, 4096, {4000}, 1, -1, -1, FA_DTYPE_F16, 0, 0, 0},
-    {"more_queries_than_keys", 2, 2, 1, 16, 16, 0, 0, 8, {3, 0}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0},
-    {"contiguous_bf16_heads_outer", 2, 8, 2, 64, 3, 2, 0, 600, {599 - 2, 33}, 1, -1, -1, FA_DTYPE_BF16, 3, 0, 0},
-    {"paged_5_f16_heads_outer", 2, 6, 3, 32, 1, 1, 5, 400, {333, 8}, 0, 50, -1, FA_DTYPE_F16, 3, 0, 0},
-    {"contiguous_v_heads_outer", 2, 8, 2, 32, 2, 1, 0, 300, {280, 40}, 1, -1, -1, FA_DTYPE_F32, 2, 0, 0},
-    {"paged_7_k_heads_outer_f16", 2, 4, 2, 32, 1, 2, 7, 350, {300, 3}, 1, -1, -1, FA_DTYPE_F16, 1, 0, 0},
-    {"paged_16_bf16", 3, 4, 2, 48, 2, 1, 16, 512, {100, 0, 400}, 1, -1, -1, FA_DTYPE_BF16, 0, 0, 0},
+    {"contiguous_decode_gqa8", 2, 8, 1, 64, 1, 1, 0, 700, {0, 600}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0, 0},
+    {"contiguous_q16_window", 3, 4, 2, 32, 16, 0, 0, 300, {1, 17, 300}, 1, 20, -1, FA_DTYPE_F32, 0, 0, 0, 0},
+    {"paged_1", 2, 8, 1, 16, 4, 4, 1, 40, {5, 30}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0, 0},
+    {"paged_3_noncausal", 3, 4, 4, 40, 2, 2, 3, 120, {0, 7, 100}, 0, -1, -1, FA_DTYPE_F32, 0, 0, 0, 0},
+    {"paged_16_long", 2, 16, 2, 128, 1, 1, 16, 2048, {1000, 2047}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0, 0},
+    {"paged_256_window", 2, 8, 1, 64, 8, 0, 256, 5120, {300, 5000}, 1, 100, 0, FA_DTYPE_F32, 0, 0, 0, 0},
+    {"contiguous_f16_32_8", 1, 32, 8, 128, 1, 1, 0, 4096, {4000}, 1, -1, -1, FA_DTYPE_F16, 0, 0, 0, 0},
+    {"more_queries_than_keys", 2, 2, 1, 16, 16, 0, 0, 8, {3, 0}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0, 0},
+    {"contiguous_bf16_heads_outer", 2, 8, 2, 64, 3, 2, 0, 600, {599 - 2, 33}, 1, -1, -1, FA_DTYPE_BF16, 3, 0, 0, 0},
+    {"paged_5_f16_heads_outer", 2, 6, 3, 32, 1, 1, 5, 400, {333, 8}, 0, 50, -1, FA_DTYPE_F16, 3, 0, 0, 0},
+    {"contiguous_v_heads_outer", 2, 8, 2, 32, 2, 1, 0, 300, {280, 40}, 1, -1, -1, FA_DTYPE_F32, 2, 0, 0, 0},
+    {"paged_7_k_heads_outer_f16", 2, 4, 2, 32, 1, 2, 7, 350, {300, 3}, 1, -1, -1, FA_DTYPE_F16, 1, 0, 0, 0},
+    {"paged_16_bf16", 3, 4, 2, 48, 2, 1, 16, 512, {100, 0, 400}, 1, -1, -1, FA_DTYPE_BF16, 0, 0, 0, 0},
     /* NaN propagation as fa_forward's (docs/ROBUSTNESS.md): only the rows that see the key. */
-    {"nan_v_new_causal_edge", 1, 4, 2, 32, 6, 6, 0, 300, {250}, 1, -1, -1, FA_DTYPE_F32, 0, 2, 253},
-    {"nan_k_cached_window", 2, 4, 1, 32, 8, 0, 16, 320, {200, 20}, 1, 40, -1, FA_DTYPE_F32, 0, 1, 155},
-    {"nan_k_decode_inside_tile", 1, 8, 2, 64, 1, 1, 0, 600, {500}, 1, -1, -1, FA_DTYPE_F32, 0, 1, 240},
-    {"nan_v_cached_window_f16", 1, 8, 2, 64, 4, 1, 0, 300, {290}, 1, 16, -1, FA_DTYPE_F16, 0, 2, 276},
+    {"nan_v_new_causal_edge", 1, 4, 2, 32, 6, 6, 0, 300, {250}, 1, -1, -1, FA_DTYPE_F32, 0, 2, 253, 0},
+    {"nan_k_cached_window", 2, 4, 1, 32, 8, 0, 16, 320, {200, 20}, 1, 40, -1, FA_DTYPE_F32, 0, 1, 155, 0},
+    {"nan_k_decode_inside_tile", 1, 8, 2, 64, 1, 1, 0, 600, {500}, 1, -1, -1, FA_DTYPE_F32, 0, 1, 240, 0},
+    {"nan_v_cached_window_f16", 1, 8, 2, 64, 4, 1, 0, 300, {290}, 1, 16, -1, FA_DTYPE_F16, 0, 2, 276, 0},
+    /* Score modifiers: a sequence with one key, one with none (lse = the sink), paged and not. */
+    {"modifiers_paged_3_gqa", 2, 8, 2, 32, 2, 1, 3, 120, {50, 0}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0, 1},
+    {"modifiers_contiguous_empty_f16", 2, 4, 1, 64, 1, 0, 0, 200, {150, 0}, 1, -1, -1, FA_DTYPE_F16, 0, 0, 0, 1},
+    {"modifiers_window_bf16_outer", 2, 6, 3, 48, 3, 2, 16, 512, {300, 17}, 1, 64, -1, FA_DTYPE_BF16, 3, 0, 0, 1},
 };
 
 /* f32 <-> element of dtype (f32 or f16), round to nearest even. */
@@ -139,6 +145,9 @@ typedef struct kv_run {
     fa_tensor tq, tk_new, tv_new, tout;
     fa_kv_cache cache;
     fa_attention_desc desc;
+    float slopes[MAX_BATCH * 16], sinks[16];
+    float *bias;
+    fa_bias bias_desc;
 } kv_run;
 
 /* Where key position j of sequence b lives: (slot, row). */
@@ -252,12 +261,29 @@ static void run_setup(kv_run *r, const kv_case *c)
     r->desc.causal = c->causal;
     r->desc.window_left = c->window_left;
     r->desc.window_right = c->window_right;
+    if (c->modifiers) {
+        const size_t bias_n = (size_t)(c->batch * c->heads_q * c->seqlen_q * c->capacity);
+        double *values = test_random_doubles(16, bias_n);
+        r->bias = malloc(bias_n * sizeof(float));
+        assert_non_null(r->bias);
+        for (size_t x = 0; x < bias_n; ++x) r->bias[x] = (float)values[x];
+        free(values);
+        r->bias_desc = (fa_bias){r->bias, FA_DTYPE_F32, c->heads_q * c->seqlen_q * c->capacity,
+                                 c->seqlen_q * c->capacity, c->capacity};
+        for (int64_t x = 0; x < c->batch * c->heads_q; ++x) r->slopes[x] = 0.01f * (float)(1 + x % 5);
+        for (int64_t h = 0; h < c->heads_q; ++h) r->sinks[h] = h % 3 ? 1.0f : -2.0f;
+        r->desc.softcap = 4.0f;
+        r->desc.alibi_slopes = r->slopes;
+        r->desc.alibi_per_batch = 1;
+        r->desc.sinks = r->sinks;
+        r->desc.bias = &r->bias_desc;
+    }
 }
 
 static void run_free(kv_run *r)
 {
     void *all[] = {r->table, r->q, r->k_new, r->v_new, r->k_cache, r->v_cache, r->k_expect, r->v_expect, r->out,
-                   r->lse};
+                   r->lse, r->bias};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]);
 }
 
@@ -281,11 +307,12 @@ static double compare_sequence(fa_context *ctx, const kv_case *c, const kv_run *
     float *lse = test_nan_floats((size_t)(c->heads_q * c->seqlen_q));
     void *out = malloc(qrow * es);
     double worst = 0.0;
-    if (keys == 0) { /* no key: zeros and -inf, nothing to call fa_forward with */
+    if (keys == 0) { /* no key: zeros and -inf (the sink alone with sinks), nothing to call fa_forward with */
         for (size_t e = 0; e < qrow; ++e)
             if (load(r->out, q_off + e, c->dtype) != 0.0f) worst = INFINITY;
         for (int64_t e = 0; e < c->heads_q * c->seqlen_q; ++e)
-            if (r->lse[b * c->heads_q * c->seqlen_q + e] != -INFINITY) worst = INFINITY;
+            if (r->lse[b * c->heads_q * c->seqlen_q + e] != (c->modifiers ? r->sinks[e / c->seqlen_q] : -INFINITY))
+                worst = INFINITY;
         free(lse);
         free(out);
         return worst;
@@ -306,6 +333,14 @@ static double compare_sequence(fa_context *ctx, const kv_case *c, const kv_run *
     const fa_tensor tv = {v, c->dtype, 1, keys, c->heads_kv, d, 0, 0, 0};
     fa_tensor tout = {out, c->dtype, 1, c->seqlen_q, c->heads_q, d, 0, 0, 0};
     fa_attention_desc desc = r->desc;
+    fa_bias bias = r->bias_desc; /* sequence b's rows of the bias and its slopes */
+    if (c->modifiers) {
+        bias.data = r->bias + b * r->bias_desc.stride_batch;
+        bias.stride_batch = 0;
+        desc.bias = &bias;
+        desc.alibi_slopes = r->slopes + b * c->heads_q;
+        desc.alibi_per_batch = 0;
+    }
     assert_int_equal(fa_forward(ctx, &desc, &tq, &tk, &tv, &tout, lse), FA_SUCCESS);
     for (size_t e = 0; e < qrow; ++e) {
         const double want = load(out, e, c->dtype), got = load(r->out, q_off + e, c->dtype);
@@ -409,6 +444,20 @@ static void block_mask(kv_run *r)
     r->desc.block_mask = &bm;
 }
 
+static void nan_slope(kv_run *r)
+{
+    for (int x = 0; x < 4; ++x) r->slopes[x] = x == 2 ? NAN : 0.5f;
+    r->desc.alibi_slopes = r->slopes;
+}
+
+static void inf_sink(kv_run *r)
+{
+    for (int h = 0; h < 4; ++h) r->sinks[h] = h == 1 ? INFINITY : 0.0f;
+    r->desc.sinks = r->sinks;
+}
+
+static void negative_softcap(kv_run *r) { r->desc.softcap = -1.0f; }
+
 static const bad_kv bad_cases[] = {
     {"cache_seqlens NULL", 0, FA_ERROR_INVALID_VALUE, "cache->cache_seqlens", null_cache_seqlens},
     {"negative length", 0, FA_ERROR_INVALID_VALUE, "cache->cache_seqlens[1]", negative_length},
@@ -424,13 +473,16 @@ static const bad_kv bad_cases[] = {
     {"dropout", 0, FA_ERROR_NOT_SUPPORTED, "desc->dropout_p", dropout},
     {"seqlens_k", 0, FA_ERROR_INVALID_VALUE, "desc->seqlens_k", seqlens_k},
     {"block mask", 0, FA_ERROR_NOT_SUPPORTED, "desc->block_mask", block_mask},
+    {"NaN ALiBi slope", 0, FA_ERROR_INVALID_VALUE, "desc->alibi_slopes[2]", nan_slope},
+    {"+inf sink", 1, FA_ERROR_INVALID_VALUE, "desc->sinks[1]", inf_sink},
+    {"negative softcap", 0, FA_ERROR_INVALID_VALUE, "desc->softcap", negative_softcap},
 };
 
 static void test_bad_inputs(void **state)
 {
     (void)state;
-    static const kv_case contiguous = {"bad", 2, 4, 2, 16, 2, 1, 0, 20, {3, 10}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0};
-    static const kv_case paged = {"bad_paged", 2, 4, 2, 16, 2, 1, 4, 20, {3, 10}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0};
+    static const kv_case contiguous = {"bad", 2, 4, 2, 16, 2, 1, 0, 20, {3, 10}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0, 0};
+    static const kv_case paged = {"bad_paged", 2, 4, 2, 16, 2, 1, 4, 20, {3, 10}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0, 0};
     fa_context *ctx;
     assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
     for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; ++i) {

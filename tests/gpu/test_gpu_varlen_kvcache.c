@@ -194,17 +194,21 @@ typedef struct kv_gpu_case {
     int32_t cached[3];
     int causal;
     int32_t window_left;
+    int modifiers; /* 1: softcap, per-sequence ALiBi, sinks, a [batch, heads_q, seqlen_q, capacity] bias */
 } kv_gpu_case;
 
 static const kv_gpu_case kv_cases[] = {
-    {"contiguous_decode_gqa8", 2, 8, 1, 64, 1, 1, 0, 300, {250, 7}, 1, -1},
-    {"paged16_q3_window", 3, 4, 2, 32, 3, 3, 16, 1024, {600, 0, 33}, 1, 20},
-    {"paged5_noncausal_q4", 2, 4, 4, 16, 4, 0, 5, 100, {37, 99}, 0, -1},
+    {"contiguous_decode_gqa8", 2, 8, 1, 64, 1, 1, 0, 300, {250, 7}, 1, -1, 0},
+    {"paged16_q3_window", 3, 4, 2, 32, 3, 3, 16, 1024, {600, 0, 33}, 1, 20, 0},
+    {"paged5_noncausal_q4", 2, 4, 4, 16, 4, 0, 5, 100, {37, 99}, 0, -1, 0},
+    /* split keys (600 cached) and a sequence with no key (lse = the sink) */
+    {"modifiers_paged16_gqa", 3, 4, 2, 32, 2, 0, 16, 1024, {600, 0, 33}, 1, -1, 1},
+    {"modifiers_contiguous_window", 2, 8, 1, 64, 1, 1, 0, 300, {250, 7}, 1, 30, 1},
 };
 
 /* One call's tensors and tables; `cache_seqlens` and `table` point at host or device copies. */
 typedef struct kv_run {
-    buffer q, k_new, v_new, k_cache, v_cache, out, lse;
+    buffer q, k_new, v_new, k_cache, v_cache, out, lse, slopes, sinks, bias;
     int32_t cached[3], *table, *cached_dev, *table_dev;
     int64_t slots, slot_len, max_pages;
 } kv_run;
@@ -232,6 +236,10 @@ static void kv_setup(fa_context *ctx, const kv_gpu_case *c, fa_dtype dtype, kv_r
     r->v_cache = buffer_new(ctx, cache_n, dtype, 15);
     r->out = buffer_new(ctx, (size_t)(c->batch * c->seqlen_q * c->heads_q * d), dtype, 0);
     r->lse = buffer_new(ctx, (size_t)(c->batch * c->heads_q * c->seqlen_q), FA_DTYPE_F32, 0);
+    const int mods = c->modifiers;
+    r->slopes = buffer_new(ctx, mods ? (size_t)(c->batch * c->heads_q) : 0, FA_DTYPE_F32, 16);
+    r->sinks = buffer_new(ctx, mods ? (size_t)c->heads_q : 0, FA_DTYPE_F32, 17);
+    r->bias = buffer_new(ctx, mods ? (size_t)(c->batch * c->heads_q * c->seqlen_q * c->capacity) : 0, dtype, 18);
 }
 
 /* The call on ctx; tables from host memory (CPU) or uploaded (GPU). */
@@ -262,13 +270,23 @@ static fa_status kv_call(fa_context *ctx, int on_device, const kv_gpu_case *c, k
     fa_attention_desc_init(&desc);
     desc.causal = c->causal;
     desc.window_left = c->window_left;
+    const fa_bias bias = {r->bias.dev, dtype, c->heads_q * c->seqlen_q * c->capacity, c->seqlen_q * c->capacity,
+                          c->capacity};
+    if (c->modifiers) {
+        desc.softcap = 3.0f;
+        desc.alibi_slopes = r->slopes.dev;
+        desc.alibi_per_batch = 1;
+        desc.sinks = r->sinks.dev;
+        desc.bias = &bias;
+    }
     return fa_forward_kvcache(ctx, &desc, &q, &cache, c->seqlen_new ? &k_new : NULL, c->seqlen_new ? &v_new : NULL,
                               &out, r->lse.dev);
 }
 
 static void kv_free(fa_context *ctx, kv_run *r)
 {
-    buffer *all[] = {&r->q, &r->k_new, &r->v_new, &r->k_cache, &r->v_cache, &r->out, &r->lse};
+    buffer *all[] = {&r->q, &r->k_new, &r->v_new, &r->k_cache, &r->v_cache, &r->out, &r->lse, &r->slopes, &r->sinks,
+                     &r->bias};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) buffer_free(ctx, all[i]);
     if (r->cached_dev) fa_free(ctx, r->cached_dev);
     if (r->table_dev) fa_free(ctx, r->table_dev);
@@ -330,8 +348,8 @@ static void expect_deferred_error(fa_context *ctx, const char *prefix, const buf
 void test_gpu_bad_tables(void **state)
 {
     fa_context *ctx = context_or_skip(state);
-    static const kv_gpu_case contiguous = {"bad", 2, 4, 2, 16, 2, 1, 0, 20, {3, 20}, 1, -1}; /* 20 + 1 > 20 */
-    static const kv_gpu_case paged = {"bad_paged", 2, 4, 2, 16, 2, 1, 4, 20, {3, 10}, 1, -1};
+    static const kv_gpu_case contiguous = {"bad", 2, 4, 2, 16, 2, 1, 0, 20, {3, 20}, 1, -1, 0}; /* 20 + 1 > 20 */
+    static const kv_gpu_case paged = {"bad_paged", 2, 4, 2, 16, 2, 1, 4, 20, {3, 10}, 1, -1, 0};
     kv_run r;
     kv_setup(ctx, &contiguous, FA_DTYPE_F32, &r);
     assert_int_equal(kv_call(ctx, 1, &contiguous, &r), FA_SUCCESS);

@@ -10,7 +10,9 @@
  *    row tile, not once per query head; the keys of each sequence are cut into kv_chunks chunks
  *    (a count from the shape only), one block per (row tile, chunk, kv head, sequence), each
  *    leaving its rows' partial (O, m, l) in the workspace.
- *  - merge: per row, the chunks combined in increasing chunk order (deterministic), O and lse. */
+ *  - merge: per row, the chunks combined in increasing chunk order (deterministic), O and lse; the
+ *    sink, when there is one, joins the max and the sum there (once per row, never per chunk).
+ *  Score modifiers: every score goes through fa_score_log2_on with the sequence's own diagonal. */
 #ifndef FA_GPU_ATTENTION_DECODE_CUH
 #define FA_GPU_ATTENTION_DECODE_CUH
 #include "attention_generic.cuh"
@@ -186,7 +188,8 @@ __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
                 const int col = lane + cc * W;
                 s[cc] = -INFINITY;
                 if (col < cols && j0 + col >= range.lo && j0 + col < range.hi)
-                    s[cc] = fa_generic::dot_row(sq + r * ld, sk + col * ld, d) * p.scale_log2;
+                    s[cc] = fa_score_log2_on(p, b, hk * group + (r0 + r) % group, (r0 + r) / group, j0 + col,
+                                             keys - p.seqlen_q, fa_generic::dot_row(sq + r * ld, sk + col * ld, d), NULL);
                 tile_max = fmaxf(tile_max, s[cc]);
             }
             tile_max = fa_warp_max(tile_max);
@@ -234,8 +237,11 @@ __global__ void __launch_bounds__(kThreads) merge(const fa_gpu_params p)
     const float *part_o = p.partial, *part_m = part_o + partial_rows(p) * d, *part_l = part_m + partial_rows(p);
     for (int64_t n = blockIdx.x * FA_GENERIC_WARPS + threadIdx.x / W; n < total; n += warps) {
         const int64_t r = n % rows, hk = n / rows % p.heads_kv, b = n / (rows * p.heads_kv);
-        float top = -INFINITY, sum = 0.0f;
+        /* The sink (-inf without) takes part in the max and the sum like one more chunk without values. */
+        const float sink = fa_sink_log2(p, hk * group + r % group);
+        float top = sink, sum = 0.0f;
         for (int64_t c = 0; c < p.kv_chunks; ++c) top = fmaxf(top, part_m[partial_row(p, b, hk, c, r)]);
+        if (sink != -INFINITY) sum = fa_exp2(sink - top);
         for (int64_t c = 0; top != -INFINITY && c < p.kv_chunks; ++c) {
             const int64_t row = partial_row(p, b, hk, c, r);
             if (part_m[row] != -INFINITY) sum += fa_exp2(part_m[row] - top) * part_l[row];

@@ -21,8 +21,19 @@ __device__ __forceinline__ int64_t fa_bias_index(const fa_bias &bias, int64_t b,
  * product qk: (modified tau * q.k) * log2(e). *dscore (may be NULL) receives d score / d (tau q.k),
  * the softcap's 1 - tanh^2 (1 without a softcap). Without softcap, ALiBi and bias this is the
  * plain qk * tau log2(e) of the unmodified kernels, bit for bit. */
+__device__ __forceinline__ float fa_score_log2_on(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j,
+                                                  int64_t diag_offset, float qk, float *dscore);
+
 __device__ __forceinline__ float fa_score_log2(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j,
                                                float qk, float *dscore)
+{
+    return fa_score_log2_on(p, b, h, i, j, p.diag_offset, qk, dscore);
+}
+
+/* fa_score_log2 with the diagonal of row i given (the KV-cache path: each sequence's own,
+ * cache length + new keys - seqlen_q). */
+__device__ __forceinline__ float fa_score_log2_on(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j,
+                                                  int64_t diag_offset, float qk, float *dscore)
 {
     if (dscore) *dscore = 1.0f;
     if (!p.modified) return qk * p.scale_log2;
@@ -33,7 +44,7 @@ __device__ __forceinline__ float fa_score_log2(const fa_gpu_params &p, int64_t b
         if (dscore) *dscore = 1.0f - t * t;
     }
     if (p.alibi_slopes)
-        s -= p.alibi_slopes[b * p.alibi_stride_batch + h] * fabsf(static_cast<float>(fa_diagonal_key(i, p.diag_offset) - j));
+        s -= p.alibi_slopes[b * p.alibi_stride_batch + h] * fabsf(static_cast<float>(fa_diagonal_key(i, diag_offset) - j));
     if (p.bias.data) s += fa_load_elem(p.bias.data, fa_bias_index(p.bias, b, h, i, j), p.bias.dtype);
     return s * FA_LOG2E;
 }
