@@ -202,7 +202,15 @@ static fa_status gpu_set_stream(void *state, void *stream)
     return FA_SUCCESS;
 }
 
-/* The message of a failed device-side table check, in the core's words (validate.c). */
+static float float_of_bits(int64_t bits)
+{
+    const int32_t b32 = (int32_t)bits;
+    float f;
+    memcpy(&f, &b32, sizeof f);
+    return f;
+}
+
+/* The message of a failed device-side check, in the core's words (validate.c). */
 static fa_status status_error(const fa_gpu_status *st)
 {
     const char *array = st->array ? "cu_seqlens_k" : "cu_seqlens_q";
@@ -231,6 +239,12 @@ static fa_status status_error(const fa_gpu_status *st)
     case FA_GPU_STATUS_KV_PAGE:
         return FA_ERR(FA_ERROR_INVALID_VALUE, "cache->block_table[%lld][%lld]: page %lld of sequence %lld is outside [0, %lld) %s",
                       b, x, value, b, limit, when);
+    case FA_GPU_STATUS_ALIBI_SLOPE:
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->alibi_slopes[%lld]: %g is not finite %s", x, (double)float_of_bits(value),
+                      when);
+    case FA_GPU_STATUS_SINK:
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->sinks[%lld]: %g is NaN or +inf (-inf = no sink) %s", x,
+                      (double)float_of_bits(value), when);
     }
     return FA_ERR(FA_ERROR_BACKEND_FAILURE, "%s: unknown device status %d", FA_GPU_VENDOR, (int)st->code);
 }
@@ -441,12 +455,16 @@ static int64_t query_rows(const fa_problem *p) { return p->varlen.batch ? p->var
 static int64_t key_rows(const fa_problem *p) { return p->varlen.batch ? p->varlen.max_seqlen_k : p->seqlen_k; }
 static unsigned grid_batch(const fa_problem *p) { return (unsigned)(p->varlen.batch ? p->varlen.batch : p->batch); }
 
-/* A packed batch's offsets are device memory: checked on the device before the kernels, which
- * then write nothing if they are wrong (the next synchronize says why). */
-static fa_status check_offsets(fa_gpu_state *s, const fa_problem *p, const fa_gpu_params *k)
+/* What lives in device memory (a packed batch's offsets, ALiBi slopes, sinks) is checked on the
+ * device before the kernels, which then write nothing if it is wrong (the next synchronize says
+ * why): the core's host-side rules without a host synchronisation. */
+static fa_status device_checks(fa_gpu_state *s, const fa_problem *p, const fa_gpu_params *k)
 {
-    if (!p->varlen.batch) return FA_SUCCESS;
-    return launch(s, fa_decode::check_varlen, dim3(1), 0, k, "varlen offsets check launch");
+    fa_status st = FA_SUCCESS;
+    if (p->varlen.batch) st = launch(s, fa_decode::check_varlen, dim3(1), 0, k, "varlen offsets check launch");
+    if (st == FA_SUCCESS && (p->alibi_slopes || p->sinks))
+        st = launch(s, fa_decode::check_modifier_values, dim3(1), 0, k, "ALiBi slopes and sinks check launch");
+    return st;
 }
 
 /* The tile-MMA forward of p (the caller checked that the context has the kernel). */
@@ -454,7 +472,7 @@ static fa_status tc_forward(fa_gpu_state *s, const fa_problem *p, fa_gpu_kernel 
 {
     fa_gpu_params k;
     fa_status st = build_params(s, p, 0, &k);
-    if (st == FA_SUCCESS) st = check_offsets(s, p, &k);
+    if (st == FA_SUCCESS) st = device_checks(s, p, &k);
     if (st != FA_SUCCESS) return st;
     k.chunked_loads = problem_chunk_aligned(p, 0);
     const dim3 grid((unsigned)fa_gpu_tiles(query_rows(p), FA_TC_BLOCK_ROWS), (unsigned)p->heads_q, grid_batch(p));
@@ -473,7 +491,7 @@ static fa_status gpu_forward(void *state, const fa_problem *p)
     fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->head_dim, &tile, &set);
     fa_gpu_params k;
     if (st == FA_SUCCESS) st = build_params(s, p, 0, &k);
-    if (st == FA_SUCCESS) st = check_offsets(s, p, &k);
+    if (st == FA_SUCCESS) st = device_checks(s, p, &k);
     if (st != FA_SUCCESS) return st;
     const dim3 grid((unsigned)fa_gpu_tiles(query_rows(p), tile), (unsigned)p->heads_q, grid_batch(p));
     return launch(s, set.forward, grid, (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, tile, p->head_dim), &k,
@@ -513,7 +531,7 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
     const size_t delta_bytes = (size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float);
     fa_gpu_params k;
     if (st == FA_SUCCESS) st = build_params(s, p, delta_bytes, &k);
-    if (st == FA_SUCCESS) st = check_offsets(s, p, &k);
+    if (st == FA_SUCCESS) st = device_checks(s, p, &k);
     if (st != FA_SUCCESS) return st;
     k.delta = (float *)s->workspace;
     k.chunked_loads = problem_chunk_aligned(p, 1);
@@ -575,6 +593,7 @@ static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     k.partial = (float *)s->workspace;
     k.kv_chunks = chunks;
     st = launch(s, fa_decode::check_kvcache, dim3(1), 0, &k, "KV-cache table check launch");
+    if (st == FA_SUCCESS) st = device_checks(s, p, &k);
     if (st == FA_SUCCESS && kp->seqlen_new)
         st = launch(s, fa_decode::append, dim3((unsigned)kp->seqlen_new, (unsigned)p->heads_kv, (unsigned)p->batch), 0, &k,
                     "KV-cache append launch");

@@ -32,6 +32,7 @@ void expect_close_as(const char *what, const char *name, const void *got, const 
                      fa_dtype stored, fa_dtype computed);
 void expect_close(const char *what, const char *name, const void *got, const void *want, size_t n, fa_dtype dtype);
 
+void test_gpu_bad_modifier_values(void **state);
 void test_gpu_varlen_f32(void **state);
 void test_gpu_varlen_f16(void **state);
 void test_gpu_varlen_bf16(void **state);
@@ -54,5 +55,6 @@ void test_gpu_positions_bf16(void **state);
     cmocka_unit_test_setup_teardown(test_gpu_varlen_bf16, setup, teardown),                      \
     cmocka_unit_test_setup_teardown(test_gpu_kvcache_f32, setup, teardown),                      \
     cmocka_unit_test_setup_teardown(test_gpu_kvcache_f16, setup, teardown),                      \
-    cmocka_unit_test_setup_teardown(test_gpu_bad_tables, setup, teardown)
+    cmocka_unit_test_setup_teardown(test_gpu_bad_tables, setup, teardown),                       \
+    cmocka_unit_test_setup_teardown(test_gpu_bad_modifier_values, setup, teardown)
 #endif

@@ -385,8 +385,90 @@ void test_gpu_bad_tables(void **state)
     assert_int_equal(fa_backward(ctx, &desc, &tq, &tk, &tk, &tq, &tq, lse.dev, &tdq, &tdk, &tdk), FA_SUCCESS);
     const buffer *kept_grads[] = {&dq, &dk};
     expect_deferred_error(ctx, "desc->varlen->cu_seqlens_k[2]", kept_grads, 2);
+    /* ... nor dsinks and dbias (seeded, so that any write shows). */
+    buffer sinks = buffer_new(ctx, H, FA_DTYPE_F32, 3), dsinks = buffer_new(ctx, H, FA_DTYPE_F32, 4);
+    buffer dbias = buffer_new(ctx, 3 * H * 6 * 5, FA_DTYPE_F32, 5), bias = buffer_new(ctx, 3 * H * 6 * 5, FA_DTYPE_F32, 6);
+    const fa_bias bias_desc = {bias.dev, FA_DTYPE_F32, H * 6 * 5, 6 * 5, 5};
+    fa_bias dbias_desc = bias_desc;
+    dbias_desc.data = dbias.dev;
+    desc.sinks = sinks.dev;
+    desc.bias = &bias_desc;
+    assert_int_equal(fa_backward_ex(ctx, &desc, &tq, &tk, &tk, &tq, &tq, lse.dev, &tdq, &tdk, &tdk, dsinks.dev, &dbias_desc),
+                     FA_SUCCESS);
+    const buffer *kept_modifier_grads[] = {&dsinks, &dbias};
+    expect_deferred_error(ctx, "desc->varlen->cu_seqlens_k[2]", kept_modifier_grads, 2);
     fa_free(ctx, (void *)vl.cu_seqlens_q);
     fa_free(ctx, (void *)vl.cu_seqlens_k);
-    buffer *all[] = {&q, &k, &out, &lse, &dq, &dk};
+    buffer *all[] = {&q, &k, &out, &lse, &dq, &dk, &sinks, &dsinks, &dbias, &bias};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) buffer_free(ctx, all[i]);
+}
+
+/* ALiBi slopes and sinks live in device memory: a NaN slope or a +inf sink is found on the device
+ * (as the CPU finds it on the host), the call writes nothing (outputs seeded, so any write shows),
+ * and the next synchronize names the element. Forward, backward (with dsinks and dbias) and the
+ * KV cache. */
+void test_gpu_bad_modifier_values(void **state)
+{
+    fa_context *ctx = context_or_skip(state);
+    enum { B = 2, H = 2, S = 7, D = 16 };
+    buffer q = buffer_new(ctx, B * S * H * D, FA_DTYPE_F32, 1), out = buffer_new(ctx, B * S * H * D, FA_DTYPE_F32, 2);
+    buffer lse = buffer_new(ctx, B * H * S, FA_DTYPE_F32, 3), dq = buffer_new(ctx, B * S * H * D, FA_DTYPE_F32, 4);
+    buffer dk = buffer_new(ctx, B * S * H * D, FA_DTYPE_F32, 5), dv = buffer_new(ctx, B * S * H * D, FA_DTYPE_F32, 6);
+    buffer slopes = buffer_new(ctx, H, FA_DTYPE_F32, 7), sinks = buffer_new(ctx, H, FA_DTYPE_F32, 8);
+    buffer dsinks = buffer_new(ctx, H, FA_DTYPE_F32, 9), dbias = buffer_new(ctx, H * S * S, FA_DTYPE_F32, 10);
+    buffer bias = buffer_new(ctx, H * S * S, FA_DTYPE_F32, 11);
+    const float nan_slope = NAN, inf_sink = INFINITY;
+    assert_int_equal(fa_memcpy_h2d(ctx, (float *)slopes.dev + 1, &nan_slope, sizeof nan_slope), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(ctx, (float *)sinks.dev + 1, &inf_sink, sizeof inf_sink), FA_SUCCESS);
+    const fa_tensor t = {q.dev, FA_DTYPE_F32, B, S, H, D, 0, 0, 0};
+    fa_tensor to = t, tdq = t, tdk = t, tdv = t;
+    to.data = out.dev;
+    tdq.data = dq.dev;
+    tdk.data = dk.dev;
+    tdv.data = dv.dev;
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    desc.causal = 1;
+    desc.alibi_slopes = slopes.dev;
+    assert_int_equal(fa_forward(ctx, &desc, &t, &t, &t, &to, lse.dev), FA_SUCCESS);
+    const buffer *kept_forward[] = {&out, &lse};
+    expect_deferred_error(ctx, "desc->alibi_slopes[1]: nan is not finite", kept_forward, 2);
+
+    const fa_bias bias_desc = {bias.dev, FA_DTYPE_F32, 0, S * S, S};
+    fa_bias dbias_desc = bias_desc;
+    dbias_desc.data = dbias.dev;
+    desc.alibi_slopes = NULL;
+    desc.sinks = sinks.dev;
+    desc.bias = &bias_desc;
+    assert_int_equal(fa_backward_ex(ctx, &desc, &t, &t, &t, &t, &t, lse.dev, &tdq, &tdk, &tdv, dsinks.dev, &dbias_desc),
+                     FA_SUCCESS);
+    const buffer *kept_backward[] = {&dq, &dk, &dv, &dsinks, &dbias};
+    expect_deferred_error(ctx, "desc->sinks[1]: inf is NaN or +inf", kept_backward, 5);
+
+    /* The KV cache: q and the (contiguous) cache of S tokens with 3 cached, one appended. */
+    const int32_t cached[B] = {3, 3};
+    int32_t *cached_dev = table_upload(ctx, cached, B);
+    const fa_tensor one = {q.dev, FA_DTYPE_F32, B, 1, H, D, 0, 0, 0};
+    fa_tensor one_out = one;
+    one_out.data = out.dev;
+    fa_kv_cache cache = {t, t, NULL, 0, cached_dev};
+    cache.k.data = dk.dev;
+    cache.v.data = dv.dev;
+    desc.sinks = NULL;
+    desc.bias = NULL;
+    desc.alibi_slopes = slopes.dev;
+    assert_int_equal(fa_forward_kvcache(ctx, &desc, &one, &cache, &one, &one, &one_out, lse.dev), FA_SUCCESS);
+    const buffer *kept_kvcache[] = {&out, &lse, &dk, &dv};
+    expect_deferred_error(ctx, "desc->alibi_slopes[1]", kept_kvcache, 4);
+
+    /* Later calls run again: a valid forward writes out. */
+    desc.alibi_slopes = NULL;
+    assert_int_equal(fa_forward(ctx, &desc, &t, &t, &t, &to, lse.dev), FA_SUCCESS);
+    assert_int_equal(fa_synchronize(ctx), FA_SUCCESS);
+    void *now = buffer_fetch(ctx, &out);
+    assert_true(memcmp(now, out.host, out.n * sizeof(float)) != 0);
+    free(now);
+    fa_free(ctx, cached_dev);
+    buffer *all[] = {&q, &out, &lse, &dq, &dk, &dv, &slopes, &sinks, &dsinks, &dbias, &bias};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) buffer_free(ctx, all[i]);
 }

@@ -21,7 +21,7 @@ namespace fa_decode {
 
 using fa_generic::kThreads;
 
-__device__ __forceinline__ bool failed(const fa_gpu_params &p) { return p.status->code != FA_GPU_STATUS_OK; }
+__device__ __forceinline__ bool failed(const fa_gpu_params &p) { return fa_gpu_failed(p); }
 
 __device__ __forceinline__ void record(const fa_gpu_params &p, fa_gpu_status_code code, int array, int64_t sequence,
                                        int64_t index, int64_t value, int64_t limit)
@@ -76,6 +76,28 @@ __global__ void __launch_bounds__(kThreads) check_kvcache(const fa_gpu_params p)
             if (page < 0 || page >= p.num_pages) return record(p, FA_GPU_STATUS_KV_PAGE, 0, b, x, page, p.num_pages);
         }
     }
+}
+
+/* The float's bits, for the status record (the host turns them back into the value). */
+__device__ __forceinline__ int64_t float_bits(float x)
+{
+    union { float f; int32_t i; } u;
+    u.f = x;
+    return u.i;
+}
+
+/* One thread: every ALiBi slope finite, no sink NaN or +inf (fa_validate_modifier_values of the
+ * core, on the device: the arrays are device memory). */
+__global__ void __launch_bounds__(kThreads) check_modifier_values(const fa_gpu_params p)
+{
+    FA_GPU_REQUIRE_BLOCK(kThreads);
+    if (threadIdx.x != 0 || failed(p)) return;
+    const int64_t batches = p.varlen_batch ? p.varlen_batch : p.batch;
+    const int64_t slopes = p.alibi_slopes ? (p.alibi_stride_batch ? batches : 1) * p.heads_q : 0;
+    for (int64_t x = 0; x < slopes; ++x)
+        if (!isfinite(p.alibi_slopes[x])) return record(p, FA_GPU_STATUS_ALIBI_SLOPE, 0, 0, x, float_bits(p.alibi_slopes[x]), 0);
+    for (int64_t h = 0; p.sinks && h < p.heads_q; ++h)
+        if (isnan(p.sinks[h]) || p.sinks[h] == INFINITY) return record(p, FA_GPU_STATUS_SINK, 0, 0, h, float_bits(p.sinks[h]), 0);
 }
 
 /* Element offset of key j of sequence b, head h, in a cache tensor: through the block table when

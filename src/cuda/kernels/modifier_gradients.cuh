@@ -15,6 +15,7 @@ __global__ void __launch_bounds__(kThreads) sink_gradients(const fa_gpu_params p
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
     FA_DYNAMIC_SMEM(double, partial);
+    if (fa_gpu_failed(p)) return; /* a device-side check failed: write nothing */
     const int64_t h = blockIdx.x, rows = p.batch * p.seqlen_q;
     const float sink = p.sinks[h];
     double acc = 0.0;
@@ -46,6 +47,7 @@ __global__ void __launch_bounds__(kThreads) backward_dbias(const fa_gpu_params p
     FA_GPU_REQUIRE_BLOCK(kThreads);
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS, CPL = (TILE + W - 1) / W;
     FA_DYNAMIC_SMEM(float, smem);
+    if (fa_gpu_failed(params)) return; /* a device-side check failed: write nothing (not even zeros) */
     const fa_bias &db = params.dbias;
     const int64_t d = params.head_dim, ld = fa_gpu_smem_ld(d), group = params.heads_q / params.heads_kv;
     float *sq = smem, *sdo = sq + TILE * ld, *sk = sdo + TILE * ld, *sv = sk + TILE * ld;

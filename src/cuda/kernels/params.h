@@ -12,9 +12,9 @@ typedef struct fa_gpu_tensor {
     int64_t stride_batch, stride_seq, stride_head;
 } fa_gpu_tensor;
 
-/* A failed check of tables in device memory (varlen offsets, KV-cache lengths and pages), written
- * by the check kernels; every kernel of a varlen or KV-cache call then writes nothing, and the
- * plugin reports it at the next synchronize. */
+/* A failed check of what lives in device memory (varlen offsets, KV-cache lengths and pages, ALiBi
+ * slopes and sinks), written by the check kernels; every kernel then writes nothing until the
+ * plugin reports it at the next synchronize (which clears it). */
 typedef enum fa_gpu_status_code {
     FA_GPU_STATUS_OK,
     FA_GPU_STATUS_VARLEN_FIRST,      /* cu_seqlens_*[0] != 0: value */
@@ -23,7 +23,9 @@ typedef enum fa_gpu_status_code {
     FA_GPU_STATUS_VARLEN_TOTAL,      /* cu_seqlens_*[batch] != the tensors' rows: value, limit */
     FA_GPU_STATUS_KV_NEGATIVE,       /* cache_seqlens[sequence] < 0: value */
     FA_GPU_STATUS_KV_CAPACITY,       /* cached + new (value) above the capacity (limit) */
-    FA_GPU_STATUS_KV_PAGE            /* block_table[sequence][index] = value outside [0, limit) */
+    FA_GPU_STATUS_KV_PAGE,           /* block_table[sequence][index] = value outside [0, limit) */
+    FA_GPU_STATUS_ALIBI_SLOPE,       /* alibi_slopes[index] not finite: value = the float's bits */
+    FA_GPU_STATUS_SINK               /* sinks[index] NaN or +inf: value = the float's bits */
 } fa_gpu_status_code;
 
 typedef struct fa_gpu_status {

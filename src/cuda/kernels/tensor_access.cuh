@@ -140,18 +140,21 @@ __device__ __forceinline__ fa_gpu_tensor fa_rows_from(fa_gpu_tensor t, int64_t s
     return t;
 }
 
-/* The problem a block of a packed varlen call works on: sequence b (blockIdx.z) as a dense
- * problem over its rows, so the kernels run unchanged with b as the batch index (tensor batch
- * strides 0, lse and delta from the sequence's first row, dropout in the padded layout). After a
- * failed table check the sequence is empty: the block writes nothing. Dense calls: unchanged. */
+/* 1 once a device-side check failed (until the next synchronize reports it): kernels write nothing. */
+__device__ __forceinline__ bool fa_gpu_failed(const fa_gpu_params &p) { return p.status->code != FA_GPU_STATUS_OK; }
+
+/* The problem a block works on. A packed varlen call: sequence b (blockIdx.z) as a dense problem
+ * over its rows, so the kernels run unchanged with b as the batch index (tensor batch strides 0,
+ * lse and delta from the sequence's first row, dropout in the padded layout). Dense calls:
+ * unchanged. After a failed device-side check the problem is empty: the block writes nothing. */
 __device__ __forceinline__ fa_gpu_params fa_sequence_params(const fa_gpu_params &in, int64_t b)
 {
-    if (!in.cu_seqlens_q) return in;
     fa_gpu_params p = in;
-    if (in.status->code != FA_GPU_STATUS_OK) {
+    if (fa_gpu_failed(in)) {
         p.seqlen_q = p.seqlen_k = 0;
         return p;
     }
+    if (!in.cu_seqlens_q) return p;
     const int64_t q0 = in.cu_seqlens_q[b], k0 = in.cu_seqlens_k[b];
     p.seqlen_q = in.cu_seqlens_q[b + 1] - q0;
     p.seqlen_k = in.cu_seqlens_k[b + 1] - k0;
