@@ -177,7 +177,7 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     } else {
         kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0);
         fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
-        if (c->modified) fa_cpu_modify_scores(p, c->b, c->h, &rows, key0, keys, w->st, br, NULL);
+        if (c->modified) fa_cpu_modify_scores(p, kern, c->b, c->h, &rows, key0, keys, w->st, br, NULL);
         fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max,
                             w->shift, w->alpha, w->tile_sum);
     }

@@ -1,5 +1,5 @@
-/* GCC keeps the selects of fast_tanh and the masking as branches (no vector loop) unless it may
- * assume FP operations do not trap; the values computed are the same either way. */
+/* GCC keeps the select that leaves masked scores masked (bias) as a branch (no vector loop) unless
+ * it may assume FP operations do not trap; the values computed are the same either way. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
@@ -10,61 +10,21 @@
 #include "../common/alloc.h"
 #include "../common/error.h"
 #include "../common/visibility.h"
-#include "kernels/exp_poly.h"
 
-/* tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)) with exp from the kernels' polynomial, written
- * without branches or libm calls so that the loop over a tile column vectorizes (libm's tanhf
- * costs several times the rest of the tile's work). Absolute error below 2^-22: the score moves
- * by at most softcap * 2^-22. |x| >= 9 gives +-1 (tanh(9) = 1 - 3e-8). */
-static inline float fast_tanh(float x)
-{
-    float a = fabsf(x);
-    a = a < 9.0f ? a : 9.0f;
-    const float y = -2.0f * a; /* exp(y) in (1.5e-8, 1] */
-    const float n = (float)(int32_t)(y * FA_EXP_LOG2E - 0.5f); /* round(y log2 e): y < 0, truncation is ceil */
-    const float r = (y - n * FA_EXP_LN2_HI) - n * FA_EXP_LN2_LO;
-    float poly = FA_EXP_P0;
-    poly = poly * r + FA_EXP_P1;
-    poly = poly * r + FA_EXP_P2;
-    poly = poly * r + FA_EXP_P3;
-    poly = poly * r + FA_EXP_P4;
-    poly = poly * r + FA_EXP_P5;
-    poly = poly * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    const float t = 1.0f - 2.0f / (poly * two_n + 1.0f);
-    return copysignf(t, x);
-}
-
-void fa_cpu_modify_scores(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
-                          int64_t cols, float *st, int64_t ld, float *cap_grad)
+void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h,
+                          const fa_cpu_rows *rows, int64_t j0, int64_t cols, float *st, int64_t ld, float *cap_grad)
 {
     const int64_t n = rows->count, diag0 = fa_diagonal_key(rows->i0, p->diag_offset);
-    const float cap = p->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     const float slope = p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
     /* One simple loop per modifier over the contiguous query lanes of a key column, with 32-bit
      * indices (int64 -> float conversions do not vectorize before AVX-512), so each vectorizes. */
     const int32_t count = (int32_t)n;
-    for (int64_t c = 0; c < cols; ++c) {
+    /* The one tanh of the forward and the backward (kernels.h): the ISA's, chosen by the CPU only. */
+    if (p->softcap > 0.0f) kern->softcap_cols(st, ld, cols, n, p->softcap, cap_grad);
+    for (int64_t c = 0; c < cols && slope != 0.0f; ++c) { /* -inf minus a finite distance stays -inf */
         float *keys = st + c * ld;
-        if (cap > 0.0f && cap_grad) {
-            float *grad = cap_grad + c * ld;
-            for (int32_t r = 0; r < count; ++r) {
-                const float x = keys[r], t = fast_tanh(x * inv_cap);
-                grad[r] = 1.0f - t * t;
-                keys[r] = x == -INFINITY ? x : cap * t; /* masked stays masked */
-            }
-        } else if (cap > 0.0f) {
-            for (int32_t r = 0; r < count; ++r) {
-                const float x = keys[r], t = fast_tanh(x * inv_cap);
-                keys[r] = x == -INFINITY ? x : cap * t;
-            }
-        }
-        if (slope != 0.0f) { /* -inf minus a finite distance stays -inf */
-            const float offset = (float)(diag0 - (j0 + c));
-            for (int32_t r = 0; r < count; ++r) keys[r] -= slope * fabsf(offset + (float)r);
-        }
+        const float offset = (float)(diag0 - (j0 + c));
+        for (int32_t r = 0; r < count; ++r) keys[r] -= slope * fabsf(offset + (float)r);
     }
     if (!p->bias.data) return;
     for (int64_t r = 0; r < n; ++r) { /* one bias row per query: read along the keys */

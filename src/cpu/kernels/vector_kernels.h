@@ -2,7 +2,9 @@
  * ISA (x86/avx2_kernels.c, x86/avx512_kernels.c, arm/neon_kernels.c). The including file defines:
  *   VEC, W (lanes), MR (register rows), KNAME(x) (name prefix), MASK_T, VMASK(n) (first n lanes),
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
- *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VMAX, VMIN,
+ *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VSUB, VMUL, VDIV, VMAX, VMIN,
+ *   VABS(x), VCOPYSIGN(m, s) (|m| with the sign of s), VSELECT_GE(a, b, y, n) = a >= b ? y : n and
+ *   VSELECT_EQ(a, b, y, n) = a == b ? y : n (ordered: false for NaN),
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
  *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp, see KNAME(exp)) and GEMM_KC
  *   (k blocking of gemm, see KNAME(gemm_any)),
@@ -15,6 +17,7 @@
 #define FA_VECTOR_KERNELS_H
 #include "../../common/half.h"
 #include "exp_poly.h"
+#include "tanh_poly.h"
 #endif
 
 #define FA_INLINE static inline __attribute__((always_inline))
@@ -265,6 +268,48 @@ static void KNAME(exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, fl
     }
 }
 
+/* tanh, see tanh_poly.h. Both branches are computed and one is selected per lane; a NaN lane
+ * fails the ordered |x| >= FA_TANH_SMALL test and takes the polynomial, which returns the NaN. */
+FA_INLINE VEC KNAME(tanh)(VEC x)
+{
+    const VEC a = VABS(x), z = VMUL(x, x);
+    VEC poly = VSET1(FA_TANH_P0);
+    poly = VFMA(poly, z, VSET1(FA_TANH_P1));
+    poly = VFMA(poly, z, VSET1(FA_TANH_P2));
+    poly = VFMA(poly, z, VSET1(FA_TANH_P3));
+    poly = VFMA(poly, z, VSET1(FA_TANH_P4));
+    const VEC small = VFMA(VMUL(poly, z), x, x);
+    const VEC a2 = VMIN(a, VSET1(FA_TANH_ONE));
+    const VEC e = KNAME(exp)(VADD(a2, a2));
+    const VEC large = VSUB(VSET1(1.0f), VDIV(VSET1(2.0f), VADD(e, VSET1(1.0f))));
+    /* tanh is odd: the sign of x on both branches (the polynomial alone gives +0 for -0) */
+    return VCOPYSIGN(VSELECT_GE(a, VSET1(FA_TANH_SMALL), large, small), x);
+}
+
+FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, const int masked, MASK_T m, VEC cap, VEC inv_cap)
+{
+    const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
+    const VEC t = KNAME(tanh)(VMUL(s, inv_cap));
+    const VEC capped = VSELECT_EQ(s, VSET1(-INFINITY), s, VMUL(cap, t)); /* masked stays masked */
+    if (masked) VMSTORE(x, m, capped);
+    else VSTORE(x, capped);
+    if (!grad) return;
+    const VEC g = VFNMA(t, t, VSET1(1.0f));
+    if (masked) VMSTORE(grad, m, g);
+    else VSTORE(grad, g);
+}
+
+static void KNAME(softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float cap, float *grad)
+{
+    const VEC vcap = VSET1(cap), inv_cap = VSET1(1.0f / cap);
+    for (int64_t i = 0; i < rows; ++i) {
+        float *row = x + i * ld, *grow = grad ? grad + i * ld : NULL;
+        int64_t j = 0;
+        for (; j + W <= cols; j += W) KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, 0, VMASK(W), vcap, inv_cap);
+        if (j < cols) KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, 1, VMASK(cols - j), vcap, inv_cap);
+    }
+}
+
 static void KNAME(f16_to_f32)(const uint16_t *src, float *dst, int64_t n)
 {
     int64_t i = 0;
@@ -308,7 +353,7 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
 /* The ISA's table (kernels.h), named by the including file: one list of kernels for every ISA. */
 #define FA_VECTOR_KERNEL_TABLE(name)                                                                      \
     {                                                                                                     \
-        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols),          \
+        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
         .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }
