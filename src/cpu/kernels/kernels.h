@@ -23,12 +23,14 @@
  *             exp(-inf) = 0, and shift[j] = +inf gives zeros. Accuracy: within 2 ulp of expf for
  *             arguments in [-87.3, 88]; below -87.3 (results under FLT_MIN) ISA kernels may flush
  *             to zero.
- *   softcap_cols: x[i*ld + j] = cap * tanh(x[i*ld + j] * (1 / cap)) (cap > 0), -inf left as it is
+ *   softcap_cols: x[i*ld + j] = cap * tanh((x[i*ld + j] * scale) * (1 / cap)) (cap > 0; two
+ *             roundings, so scale = 1 gives the bits of a tile scaled before), -inf left as it is
  *             (masked stays masked); grad (NULL = not wanted, same layout) = 1 - tanh^2 of the same
- *             tanh value, what the backward's chain rule needs. The forward and the backward both
+ *             tanh value, what the backward's chain rule needs; col_max (NULL = not wanted)
+ *             [cols] = max over i of the results, as col_max would give them. The forward and the backward both
  *             take their softcap from this kernel, so the backward recomputes the forward's P.
  *             tanh accuracy (tests/checkasm, dense sweep against tanh in double): ref = libm tanhf;
- *             the ISA kernels within 2e-7 relative (about 2 ulp) everywhere, odd, tanh(+-0) = +-0,
+ *             the ISA kernels within 4e-7 relative (measured 3.2e-7, about 5 ulp), odd, tanh(+-0) = +-0,
  *             +-1 from |x| >= 9.1 and for +-inf, NaN in gives NaN out.
  *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
  *   bf16_to_f32: dst[i] = bfloat16 src[i] widened (exact: the 16 bits become the top half).
@@ -56,7 +58,8 @@ typedef struct fa_cpu_kernels {
                  int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate);
     void (*col_max)(const float *x, int64_t ld, int64_t rows, int64_t cols, float *out);
     void (*exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift, float *sum);
-    void (*softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float cap, float *grad);
+    void (*softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float *grad,
+                         float *col_max);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);

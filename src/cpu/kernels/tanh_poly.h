@@ -1,14 +1,22 @@
-/* tanh(x) for the vector kernels (Cephes tanhf): below |x| = FA_TANH_SMALL an odd polynomial
- * x + x^3 P(x^2), which keeps the relative accuracy down to tiny x (no cancellation); above it
- * sign(x) (1 - 2 / (exp(2|x|) + 1)) with the kernels' exponential (exp_poly.h), |x| clamped to
- * FA_TANH_ONE where tanh(x) rounds to 1 in binary32 (1 - tanh(9.1) = 2.5e-8 < 2^-25). */
+/* tanh(x) for the vector kernels: the odd rational minimax approximation p(x) / q(x) of Eigen's
+ * ptanh_float (degree 13 over degree 6, x clamped to +-FA_TANH_CLAMP): one reciprocal and 11
+ * FMAs, about half the work of an exponential-based form. Below FA_TANH_TINY tanh(x) = x (to
+ * within 2^-24 relative; p would underflow for subnormal x); from FA_TANH_ONE on, +-1 (tanh
+ * rounds to 1 in binary32 beyond 9.01). */
 #ifndef FA_TANH_POLY_H
 #define FA_TANH_POLY_H
-#define FA_TANH_SMALL 0.625f
+#define FA_TANH_TINY 0.0004f
 #define FA_TANH_ONE 9.1f
-#define FA_TANH_P0 (-5.70498872745e-3f)
-#define FA_TANH_P1 2.06390887954e-2f
-#define FA_TANH_P2 (-5.37397155531e-2f)
-#define FA_TANH_P3 1.33314422036e-1f
-#define FA_TANH_P4 (-3.33332819422e-1f)
+#define FA_TANH_CLAMP 7.90531110763549805f
+#define FA_TANH_A1 4.89352455891786e-03f
+#define FA_TANH_A3 6.37261928875436e-04f
+#define FA_TANH_A5 1.48572235717979e-05f
+#define FA_TANH_A7 5.12229709037114e-08f
+#define FA_TANH_A9 (-8.60467152213735e-11f)
+#define FA_TANH_A11 2.00018790482477e-13f
+#define FA_TANH_A13 (-2.76076847742355e-16f)
+#define FA_TANH_B0 4.89352518554385e-03f
+#define FA_TANH_B2 2.26843463243900e-03f
+#define FA_TANH_B4 1.18534705686654e-04f
+#define FA_TANH_B6 1.19825839466702e-06f
 #endif

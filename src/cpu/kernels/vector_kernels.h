@@ -2,9 +2,9 @@
  * ISA (x86/avx2_kernels.c, x86/avx512_kernels.c, arm/neon_kernels.c). The including file defines:
  *   VEC, W (lanes), MR (register rows), KNAME(x) (name prefix), MASK_T, VMASK(n) (first n lanes),
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
- *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VSUB, VMUL, VDIV, VMAX, VMIN,
+ *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VDIV, VMAX, VMIN,
  *   VABS(x), VCOPYSIGN(m, s) (|m| with the sign of s), VSELECT_GE(a, b, y, n) = a >= b ? y : n and
- *   VSELECT_EQ(a, b, y, n) = a == b ? y : n (ordered: false for NaN),
+ *   VSELECT_EQ(a, b, y, n) = a == b ? y : n (ordered: false for NaN), optionally VRECIP(x) (1 / x),
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
  *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp, see KNAME(exp)) and GEMM_KC
  *   (k blocking of gemm, see KNAME(gemm_any)),
@@ -268,45 +268,66 @@ static void KNAME(exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, fl
     }
 }
 
-/* tanh, see tanh_poly.h. Both branches are computed and one is selected per lane; a NaN lane
- * fails the ordered |x| >= FA_TANH_SMALL test and takes the polynomial, which returns the NaN. */
+/* 1 / x: an ISA whose reciprocal estimate is specified bit for bit (AVX-512's rcp14) may define
+ * it as the estimate refined by Newton's step (a division costs about 10 times more). */
+#ifndef VRECIP
+#define VRECIP(x) VDIV(VSET1(1.0f), x)
+#endif
+
+/* tanh, see tanh_poly.h: odd rational p(x) / q(x) on x clamped to +-FA_TANH_CLAMP; x itself
+ * below FA_TANH_TINY (p underflows there), +-1 from FA_TANH_ONE. A NaN lane fails the ordered
+ * |x| >= FA_TANH_TINY test and is returned as it is. */
 FA_INLINE VEC KNAME(tanh)(VEC x)
 {
-    const VEC a = VABS(x), z = VMUL(x, x);
-    VEC poly = VSET1(FA_TANH_P0);
-    poly = VFMA(poly, z, VSET1(FA_TANH_P1));
-    poly = VFMA(poly, z, VSET1(FA_TANH_P2));
-    poly = VFMA(poly, z, VSET1(FA_TANH_P3));
-    poly = VFMA(poly, z, VSET1(FA_TANH_P4));
-    const VEC small = VFMA(VMUL(poly, z), x, x);
-    const VEC a2 = VMIN(a, VSET1(FA_TANH_ONE));
-    const VEC e = KNAME(exp)(VADD(a2, a2));
-    const VEC large = VSUB(VSET1(1.0f), VDIV(VSET1(2.0f), VADD(e, VSET1(1.0f))));
-    /* tanh is odd: the sign of x on both branches (the polynomial alone gives +0 for -0) */
-    return VCOPYSIGN(VSELECT_GE(a, VSET1(FA_TANH_SMALL), large, small), x);
+    const VEC a = VABS(x), xc = VMAX(VMIN(x, VSET1(FA_TANH_CLAMP)), VSET1(-FA_TANH_CLAMP)), z = VMUL(xc, xc);
+    VEC p = VSET1(FA_TANH_A13);
+    p = VFMA(p, z, VSET1(FA_TANH_A11));
+    p = VFMA(p, z, VSET1(FA_TANH_A9));
+    p = VFMA(p, z, VSET1(FA_TANH_A7));
+    p = VFMA(p, z, VSET1(FA_TANH_A5));
+    p = VFMA(p, z, VSET1(FA_TANH_A3));
+    p = VFMA(p, z, VSET1(FA_TANH_A1));
+    VEC q = VSET1(FA_TANH_B6);
+    q = VFMA(q, z, VSET1(FA_TANH_B4));
+    q = VFMA(q, z, VSET1(FA_TANH_B2));
+    q = VFMA(q, z, VSET1(FA_TANH_B0));
+    const VEC t = VMUL(VMUL(xc, p), VRECIP(q));
+    return VSELECT_GE(a, VSET1(FA_TANH_TINY), VSELECT_GE(a, VSET1(FA_TANH_ONE), VCOPYSIGN(VSET1(1.0f), x), t), x);
 }
 
-FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, const int masked, MASK_T m, VEC cap, VEC inv_cap)
+FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const int masked, MASK_T m, VEC scale,
+                                  VEC cap, VEC inv_cap)
 {
     const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
-    const VEC t = KNAME(tanh)(VMUL(s, inv_cap));
+    const VEC t = KNAME(tanh)(VMUL(VMUL(s, scale), inv_cap));
     const VEC capped = VSELECT_EQ(s, VSET1(-INFINITY), s, VMUL(cap, t)); /* masked stays masked */
     if (masked) VMSTORE(x, m, capped);
     else VSTORE(x, capped);
+    if (col_max) {
+        const VEC best = VMAX(masked ? VMLOAD(col_max, m) : VLOAD(col_max), capped);
+        if (masked) VMSTORE(col_max, m, best);
+        else VSTORE(col_max, best);
+    }
     if (!grad) return;
     const VEC g = VFNMA(t, t, VSET1(1.0f));
     if (masked) VMSTORE(grad, m, g);
     else VSTORE(grad, g);
 }
 
-static void KNAME(softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float cap, float *grad)
+static void KNAME(softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float *grad,
+                                float *col_max)
 {
-    const VEC vcap = VSET1(cap), inv_cap = VSET1(1.0f / cap);
+    const VEC vscale = VSET1(scale), vcap = VSET1(cap), inv_cap = VSET1(1.0f / cap);
+    for (int64_t j = 0; col_max && j < cols; ++j) col_max[j] = -INFINITY;
     for (int64_t i = 0; i < rows; ++i) {
         float *row = x + i * ld, *grow = grad ? grad + i * ld : NULL;
         int64_t j = 0;
-        for (; j + W <= cols; j += W) KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, 0, VMASK(W), vcap, inv_cap);
-        if (j < cols) KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, 1, VMASK(cols - j), vcap, inv_cap);
+        for (; j + W <= cols; j += W)
+            KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, col_max ? col_max + j : NULL, 0, VMASK(W), vscale,
+                               vcap, inv_cap);
+        if (j < cols)
+            KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, col_max ? col_max + j : NULL, 1, VMASK(cols - j),
+                               vscale, vcap, inv_cap);
     }
 }
 

@@ -37,16 +37,18 @@ static void ref_exp_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float
 }
 
 /* The ground truth: libm's tanhf (slow, about 20 ns a call; the ISA kernels are not). */
-static void ref_softcap_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float cap, float *grad)
+static void ref_softcap_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float *grad,
+                             float *col_max)
 {
     const float inv_cap = 1.0f / cap;
     for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < cols; ++j) {
             float *s = x + i * ld + j;
-            const float t = tanhf(*s * inv_cap);
+            const float scaled = *s * scale, t = tanhf(scaled * inv_cap);
             if (grad) grad[i * ld + j] = 1.0f - t * t;
             if (*s != -INFINITY) *s = cap * t; /* masked stays masked */
         }
+    if (col_max) ref_col_max(x, ld, rows, cols, col_max);
 }
 
 static void ref_f16_to_f32(const uint16_t *src, float *dst, int64_t n)
