@@ -17,30 +17,16 @@ void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64
 {
     const int64_t n = rows->count, diag0 = fa_diagonal_key(rows->i0, p->diag_offset);
     const float slope = p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
-    const int has_bias = p->bias.data != NULL;
-    /* One simple loop per modifier over the contiguous query lanes of a key column, with 32-bit
-     * indices (int64 -> float conversions do not vectorize before AVX-512), so each vectorizes.
-     * The first modifier multiplies by the scale (x * 1 is exact: the bits of a scaled tile). */
-    const int32_t count = (int32_t)n;
-    /* The one tanh of the forward and the backward (kernels.h): the ISA's, chosen by the CPU only. */
+    const int has_bias = p->bias.data != NULL, alibi = p->alibi_slopes != NULL;
+    /* The first modifier multiplies by the scale (x * 1 is exact: the bits of a scaled tile), the
+     * last takes the max. The one tanh of the forward and the backward (kernels.h): the ISA's,
+     * chosen by the CPU only. */
     if (p->softcap > 0.0f) {
-        kern->softcap_cols(st, ld, cols, n, scale, p->softcap, cap_grad, slope != 0.0f || has_bias ? NULL : col_max);
+        kern->softcap_cols(st, ld, cols, n, scale, p->softcap, cap_grad, alibi || has_bias ? NULL : col_max);
         scale = 1.0f;
-    } else if (slope == 0.0f && !has_bias) { /* ALiBi with a zero slope: the scale alone */
-        for (int64_t c = 0; c < cols; ++c)
-            for (int32_t r = 0; r < count; ++r) st[c * ld + r] *= scale;
-        if (col_max) kern->col_max(st, ld, cols, n, col_max);
-        return;
     }
-    if (slope != 0.0f) { /* -inf minus a finite distance stays -inf */
-        float *best = has_bias ? NULL : col_max;
-        for (int32_t r = 0; best && r < count; ++r) best[r] = -INFINITY;
-        for (int64_t c = 0; c < cols; ++c) {
-            float *keys = st + c * ld;
-            const float offset = (float)(diag0 - (j0 + c));
-            for (int32_t r = 0; r < count; ++r) keys[r] = keys[r] * scale - slope * fabsf(offset + (float)r);
-            for (int32_t r = 0; best && r < count; ++r) best[r] = keys[r] > best[r] ? keys[r] : best[r];
-        }
+    if (alibi) { /* -inf minus a finite distance stays -inf */
+        kern->alibi_cols(st, ld, cols, n, scale, slope, diag0 - j0, has_bias ? NULL : col_max);
         scale = 1.0f;
     }
     if (!has_bias) return;

@@ -32,6 +32,9 @@
  *             tanh accuracy (tests/checkasm, dense sweep against tanh in double): ref = libm tanhf;
  *             the ISA kernels within 4e-7 relative (measured 3.2e-7, about 5 ulp), odd, tanh(+-0) = +-0,
  *             +-1 from |x| >= 9.1 and for +-inf, NaN in gives NaN out.
+ *   alibi_cols: x[i*ld + j] = x[i*ld + j] * scale - slope * |(first - i) + j| (the ALiBi bias of key
+ *             row i and query column j; -inf stays -inf), with col_max as softcap_cols'. The same
+ *             bits on every ISA (each step one IEEE operation, no fusing).
  *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
  *   bf16_to_f32: dst[i] = bfloat16 src[i] widened (exact: the 16 bits become the top half).
  *   f32_to_f16: dst[i] = src[i] rounded to binary16, to nearest even, bit for bit as fa_f32_to_f16
@@ -60,6 +63,8 @@ typedef struct fa_cpu_kernels {
     void (*exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift, float *sum);
     void (*softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float *grad,
                          float *col_max);
+    void (*alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
+                       float *col_max);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);

@@ -331,6 +331,32 @@ static void KNAME(softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols
     }
 }
 
+/* ALiBi: x = x * scale - slope * |(first - i) + j|, the distance's two terms exact integers in
+ * float (|.| < 2^24) so every ISA and the reference give the same bits. */
+static void KNAME(alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
+                              float *col_max)
+{
+    static const float lane_index[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const VEC vscale = VSET1(scale), minus_slope = VSET1(-slope), lanes = VLOAD(lane_index);
+    for (int64_t j = 0; col_max && j < cols; ++j) col_max[j] = -INFINITY;
+    for (int64_t i = 0; i < rows; ++i) {
+        float *row = x + i * ld;
+        const float offset = (float)(first - i);
+        for (int64_t j = 0; j < cols; j += W) {
+            const int masked = cols - j < W;
+            const MASK_T m = VMASK(masked ? cols - j : W);
+            const VEC dist = VABS(VADD(VSET1(offset), VADD(lanes, VSET1((float)j))));
+            const VEC s = VADD(VMUL(masked ? VMLOAD(row + j, m) : VLOAD(row + j), vscale), VMUL(minus_slope, dist));
+            if (masked) VMSTORE(row + j, m, s);
+            else VSTORE(row + j, s);
+            if (!col_max) continue;
+            const VEC best = VMAX(masked ? VMLOAD(col_max + j, m) : VLOAD(col_max + j), s);
+            if (masked) VMSTORE(col_max + j, m, best);
+            else VSTORE(col_max + j, best);
+        }
+    }
+}
+
 static void KNAME(f16_to_f32)(const uint16_t *src, float *dst, int64_t n)
 {
     int64_t i = 0;
@@ -374,7 +400,7 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
 /* The ISA's table (kernels.h), named by the including file: one list of kernels for every ISA. */
 #define FA_VECTOR_KERNEL_TABLE(name)                                                                      \
     {                                                                                                     \
-        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols),          \
+        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
         .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }

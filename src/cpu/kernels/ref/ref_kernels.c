@@ -51,6 +51,19 @@ static void ref_softcap_cols(float *x, int64_t ld, int64_t rows, int64_t cols, f
     if (col_max) ref_col_max(x, ld, rows, cols, col_max);
 }
 
+static void ref_alibi_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
+                           float *col_max)
+{
+    for (int64_t i = 0; i < rows; ++i) {
+        const float offset = (float)(first - i);
+        for (int64_t j = 0; j < cols; ++j) {
+            const float scaled = x[i * ld + j] * scale, distance = fabsf(offset + (float)j);
+            x[i * ld + j] = scaled - slope * distance;
+        }
+    }
+    if (col_max) ref_col_max(x, ld, rows, cols, col_max);
+}
+
 static void ref_f16_to_f32(const uint16_t *src, float *dst, int64_t n)
 {
     for (int64_t i = 0; i < n; ++i) dst[i] = fa_f16_to_f32(src[i]);
@@ -108,6 +121,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .col_max = ref_col_max,
     .exp_cols = ref_exp_cols,
     .softcap_cols = ref_softcap_cols,
+    .alibi_cols = ref_alibi_cols,
     .f16_to_f32 = ref_f16_to_f32,
     .bf16_to_f32 = ref_bf16_to_f32,
     .f32_to_f16 = ref_f32_to_f16,
