@@ -14,11 +14,12 @@
 /* The bias of rows x keys [j0, j0 + cols) added to the transposed tile st (after the scale).
  * The bias is read as it lies, row by row along the keys, in blocks of BIAS_ROWS rows x BIAS_KEYS
  * keys: f16/bf16 rows are widened by the ISA's vector kernels (no per-element conversion), each
- * block is transposed in L1 (4 KiB) and then added to st one contiguous line of BIAS_ROWS queries
- * per key (a vector loop), and the next block's rows are prefetched meanwhile. Adding the rows
+ * block is transposed in L1 (4 KiB) and then added to st by the ISA's add_cols (one contiguous
+ * line of BIAS_ROWS queries per key), and the next block's rows are prefetched meanwhile. Adding the rows
  * straight into st would stride st by its leading dimension (256 B for Br = 64): 4 L1 sets of
  * every 16 hold those lines, and a 256-key block thrashed them (0.2 of the read bandwidth). */
 enum { BIAS_ROWS = 16, BIAS_KEYS = 64 };
+
 static void add_bias(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h, const fa_cpu_rows *rows,
                      int64_t j0, int64_t cols, float scale, float *st, int64_t ld)
 {
@@ -42,12 +43,7 @@ static void add_bias(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b,
                     for (size_t at = 0; at < (size_t)cn * elem; at += 64) __builtin_prefetch(next + at, 0, 0);
                 }
             }
-            for (int64_t c = 0; c < cn; ++c) {
-                float *s = st + (c0 + c) * ld + r0;
-                const float *add = block[c];
-                for (int32_t r = 0; r < rn; ++r) /* masked stays masked, whatever the bias */
-                    s[r] = s[r] == -INFINITY ? s[r] : s[r] * scale + add[r];
-            }
+            kern->add_cols(st + c0 * ld + r0, ld, cn, rn, scale, block[0], BIAS_ROWS);
         }
     }
 }

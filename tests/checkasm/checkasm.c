@@ -5,7 +5,7 @@
  * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped.
  *   test_checkasm [--function=PATTERN] [--isa=NAME] [--seed=N] [--bench]
  * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, col_max, exp_cols,
- * softcap_cols, alibi_cols, f16_to_f32, bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
+ * softcap_cols, alibi_cols, add_cols, f16_to_f32, bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
  * (printed, default 12345); --bench: after the checks, each kernel's time per call on the
  * forward's and backward's tile shapes, against its reference twin, and for the products the
  * fraction of the one-thread FMA peak of the same ISA (checkasm_bench.c). */
@@ -315,6 +315,26 @@ static void test_alibi_cols(void **state)
         }
 }
 
+/* add_cols bit for bit against the reference on odd shapes, padded rows (the padding keeps its
+ * sentinel), masked scores (kept whatever the addend, +inf and NaN included), scales 1 and 0.7. */
+static void test_add_cols(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    for (int64_t rows = 1; rows <= 41; rows += 8)
+        for (int64_t cols = 1; cols <= 67; cols += 5) {
+            const int64_t ld = cols + 2, ld_add = cols + 5;
+            const float scale = rows % 3 ? 0.7f : 1.0f;
+            float x_ref[41 * 69], x_isa[41 * 69], add[41 * 72];
+            for (int64_t e = 0; e < rows * ld; ++e) x_ref[e] = x_isa[e] = e % 7 == 3 ? -INFINITY : uniform(-8, 8);
+            for (int64_t e = 0; e < rows * ld_add; ++e) add[e] = e % 11 == 4 ? INFINITY : e % 13 == 2 ? NAN : uniform(-3, 3);
+            ref->add_cols(x_ref, ld, rows, cols, scale, add, ld_add);
+            isa->add_cols(x_isa, ld, rows, cols, scale, add, ld_add);
+            for (int64_t e = 0; e < rows * ld; ++e)
+                if (fa_f32_bits(x_isa[e]) != fa_f32_bits(x_ref[e]) && !(isnan(x_isa[e]) && isnan(x_ref[e])))
+                    fail_msg("add_cols %s (%lld, %lld): %.9g vs %.9g", isa->isa, (long long)(e / ld), (long long)(e % ld), x_isa[e], x_ref[e]);
+        }
+}
+
 /* A widening kernel on all 65536 inputs, bit for bit (NaN: any NaN). */
 static void check_widening(const char *isa, const char *name, void (*widen)(const uint16_t *, float *, int64_t),
                            float (*want_of)(uint16_t))
@@ -535,6 +555,7 @@ static const struct { const char *name; CMUnitTestFunction run; } kernel_tests[]
     {"exp_cols", test_exp_cols},
     {"softcap_cols", test_softcap_cols},
     {"alibi_cols", test_alibi_cols},
+    {"add_cols", test_add_cols},
     {"f16_to_f32", test_f16_to_f32},
     {"bf16_to_f32", test_bf16_to_f32},
     {"f32_to_f16", test_f32_to_f16},

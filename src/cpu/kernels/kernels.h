@@ -35,6 +35,8 @@
  *   alibi_cols: x[i*ld + j] = x[i*ld + j] * scale - slope * |(first - i) + j| (the ALiBi bias of key
  *             row i and query column j; -inf stays -inf), with col_max as softcap_cols'. The same
  *             bits on every ISA (each step one IEEE operation, no fusing).
+ *   add_cols: x[i*ld + j] = x[i*ld + j] * scale + add[i*ld_add + j] (the bias of a transposed block;
+ *             -inf stays -inf whatever add holds). The same bits on every ISA.
  *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
  *   bf16_to_f32: dst[i] = bfloat16 src[i] widened (exact: the 16 bits become the top half).
  *   f32_to_f16: dst[i] = src[i] rounded to binary16, to nearest even, bit for bit as fa_f32_to_f16
@@ -65,6 +67,7 @@ typedef struct fa_cpu_kernels {
                          float *col_max);
     void (*alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
                        float *col_max);
+    void (*add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add, int64_t ld_add);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);

@@ -357,6 +357,26 @@ static void KNAME(alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, 
     }
 }
 
+/* x = x * scale + add (two roundings, the reference's bits), -inf left as it is. */
+static void KNAME(add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add,
+                            int64_t ld_add)
+{
+    const VEC vscale = VSET1(scale), minus_inf = VSET1(-INFINITY);
+    for (int64_t i = 0; i < rows; ++i) {
+        float *row = x + i * ld;
+        const float *arow = add + i * ld_add;
+        for (int64_t j = 0; j < cols; j += W) {
+            const int masked = cols - j < W;
+            const MASK_T m = VMASK(masked ? cols - j : W);
+            const VEC s = masked ? VMLOAD(row + j, m) : VLOAD(row + j);
+            const VEC a = masked ? VMLOAD(arow + j, m) : VLOAD(arow + j);
+            const VEC y = VSELECT_EQ(s, minus_inf, s, VADD(VMUL(s, vscale), a)); /* masked stays masked */
+            if (masked) VMSTORE(row + j, m, y);
+            else VSTORE(row + j, y);
+        }
+    }
+}
+
 static void KNAME(f16_to_f32)(const uint16_t *src, float *dst, int64_t n)
 {
     int64_t i = 0;
@@ -400,7 +420,7 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
 /* The ISA's table (kernels.h), named by the including file: one list of kernels for every ISA. */
 #define FA_VECTOR_KERNEL_TABLE(name)                                                                      \
     {                                                                                                     \
-        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols),          \
+        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .add_cols = KNAME(add_cols),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
         .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }

@@ -64,6 +64,16 @@ static void ref_alibi_cols(float *x, int64_t ld, int64_t rows, int64_t cols, flo
     if (col_max) ref_col_max(x, ld, rows, cols, col_max);
 }
 
+static void ref_add_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add,
+                         int64_t ld_add)
+{
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+            float *s = x + i * ld + j;
+            if (*s != -INFINITY) *s = *s * scale + add[i * ld_add + j]; /* masked stays masked */
+        }
+}
+
 static void ref_f16_to_f32(const uint16_t *src, float *dst, int64_t n)
 {
     for (int64_t i = 0; i < n; ++i) dst[i] = fa_f16_to_f32(src[i]);
@@ -122,6 +132,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .exp_cols = ref_exp_cols,
     .softcap_cols = ref_softcap_cols,
     .alibi_cols = ref_alibi_cols,
+    .add_cols = ref_add_cols,
     .f16_to_f32 = ref_f16_to_f32,
     .bf16_to_f32 = ref_bf16_to_f32,
     .f32_to_f16 = ref_f32_to_f16,
