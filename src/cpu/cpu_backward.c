@@ -120,11 +120,11 @@ static void tile_gradients(const backward_ctx *c, int64_t b, int64_t h, const fa
     const int modified = fa_cpu_scores_modified(p), fold = p->scale > 0.0f && !modified;
     const int chain = of == DS_OF_QK && p->softcap > 0.0f;
     kern->gemm(cols, n, d, kt->k, kt->ldk, 1, w->qt, br, w->st, br, NULL, 0); /* S^T = K Q^T */
-    const int modifiers_scale = modified && vis == FA_TILE_FULL; /* as the forward: the same bits */
-    if (!modifiers_scale && (vis != FA_TILE_FULL || !fold)) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, br);
+    /* As the forward: modified scores are masked only, the modifiers apply the scale (the same bits). */
+    if (!modified && (vis != FA_TILE_FULL || !fold)) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, br);
+    if (modified && vis != FA_TILE_FULL) fa_cpu_scale_mask(p, rows, j0, cols, vis, 1, w->st, br);
     if (modified)
-        fa_cpu_modify_scores(p, kern, b, h, rows, j0, cols, modifiers_scale ? p->scale : 1.0f, w->st, br,
-                             chain ? w->cap_grad : NULL, NULL);
+        fa_cpu_modify_scores(p, kern, b, h, rows, j0, cols, p->scale, w->st, br, chain ? w->cap_grad : NULL, NULL);
     kern->exp_cols(w->st, br, cols, n, fold ? p->scale : 1.0f, w->shift, w->sum);
     kern->gemm(cols, n, d, kt->v, kt->ldv, 1, w->dout_t, br, w->dst, br, NULL, 0); /* dP^T = V dO^T */
     /* dS = P o (dropout(dP) - D) uses P undropped; dV then needs Z = dropout(P). */

@@ -176,13 +176,13 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
                                       w->shift, w->alpha, w->tile_sum);
     } else {
         kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0);
-        /* Modified scores of a fully visible tile: the modifiers apply the scale and take the max
-         * in their own passes (the same bits as a scale pass before them). */
-        const int modifiers_scale = c->modified && vis == FA_TILE_FULL;
-        if (!modifiers_scale) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
+        /* Modified scores: the modifiers apply the scale and take the max in their own passes; a
+         * partial tile is only masked before them (a full one not touched), so every score gets
+         * the same operations in either tile, in the forward and in the backward. */
+        if (!c->modified) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
+        else if (vis != FA_TILE_FULL) fa_cpu_scale_mask(p, &rows, key0, keys, vis, 1, w->st, br);
         if (c->modified) {
-            fa_cpu_modify_scores(p, kern, c->b, c->h, &rows, key0, keys, modifiers_scale ? p->scale : 1.0f, w->st, br,
-                                 NULL, w->tile_max);
+            fa_cpu_modify_scores(p, kern, c->b, c->h, &rows, key0, keys, p->scale, w->st, br, NULL, w->tile_max);
             fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0,
                                           w->tile_max, w->shift, w->alpha, w->tile_sum);
         } else {

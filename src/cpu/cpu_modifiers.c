@@ -55,8 +55,7 @@ void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64
     const int64_t n = rows->count, diag0 = fa_diagonal_key(rows->i0, p->diag_offset);
     const float slope = p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
     const int has_bias = p->bias.data != NULL, alibi = p->alibi_slopes != NULL;
-    /* The first modifier multiplies by the scale (x * 1 is exact: the bits of a scaled tile), the
-     * last takes the max. The one tanh of the forward and the backward (kernels.h): the ISA's,
+    /* The first modifier multiplies by the scale, the last takes the max. The one tanh of the forward and the backward (kernels.h): the ISA's,
      * chosen by the CPU only. */
     if (p->softcap > 0.0f) {
         kern->softcap_cols(st, ld, cols, n, scale, p->softcap, cap_grad, alibi || has_bias ? NULL : col_max);

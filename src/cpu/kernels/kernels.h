@@ -23,17 +23,18 @@
  *             exp(-inf) = 0, and shift[j] = +inf gives zeros. Accuracy: within 2 ulp of expf for
  *             arguments in [-87.3, 88]; below -87.3 (results under FLT_MIN) ISA kernels may flush
  *             to zero.
- *   softcap_cols: x[i*ld + j] = cap * tanh((x[i*ld + j] * scale) * (1 / cap)) (cap > 0; two
- *             roundings, so scale = 1 gives the bits of a tile scaled before), -inf left as it is
- *             (masked stays masked); grad (NULL = not wanted, same layout) = 1 - tanh^2 of the same
- *             tanh value, what the backward's chain rule needs; col_max (NULL = not wanted)
- *             [cols] = max over i of the results, as col_max would give them. The forward and the backward both
- *             take their softcap from this kernel, so the backward recomputes the forward's P.
- *             tanh accuracy (tests/checkasm, dense sweep against tanh in double): ref = libm tanhf;
- *             the ISA kernels within 4e-7 relative (measured 3.2e-7, about 5 ulp), odd, tanh(+-0) = +-0,
- *             +-1 from |x| >= 9.1 and for +-inf, NaN in gives NaN out.
+ *   softcap_cols: x[i*ld + j] = cap * tanh(x[i*ld + j] * (scale / cap)) (cap > 0; scale / cap one
+ *             float), -inf left as it is (masked stays masked); grad (NULL = not wanted, same
+ *             layout) = 1 - tanh^2 of the same tanh value, what the backward's chain rule needs;
+ *             col_max (NULL = not wanted) [cols] = max over i of the results, as col_max would
+ *             give them. The forward and the backward both take their softcap from this kernel,
+ *             so the backward recomputes the forward's P. tanh accuracy (tests/checkasm, dense
+ *             sweep against tanh in double): ref = libm tanhf; the ISA kernels within 4e-7
+ *             relative (about 5 ulp) for |x| >= 1e-35 and within 1e-38 absolute below, odd,
+ *             tanh(+-0) = +-0, +-1 within 1 ulp (never beyond) from |x| >= 9 and for +-inf, NaN
+ *             in gives NaN out.
  *   alibi_cols: x[i*ld + j] = x[i*ld + j] * scale - slope * |(first - i) + j| (the ALiBi bias of key
- *             row i and query column j; -inf stays -inf), with col_max as softcap_cols'. The same
+ *             row i and query column j; -inf stays -inf, whatever the scale's sign), with col_max as softcap_cols'. The same
  *             bits on every ISA (each step one IEEE operation, no fusing).
  *   add_cols: x[i*ld + j] = x[i*ld + j] * scale + add[i*ld_add + j] (the bias of a transposed block;
  *             -inf stays -inf whatever add holds). The same bits on every ISA.

@@ -1,13 +1,11 @@
 /* tanh(x) for the vector kernels: the odd rational minimax approximation p(x) / q(x) of Eigen's
- * ptanh_float (degree 13 over degree 6, x clamped to +-FA_TANH_CLAMP): one reciprocal and 11
- * FMAs, about half the work of an exponential-based form. Below FA_TANH_TINY tanh(x) = x (to
- * within 2^-24 relative; p would underflow for subnormal x); from FA_TANH_ONE on, +-1 (tanh
- * rounds to 1 in binary32 beyond 9.01). */
+ * ptanh_float (degree 13 over degree 6): one reciprocal and 11 FMAs, about half the work of an
+ * exponential-based form. x is clamped to +-FA_TANH_ONE, where p / q is 1 to within 1 ulp
+ * (tanh rounds to 1 in binary32 beyond 9.01). Below |x| = 2.4e-36 the product x p underflows: the result keeps the
+ * sign and is within 1e-38 of x. */
 #ifndef FA_TANH_POLY_H
 #define FA_TANH_POLY_H
-#define FA_TANH_TINY 0.0004f
-#define FA_TANH_ONE 9.1f
-#define FA_TANH_CLAMP 7.90531110763549805f
+#define FA_TANH_ONE 9.0f
 #define FA_TANH_A1 4.89352455891786e-03f
 #define FA_TANH_A3 6.37261928875436e-04f
 #define FA_TANH_A5 1.48572235717979e-05f

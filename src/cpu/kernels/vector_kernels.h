@@ -274,12 +274,12 @@ static void KNAME(exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, fl
 #define VRECIP(x) VDIV(VSET1(1.0f), x)
 #endif
 
-/* tanh, see tanh_poly.h: odd rational p(x) / q(x) on x clamped to +-FA_TANH_CLAMP; x itself
- * below FA_TANH_TINY (p underflows there), +-1 from FA_TANH_ONE. A NaN lane fails the ordered
- * |x| >= FA_TANH_TINY test and is returned as it is. */
+/* tanh, see tanh_poly.h: the odd rational p(x) / q(x) on x clamped to +-FA_TANH_ONE, where it is
+ * 1. The clamp's constant is min's and max's first operand: x86 returns the second when either
+ * is NaN, so a NaN x comes out as it went in. */
 FA_INLINE VEC KNAME(tanh)(VEC x)
 {
-    const VEC a = VABS(x), xc = VMAX(VMIN(x, VSET1(FA_TANH_CLAMP)), VSET1(-FA_TANH_CLAMP)), z = VMUL(xc, xc);
+    const VEC xc = VMAX(VSET1(-FA_TANH_ONE), VMIN(VSET1(FA_TANH_ONE), x)), z = VMUL(xc, xc);
     VEC p = VSET1(FA_TANH_A13);
     p = VFMA(p, z, VSET1(FA_TANH_A11));
     p = VFMA(p, z, VSET1(FA_TANH_A9));
@@ -291,15 +291,14 @@ FA_INLINE VEC KNAME(tanh)(VEC x)
     q = VFMA(q, z, VSET1(FA_TANH_B4));
     q = VFMA(q, z, VSET1(FA_TANH_B2));
     q = VFMA(q, z, VSET1(FA_TANH_B0));
-    const VEC t = VMUL(VMUL(xc, p), VRECIP(q));
-    return VSELECT_GE(a, VSET1(FA_TANH_TINY), VSELECT_GE(a, VSET1(FA_TANH_ONE), VCOPYSIGN(VSET1(1.0f), x), t), x);
+    return VMUL(VMUL(xc, p), VRECIP(q));
 }
 
-FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const int masked, MASK_T m, VEC scale,
-                                  VEC cap, VEC inv_cap)
+FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const int masked, MASK_T m, VEC factor,
+                                  VEC cap)
 {
     const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
-    const VEC t = KNAME(tanh)(VMUL(VMUL(s, scale), inv_cap));
+    const VEC t = KNAME(tanh)(VMUL(s, factor));
     const VEC capped = VSELECT_EQ(s, VSET1(-INFINITY), s, VMUL(cap, t)); /* masked stays masked */
     if (masked) VMSTORE(x, m, capped);
     else VSTORE(x, capped);
@@ -317,22 +316,22 @@ FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const i
 static void KNAME(softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float *grad,
                                 float *col_max)
 {
-    const VEC vscale = VSET1(scale), vcap = VSET1(cap), inv_cap = VSET1(1.0f / cap);
+    const VEC factor = VSET1(scale / cap), vcap = VSET1(cap);
     for (int64_t j = 0; col_max && j < cols; ++j) col_max[j] = -INFINITY;
     for (int64_t i = 0; i < rows; ++i) {
         float *row = x + i * ld, *grow = grad ? grad + i * ld : NULL;
         int64_t j = 0;
         for (; j + W <= cols; j += W)
-            KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, col_max ? col_max + j : NULL, 0, VMASK(W), vscale,
-                               vcap, inv_cap);
+            KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, col_max ? col_max + j : NULL, 0, VMASK(W), factor, vcap);
         if (j < cols)
             KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, col_max ? col_max + j : NULL, 1, VMASK(cols - j),
-                               vscale, vcap, inv_cap);
+                               factor, vcap);
     }
 }
 
 /* ALiBi: x = x * scale - slope * |(first - i) + j|, the distance's two terms exact integers in
- * float (|.| < 2^24) so every ISA and the reference give the same bits. */
+ * float (|.| < 2^24) so every ISA and the reference give the same bits; -inf (masked) is kept
+ * whatever the sign of the scale. */
 static void KNAME(alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
                               float *col_max)
 {
@@ -346,7 +345,8 @@ static void KNAME(alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, 
             const int masked = cols - j < W;
             const MASK_T m = VMASK(masked ? cols - j : W);
             const VEC dist = VABS(VADD(VSET1(offset), VADD(lanes, VSET1((float)j))));
-            const VEC s = VADD(VMUL(masked ? VMLOAD(row + j, m) : VLOAD(row + j), vscale), VMUL(minus_slope, dist));
+            const VEC x0 = masked ? VMLOAD(row + j, m) : VLOAD(row + j);
+            const VEC s = VSELECT_EQ(x0, VSET1(-INFINITY), x0, VADD(VMUL(x0, vscale), VMUL(minus_slope, dist)));
             if (masked) VMSTORE(row + j, m, s);
             else VSTORE(row + j, s);
             if (!col_max) continue;

@@ -40,11 +40,11 @@ static void ref_exp_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float
 static void ref_softcap_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float *grad,
                              float *col_max)
 {
-    const float inv_cap = 1.0f / cap;
+    const float factor = scale / cap;
     for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < cols; ++j) {
             float *s = x + i * ld + j;
-            const float scaled = *s * scale, t = tanhf(scaled * inv_cap);
+            const float t = tanhf(*s * factor);
             if (grad) grad[i * ld + j] = 1.0f - t * t;
             if (*s != -INFINITY) *s = cap * t; /* masked stays masked */
         }
@@ -58,7 +58,7 @@ static void ref_alibi_cols(float *x, int64_t ld, int64_t rows, int64_t cols, flo
         const float offset = (float)(first - i);
         for (int64_t j = 0; j < cols; ++j) {
             const float scaled = x[i * ld + j] * scale, distance = fabsf(offset + (float)j);
-            x[i * ld + j] = scaled - slope * distance;
+            if (x[i * ld + j] != -INFINITY) x[i * ld + j] = scaled - slope * distance; /* masked stays masked */
         }
     }
     if (col_max) ref_col_max(x, ld, rows, cols, col_max);
