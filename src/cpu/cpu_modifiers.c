@@ -57,14 +57,11 @@ void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64
     const int has_bias = p->bias.data != NULL, alibi = p->alibi_slopes != NULL;
     /* The first modifier multiplies by the scale, the last takes the max. The one tanh of the forward and the backward (kernels.h): the ISA's,
      * chosen by the CPU only. */
-    if (p->softcap > 0.0f) {
-        kern->softcap_cols(st, ld, cols, n, scale, p->softcap, cap_grad, alibi || has_bias ? NULL : col_max);
-        scale = 1.0f;
-    }
-    if (alibi) { /* -inf minus a finite distance stays -inf */
+    if (p->softcap > 0.0f) /* with ALiBi fused */
+        kern->softcap_cols(st, ld, cols, n, scale, p->softcap, slope, diag0 - j0, cap_grad, has_bias ? NULL : col_max);
+    else if (alibi)
         kern->alibi_cols(st, ld, cols, n, scale, slope, diag0 - j0, has_bias ? NULL : col_max);
-        scale = 1.0f;
-    }
+    if (p->softcap > 0.0f || alibi) scale = 1.0f;
     if (has_bias) add_bias(p, kern, b, h, rows, j0, cols, scale, st, ld);
     if (has_bias && col_max) kern->col_max(st, ld, cols, n, col_max);
 }

@@ -228,7 +228,7 @@ static void check_tanh_accuracy(const fa_cpu_kernels *k, double rel_bound)
         x[filled++] = fa_bits_f32(b | 0x80000000u);
         if (filled + 2 <= CHUNK && !done) continue;
         memcpy(t, x, (size_t)filled * sizeof *t);
-        k->softcap_cols(t, filled, 1, filled, 1.0f, 1.0f, g, NULL);
+        k->softcap_cols(t, filled, 1, filled, 1.0f, 1.0f, 0.0f, 0, g, NULL);
         for (int64_t i = 0; i < filled; ++i) {
             const double want = x[i] == -INFINITY ? -INFINITY : tanh((double)x[i]);
             const double err = fabs((double)t[i] - want), rel = want != 0.0 ? err / fabs(want) : err;
@@ -248,7 +248,7 @@ static void check_tanh_accuracy(const fa_cpu_kernels *k, double rel_bound)
     x[0] = NAN;
     x[1] = FA_TANH_ONE;
     x[2] = -FA_TANH_ONE;
-    k->softcap_cols(x, 3, 1, 3, 1.0f, 1.0f, NULL, NULL);
+    k->softcap_cols(x, 3, 1, 3, 1.0f, 1.0f, 0.0f, 0, NULL, NULL);
     assert_true(isnan(x[0]));
     assert_true(x[1] <= 1.0f && x[1] >= 1.0f - 0x1p-24f && x[2] == -x[1]);
     print_message("checkasm: tanh %s over %lld values: max abs error %.3g, max rel error %.3g (at x = %a)\n", k->isa,
@@ -257,8 +257,8 @@ static void check_tanh_accuracy(const fa_cpu_kernels *k, double rel_bound)
 }
 
 /* softcap_cols against the reference on odd shapes with padded rows (the padding keeps its
- * sentinel), caps 30 and 0.5, scales 1 and 0.7, masked (-inf) scores, with and without the
- * gradient and the column max (which must be the max of the kernel's own results, bit for bit);
+ * sentinel), caps 30 and 0.5, scales 1 and 0.7, with and without the fused ALiBi, masked (-inf)
+ * scores, with and without the gradient and the column max (which must be the max of the kernel's own results, bit for bit);
  * then the tanh accuracy of the ISA and of the reference. */
 static void test_softcap_cols(void **state)
 {
@@ -274,11 +274,15 @@ static void test_softcap_cols(void **state)
             }
             max_isa[cols] = 99.0f;
             const int with_grad = rows % 16 == 1, with_max = cols % 10 != 6;
-            ref->softcap_cols(x_ref, ld, rows, cols, scale, cap, with_grad ? g_ref : NULL, NULL);
-            isa->softcap_cols(x_isa, ld, rows, cols, scale, cap, with_grad ? g_isa : NULL, with_max ? max_isa : NULL);
+            const float slope = cols % 4 == 1 ? 0.0f : cap / 64.0f; /* with and without the fused ALiBi */
+            const int64_t first = rows - cols / 2;
+            ref->softcap_cols(x_ref, ld, rows, cols, scale, cap, slope, first, with_grad ? g_ref : NULL, NULL);
+            isa->softcap_cols(x_isa, ld, rows, cols, scale, cap, slope, first, with_grad ? g_isa : NULL,
+                              with_max ? max_isa : NULL);
             for (int64_t e = 0; e < rows * ld; ++e) {
                 const int inside = e % ld < cols;
-                if (!inside || x_ref[e] == -INFINITY ? x_isa[e] != x_ref[e] : !(fabsf(x_isa[e] - x_ref[e]) <= 6e-7f * fabsf(x_ref[e])))
+                /* the tanh's error, times cap, plus the ALiBi term's rounding */
+                if (!inside || x_ref[e] == -INFINITY ? x_isa[e] != x_ref[e] : !(fabsf(x_isa[e] - x_ref[e]) <= 6e-7f * (cap + fabsf(x_ref[e]))))
                     fail_msg("softcap_cols %s (%lld, %lld): %.9g vs %.9g", isa->isa, (long long)(e / ld), (long long)(e % ld), x_isa[e], x_ref[e]);
                 if (!inside || !with_grad ? g_isa[e] != 99.0f : !(fabsf(g_isa[e] - g_ref[e]) <= 2e-6f))
                     fail_msg("softcap_cols %s grad (%lld, %lld): %.9g vs %.9g", isa->isa, (long long)(e / ld), (long long)(e % ld), g_isa[e], g_ref[e]);

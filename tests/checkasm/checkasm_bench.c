@@ -43,7 +43,7 @@ static void run_col_max(const fa_cpu_kernels *k, const buffers *m, const bench_c
 static void run_exp_cols(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->exp_cols(m->c, c->br, c->bc, c->br, 0.125f, m->vec0, m->vec2); }
 static void run_softcap(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
-{ k->softcap_cols(m->c, c->br, c->bc, c->br, 0.125f, 30.0f, NULL, m->vec1); }
+{ k->softcap_cols(m->c, c->br, c->bc, c->br, 0.125f, 30.0f, 0.0f, 0, NULL, m->vec1); }
 static void run_gemm_nt(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->gemm_nt(c->bc, c->br, c->d, m->a, c->d, m->b, c->d, m->c, c->br); }
 static void run_f16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)

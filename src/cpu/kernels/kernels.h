@@ -23,8 +23,9 @@
  *             exp(-inf) = 0, and shift[j] = +inf gives zeros. Accuracy: within 2 ulp of expf for
  *             arguments in [-87.3, 88]; below -87.3 (results under FLT_MIN) ISA kernels may flush
  *             to zero.
- *   softcap_cols: x[i*ld + j] = cap * tanh(x[i*ld + j] * (scale / cap)) (cap > 0; scale / cap one
- *             float), -inf left as it is (masked stays masked); grad (NULL = not wanted, same
+ *   softcap_cols: x[i*ld + j] = cap * tanh(x[i*ld + j] * (scale / cap)) + (-slope * |(first - i) + j|)
+ *             (cap > 0; scale / cap one float; the ALiBi term as alibi_cols', slope 0 adds -0:
+ *             softcap and ALiBi in one pass), -inf left as it is (masked stays masked); grad (NULL = not wanted, same
  *             layout) = 1 - tanh^2 of the same tanh value, what the backward's chain rule needs;
  *             col_max (NULL = not wanted) [cols] = max over i of the results, as col_max would
  *             give them. The forward and the backward both take their softcap from this kernel,
@@ -64,8 +65,8 @@ typedef struct fa_cpu_kernels {
                  int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate);
     void (*col_max)(const float *x, int64_t ld, int64_t rows, int64_t cols, float *out);
     void (*exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift, float *sum);
-    void (*softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float *grad,
-                         float *col_max);
+    void (*softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float slope,
+                         int64_t first, float *grad, float *col_max);
     void (*alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
                        float *col_max);
     void (*add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add, int64_t ld_add);

@@ -295,15 +295,17 @@ FA_INLINE VEC KNAME(tanh)(VEC x)
 }
 
 FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const int masked, MASK_T m, VEC factor,
-                                  VEC cap)
+                                  VEC cap, VEC minus_slope, VEC offset)
 {
     const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
     const VEC t = KNAME(tanh)(VMUL(s, factor));
-    const VEC capped = VSELECT_EQ(s, VSET1(-INFINITY), s, VMUL(cap, t)); /* masked stays masked */
-    if (masked) VMSTORE(x, m, capped);
-    else VSTORE(x, capped);
+    /* ALiBi (slope 0: + -0, exact) after the cap, as alibi_cols with scale 1 would add it */
+    const VEC capped = VADD(VMUL(cap, t), VMUL(minus_slope, VABS(offset)));
+    const VEC y = VSELECT_EQ(s, VSET1(-INFINITY), s, capped); /* masked stays masked */
+    if (masked) VMSTORE(x, m, y);
+    else VSTORE(x, y);
     if (col_max) {
-        const VEC best = VMAX(masked ? VMLOAD(col_max, m) : VLOAD(col_max), capped);
+        const VEC best = VMAX(masked ? VMLOAD(col_max, m) : VLOAD(col_max), y);
         if (masked) VMSTORE(col_max, m, best);
         else VSTORE(col_max, best);
     }
@@ -313,19 +315,21 @@ FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const i
     else VSTORE(grad, g);
 }
 
-static void KNAME(softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float *grad,
-                                float *col_max)
+static void KNAME(softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float slope,
+                                int64_t first, float *grad, float *col_max)
 {
-    const VEC factor = VSET1(scale / cap), vcap = VSET1(cap);
+    static const float lane_index[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const VEC factor = VSET1(scale / cap), vcap = VSET1(cap), minus_slope = VSET1(-slope), lanes = VLOAD(lane_index);
     for (int64_t j = 0; col_max && j < cols; ++j) col_max[j] = -INFINITY;
     for (int64_t i = 0; i < rows; ++i) {
         float *row = x + i * ld, *grow = grad ? grad + i * ld : NULL;
-        int64_t j = 0;
-        for (; j + W <= cols; j += W)
-            KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, col_max ? col_max + j : NULL, 0, VMASK(W), factor, vcap);
-        if (j < cols)
-            KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, col_max ? col_max + j : NULL, 1, VMASK(cols - j),
-                               factor, vcap);
+        const float offset = (float)(first - i);
+        for (int64_t j = 0; j < cols; j += W) {
+            const int masked = cols - j < W;
+            const VEC distance = VADD(VSET1(offset), VADD(lanes, VSET1((float)j)));
+            KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, col_max ? col_max + j : NULL, masked,
+                               VMASK(masked ? cols - j : W), factor, vcap, minus_slope, distance);
+        }
     }
 }
 

@@ -37,17 +37,19 @@ static void ref_exp_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float
 }
 
 /* The ground truth: libm's tanhf (slow, about 20 ns a call; the ISA kernels are not). */
-static void ref_softcap_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float *grad,
-                             float *col_max)
+static void ref_softcap_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float slope,
+                             int64_t first, float *grad, float *col_max)
 {
     const float factor = scale / cap;
-    for (int64_t i = 0; i < rows; ++i)
+    for (int64_t i = 0; i < rows; ++i) {
+        const float offset = (float)(first - i);
         for (int64_t j = 0; j < cols; ++j) {
             float *s = x + i * ld + j;
-            const float t = tanhf(*s * factor);
+            const float t = tanhf(*s * factor), capped = cap * t, alibi = -slope * fabsf(offset + (float)j);
             if (grad) grad[i * ld + j] = 1.0f - t * t;
-            if (*s != -INFINITY) *s = cap * t; /* masked stays masked */
+            if (*s != -INFINITY) *s = capped + alibi; /* masked stays masked */
         }
+    }
     if (col_max) ref_col_max(x, ld, rows, cols, col_max);
 }
 
