@@ -1,4 +1,4 @@
-/* Cost of the score modifiers on the CPU forward (and of dbias on the backward): each variant
+/* Cost of the score modifiers on the CPU forward (dbias on the backward is not timed here): each variant
  * against the plain forward in the same run, interleaved round by round so that the machine's
  * drift hits all of them alike; medians of the rounds. Target (issue 15): softcap, ALiBi and
  * sinks forward <= 1.10x the plain forward; the bias forward reads the bias at full memory speed:
