@@ -130,12 +130,13 @@ static void tile_gradients(const backward_ctx *c, int64_t b, int64_t h, const fa
     /* dS = P o (dropout(dP) - D) uses P undropped; dV then needs Z = dropout(P). */
     const int dropout = p->dropout_p > 0.0f;
     if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->dst, br);
-    for (int64_t x = 0; x < cols; ++x) {
-        const float *px = w->st + x * br;
+    for (int64_t x = 0; x < cols; ++x) { /* simple loops over the query lanes: they vectorize */
+        const float *px = w->st + x * br, *grad = w->cap_grad + x * br;
         float *dsx = w->dst + x * br;
-        for (int64_t r = 0; r < n; ++r) dsx[r] = px[r] * (dsx[r] - w->delta[r]);
-        if (chain)
-            for (int64_t r = 0; r < n; ++r) dsx[r] *= w->cap_grad[x * br + r];
+        if (chain) /* through the softcap: times softcap_cols' 1 - tanh^2, in the same pass */
+            for (int64_t r = 0; r < n; ++r) dsx[r] = px[r] * (dsx[r] - w->delta[r]) * grad[r];
+        else
+            for (int64_t r = 0; r < n; ++r) dsx[r] = px[r] * (dsx[r] - w->delta[r]);
     }
     if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->st, br);
 }
