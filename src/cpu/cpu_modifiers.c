@@ -1,8 +1,3 @@
-/* GCC keeps the select that leaves masked scores masked (bias) as a branch (no vector loop) unless
- * it may assume FP operations do not trap; the values computed are the same either way. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
 #include "cpu_modifiers.h"
 
 #include <string.h>
@@ -59,8 +54,8 @@ void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64
     const int64_t n = rows->count, diag0 = fa_diagonal_key(rows->i0, p->diag_offset);
     const float slope = p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
     const int has_bias = p->bias.data != NULL, alibi = p->alibi_slopes != NULL;
-    /* The first modifier multiplies by the scale, the last takes the max. The one tanh of the forward and the backward (kernels.h): the ISA's,
-     * chosen by the CPU only. */
+    /* The first modifier multiplies by the scale, the last takes the max. The one tanh of the
+     * forward and the backward (kernels.h): the ISA's, chosen by the CPU only. */
     if (p->softcap > 0.0f) /* with ALiBi fused */
         kern->softcap_cols(st, ld, cols, n, scale, p->softcap, slope, diag0 - j0, cap_grad, has_bias ? NULL : col_max);
     else if (alibi)
