@@ -55,6 +55,13 @@ typedef struct fa_io_problem {
     float softmax_scale;      /* 0 = 1/sqrt(head_dim) */
     float dropout_p;
     uint64_t dropout_seed, dropout_offset;
+    /* Appended for score modifiers (issue 15; older callers' struct_size ends before it: no bias).
+     * An additive bias on the scores, read from slow memory for every computed tile like K and V
+     * (docs/IO.md): NULL = none. dtype sets the bytes of an element read; stride_head steps one of
+     * the batch_heads pairs, stride_q a query row (elements, 0 = broadcast: broadcast or not, each
+     * pair's tile pass reads its tile); stride_batch must be 0, the key stride is 1. The model reads
+     * only dtype; the instrumented run adds data (f32 only) to the scores. */
+    const fa_bias *bias;
 } fa_io_problem;
 
 typedef struct fa_io_counts {
@@ -66,10 +73,16 @@ typedef struct fa_io_counts {
     int64_t hbm_extra;        /* slow memory held besides Q, K, V, O, dO, dQ, dK, dV, in elements */
     int64_t block_rows, block_cols; /* the tiles used (0 for STANDARD) */
     int64_t tiles_visited;    /* inner-loop iterations that did work, summed over batch_heads */
+    /* Appended with fa_io_problem.bias, and written only for callers whose problem->struct_size
+     * covers that field (built with this header; an older caller's fa_io_counts ends here).
+     * Elements of the bias read; included in total_reads, and bytes counts them at the bias's
+     * element size: bytes = (total_reads - bias_reads + total_writes) * element_bytes
+     * + bias_reads * size of bias->dtype. */
+    int64_t bias_reads;
 } fa_io_counts;
 
 /* struct_size = sizeof, FA_IO_FLASH, batch_heads 1, element_bytes 4, tiles 0 (paper's), density 1,
- * no mask, no dropout. */
+ * no mask, no dropout, no bias. */
 FA_API void fa_io_problem_init(fa_io_problem *problem);
 /* The model: counts for one pass, from closed forms over the loop structure. */
 FA_API fa_status fa_io_estimate(const fa_io_problem *problem, fa_io_pass pass, fa_io_counts *counts);

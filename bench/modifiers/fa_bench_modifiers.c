@@ -1,7 +1,9 @@
-/* Cost of the score modifiers on the CPU forward (and of dbias on the backward): each variant
+/* Cost of the score modifiers on the CPU forward (dbias on the backward is not timed here): each variant
  * against the plain forward in the same run, interleaved round by round so that the machine's
  * drift hits all of them alike; medians of the rounds. Target (issue 15): softcap, ALiBi and
- * sinks forward <= 1.10x the plain forward.
+ * sinks forward <= 1.10x the plain forward; the bias forward reads the bias at full memory speed:
+ * its extra time against (bias bytes) / (the read bandwidth of a sum over the same f32 bias
+ * array on the same threads, timed in the same rounds), for f32, f16 and bf16 biases.
  *   fa-bench-modifiers [--n 2048] [--d 64] [--heads 8] [--rounds 5] [--threads 2] */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
@@ -9,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/half.h"
 #include "flashattn.h"
 
 static double now(void)
@@ -24,8 +27,26 @@ static int cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-enum { PLAIN, SOFTCAP, ALIBI, SINKS, ALL3, BIAS, VARIANTS };
-static const char *const names[VARIANTS] = {"plain", "softcap", "alibi", "sinks", "softcap+alibi+sinks", "bias [H,N,N] f32"};
+enum { PLAIN, SOFTCAP, ALIBI, SINKS, ALL3, BIAS, BIAS_F16, BIAS_BF16, ARRAY_SUM, VARIANTS };
+static const char *const names[VARIANTS] = {"plain", "softcap", "alibi", "sinks", "softcap+alibi+sinks",
+                                            "bias [H,N,N] f32", "bias [H,N,N] f16", "bias [H,N,N] bf16",
+                                            "array sum (f32 bias)"};
+
+/* The read bandwidth probe (as bench/decode's): a sum over x in blocks of 64 floats. */
+static double array_sum(const float *x, size_t n, int threads)
+{
+    double total = 0.0;
+#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static)
+    for (size_t block = 0; block < n / 64; ++block) {
+        float acc[16] = {0};
+        for (int i = 0; i < 64; i += 16)
+            for (int j = 0; j < 16; ++j) acc[j] += x[block * 64 + i + j];
+        float s = 0.0f;
+        for (int j = 0; j < 16; ++j) s += acc[j];
+        total += s;
+    }
+    return total;
+}
 
 int main(int argc, char **argv)
 {
@@ -53,7 +74,13 @@ int main(int argc, char **argv)
         k[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
         v[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
     }
-    for (size_t i = 0; i < bias_elems; ++i) bias[i] = (float)(i % 7) * 0.1f;
+    uint16_t *bias_f16 = malloc(bias_elems * 2), *bias_bf16 = malloc(bias_elems * 2);
+    if (!bias_f16 || !bias_bf16) return 1;
+    for (size_t i = 0; i < bias_elems; ++i) {
+        bias[i] = (float)(i % 7) * 0.1f;
+        bias_f16[i] = fa_f32_to_f16(bias[i]);
+        bias_bf16[i] = fa_f32_to_bf16(bias[i]);
+    }
     for (int64_t h = 0; h < heads; ++h) {
         slopes[h] = 1.0f / (float)(2 << h % 8);
         sinks[h] = 0.5f;
@@ -62,7 +89,9 @@ int main(int argc, char **argv)
     tk.data = k;
     tv.data = v;
     to.data = o;
-    fa_bias fb = {bias, FA_DTYPE_F32, 0, n * n, n};
+    fa_bias fb = {bias, FA_DTYPE_F32, 0, n * n, n}, fb16 = {bias_f16, FA_DTYPE_F16, 0, n * n, n};
+    fa_bias fbf16 = {bias_bf16, FA_DTYPE_BF16, 0, n * n, n};
+    volatile double sink = 0.0;
     double *times = calloc((size_t)(VARIANTS * rounds), sizeof *times);
     for (int r = 0; r < rounds + 1; ++r) /* round 0 warms up */
         for (int x = 0; x < VARIANTS; ++x) {
@@ -73,8 +102,11 @@ int main(int argc, char **argv)
             if (x == ALIBI || x == ALL3) desc.alibi_slopes = slopes;
             if (x == SINKS || x == ALL3) desc.sinks = sinks;
             if (x == BIAS) desc.bias = &fb;
+            if (x == BIAS_F16) desc.bias = &fb16;
+            if (x == BIAS_BF16) desc.bias = &fbf16;
             const double t0 = now();
-            if (fa_forward(ctx, &desc, &tq, &tk, &tv, &to, lse)) {
+            if (x == ARRAY_SUM) sink += array_sum(bias, bias_elems, threads);
+            else if (fa_forward(ctx, &desc, &tq, &tk, &tv, &to, lse)) {
                 fprintf(stderr, "%s\n", fa_last_error());
                 return 1;
             }
@@ -84,13 +116,23 @@ int main(int argc, char **argv)
            (long long)n, (long long)d, (long long)heads, threads, rounds);
     printf("# %s\n", fa_context_info(ctx));
     printf("%-22s %10s %10s\n", "variant", "ms", "x plain");
-    double plain = 0.0;
+    double median[VARIANTS];
     for (int x = 0; x < VARIANTS; ++x) {
         qsort(times + x * rounds, (size_t)rounds, sizeof *times, cmp);
-        const double median = times[x * rounds + rounds / 2];
-        if (x == PLAIN) plain = median;
-        printf("%-22s %10.2f %10.3f\n", names[x], 1e3 * median, median / plain);
+        median[x] = times[x * rounds + rounds / 2];
+        printf("%-22s %10.2f %10.3f\n", names[x], 1e3 * median[x], median[x] / median[PLAIN]);
     }
+    /* The bias's extra time against reading its bytes at the array sum's rate: >= 1 is at (or,
+     * overlapped with the arithmetic, beyond) full memory speed. */
+    const double bandwidth = (double)(bias_elems * 4) / median[ARRAY_SUM];
+    printf("# array sum: %.2f GB/s on %d threads (%.0f MB)\n", bandwidth / 1e9, threads, (double)(bias_elems * 4) / 1e6);
+    printf("%-22s %10s %10s %10s %14s\n", "bias", "MB read", "extra ms", "MB/s", "x array sum");
+    for (int x = BIAS; x <= BIAS_BF16; ++x) {
+        const double bytes = (double)bias_elems * (x == BIAS ? 4.0 : 2.0), extra = median[x] - median[PLAIN];
+        printf("%-22s %10.0f %10.2f %10.0f %14.2f\n", names[x], bytes / 1e6, 1e3 * extra, bytes / extra / 1e6,
+               bytes / extra / bandwidth);
+    }
+    (void)sink;
     fa_context_destroy(ctx);
     return 0;
 }

@@ -120,19 +120,23 @@ static void tile_gradients(const backward_ctx *c, int64_t b, int64_t h, const fa
     const int modified = fa_cpu_scores_modified(p), fold = p->scale > 0.0f && !modified;
     const int chain = of == DS_OF_QK && p->softcap > 0.0f;
     kern->gemm(cols, n, d, kt->k, kt->ldk, 1, w->qt, br, w->st, br, NULL, 0); /* S^T = K Q^T */
-    if (vis != FA_TILE_FULL || !fold) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, br);
-    if (modified) fa_cpu_modify_scores(p, b, h, rows, j0, cols, w->st, br, chain ? w->cap_grad : NULL);
+    /* As the forward: modified scores are masked only, the modifiers apply the scale (the same bits). */
+    if (!modified && (vis != FA_TILE_FULL || !fold)) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, br);
+    if (modified && vis != FA_TILE_FULL) fa_cpu_scale_mask(p, rows, j0, cols, vis, 1, w->st, br);
+    if (modified)
+        fa_cpu_modify_scores(p, kern, b, h, rows, j0, cols, p->scale, w->st, br, chain ? w->cap_grad : NULL, NULL);
     kern->exp_cols(w->st, br, cols, n, fold ? p->scale : 1.0f, w->shift, w->sum);
     kern->gemm(cols, n, d, kt->v, kt->ldv, 1, w->dout_t, br, w->dst, br, NULL, 0); /* dP^T = V dO^T */
     /* dS = P o (dropout(dP) - D) uses P undropped; dV then needs Z = dropout(P). */
     const int dropout = p->dropout_p > 0.0f;
     if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->dst, br);
-    for (int64_t x = 0; x < cols; ++x) {
-        const float *px = w->st + x * br;
+    for (int64_t x = 0; x < cols; ++x) { /* simple loops over the query lanes: they vectorize */
+        const float *px = w->st + x * br, *grad = w->cap_grad + x * br;
         float *dsx = w->dst + x * br;
-        for (int64_t r = 0; r < n; ++r) dsx[r] = px[r] * (dsx[r] - w->delta[r]);
-        if (chain)
-            for (int64_t r = 0; r < n; ++r) dsx[r] *= w->cap_grad[x * br + r];
+        if (chain) /* through the softcap: times softcap_cols' 1 - tanh^2, in the same pass */
+            for (int64_t r = 0; r < n; ++r) dsx[r] = px[r] * (dsx[r] - w->delta[r]) * grad[r];
+        else
+            for (int64_t r = 0; r < n; ++r) dsx[r] = px[r] * (dsx[r] - w->delta[r]);
     }
     if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->st, br);
 }

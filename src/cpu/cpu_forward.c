@@ -176,10 +176,19 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
                                       w->shift, w->alpha, w->tile_sum);
     } else {
         kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0);
-        fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
-        if (c->modified) fa_cpu_modify_scores(p, c->b, c->h, &rows, key0, keys, w->st, br, NULL);
-        fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max,
-                            w->shift, w->alpha, w->tile_sum);
+        /* Modified scores: the modifiers apply the scale and take the max in their own passes; a
+         * partial tile is only masked before them (a full one not touched), so every score gets
+         * the same operations in either tile, in the forward and in the backward. */
+        if (!c->modified) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
+        else if (vis != FA_TILE_FULL) fa_cpu_scale_mask(p, &rows, key0, keys, vis, 1, w->st, br);
+        if (c->modified) {
+            fa_cpu_modify_scores(p, kern, c->b, c->h, &rows, key0, keys, p->scale, w->st, br, NULL, w->tile_max);
+            fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0,
+                                          w->tile_max, w->shift, w->alpha, w->tile_sum);
+        } else {
+            fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max,
+                                w->shift, w->alpha, w->tile_sum);
+        }
     }
     if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, br);
     kern->gemm(count, d, keys, w->st, 1, br, v, ldv, t->o + r0 * d, d, w->alpha, 1); /* O = alpha O + P V */

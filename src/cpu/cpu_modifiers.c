@@ -1,8 +1,3 @@
-/* GCC keeps the selects of fast_tanh and the masking as branches (no vector loop) unless it may
- * assume FP operations do not trap; the values computed are the same either way. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
 #include "cpu_modifiers.h"
 
 #include <string.h>
@@ -10,75 +5,64 @@
 #include "../common/alloc.h"
 #include "../common/error.h"
 #include "../common/visibility.h"
-#include "kernels/exp_poly.h"
 
-/* tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)) with exp from the kernels' polynomial, written
- * without branches or libm calls so that the loop over a tile column vectorizes (libm's tanhf
- * costs several times the rest of the tile's work). Absolute error below 2^-22: the score moves
- * by at most softcap * 2^-22. |x| >= 9 gives +-1 (tanh(9) = 1 - 3e-8). */
-static inline float fast_tanh(float x)
+/* The bias of rows x keys [j0, j0 + cols) added to the transposed tile st (after the scale).
+ * The bias is read as it lies, row by row along the keys, in blocks of BIAS_ROWS rows x BIAS_KEYS
+ * keys: each block is transposed in L1 (as read: 2 or 4 KiB), an f16/bf16 block then widened by
+ * one call of the ISA's vector kernel (no per-element conversion), and added to st by the ISA's
+ * add_cols (one contiguous line of BIAS_ROWS queries per key); the next block's rows are
+ * prefetched meanwhile. Adding the rows straight into st would stride st by its leading
+ * dimension (256 B for Br = 64): 4 L1 sets of every 16 hold those lines, and a 256-key block
+ * thrashed them (0.2 of the read bandwidth). */
+enum { BIAS_ROWS = 16, BIAS_KEYS = 64 };
+static void add_bias(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h, const fa_cpu_rows *rows,
+                     int64_t j0, int64_t cols, float scale, float *st, int64_t ld)
 {
-    float a = fabsf(x);
-    a = a < 9.0f ? a : 9.0f;
-    const float y = -2.0f * a; /* exp(y) in (1.5e-8, 1] */
-    const float n = (float)(int32_t)(y * FA_EXP_LOG2E - 0.5f); /* round(y log2 e): y < 0, truncation is ceil */
-    const float r = (y - n * FA_EXP_LN2_HI) - n * FA_EXP_LN2_LO;
-    float poly = FA_EXP_P0;
-    poly = poly * r + FA_EXP_P1;
-    poly = poly * r + FA_EXP_P2;
-    poly = poly * r + FA_EXP_P3;
-    poly = poly * r + FA_EXP_P4;
-    poly = poly * r + FA_EXP_P5;
-    poly = poly * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    const float t = 1.0f - 2.0f / (poly * two_n + 1.0f);
-    return copysignf(t, x);
+    const fa_bias *bias = &p->bias;
+    const size_t elem = fa_dtype_size(bias->dtype);
+    float block[BIAS_KEYS][BIAS_ROWS];
+    uint16_t halves[BIAS_KEYS][BIAS_ROWS];
+    for (int64_t r0 = 0; r0 < rows->count; r0 += BIAS_ROWS) {
+        const int32_t rn = (int32_t)(rows->count - r0 < BIAS_ROWS ? rows->count - r0 : BIAS_ROWS);
+        if (rn < BIAS_ROWS) memset(halves, 0, sizeof halves); /* the lanes past rn are widened too */
+        for (int64_t c0 = 0; c0 < cols; c0 += BIAS_KEYS) {
+            const int64_t cn = cols - c0 < BIAS_KEYS ? cols - c0 : BIAS_KEYS;
+            const int64_t next_c0 = c0 + cn < cols ? c0 + cn : 0, next_r0 = c0 + cn < cols ? r0 : r0 + BIAS_ROWS;
+            for (int32_t r = 0; r < rn; ++r) {
+                const char *row = (const char *)fa_cpu_bias_row(bias, b, h, rows->i0 + r0 + r) + (size_t)(j0 + c0) * elem;
+                if (bias->dtype == FA_DTYPE_F32)
+                    for (int64_t c = 0; c < cn; ++c) block[c][r] = ((const float *)row)[c];
+                else
+                    for (int64_t c = 0; c < cn; ++c) halves[c][r] = ((const uint16_t *)row)[c];
+                if (next_r0 + r < rows->count) { /* the same row of the next block */
+                    const char *next = (const char *)fa_cpu_bias_row(bias, b, h, rows->i0 + next_r0 + r) +
+                                       (size_t)(j0 + next_c0) * elem;
+                    for (size_t at = 0; at < (size_t)cn * elem; at += 64) __builtin_prefetch(next + at, 0, 0);
+                }
+            }
+            if (bias->dtype == FA_DTYPE_F16) kern->f16_to_f32(halves[0], block[0], cn * BIAS_ROWS);
+            if (bias->dtype == FA_DTYPE_BF16) kern->bf16_to_f32(halves[0], block[0], cn * BIAS_ROWS);
+            kern->add_cols(st + c0 * ld + r0, ld, cn, rn, scale, block[0], BIAS_ROWS);
+        }
+    }
 }
 
-void fa_cpu_modify_scores(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
-                          int64_t cols, float *st, int64_t ld, float *cap_grad)
+void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h,
+                          const fa_cpu_rows *rows, int64_t j0, int64_t cols, float scale, float *st, int64_t ld,
+                          float *cap_grad, float *col_max)
 {
     const int64_t n = rows->count, diag0 = fa_diagonal_key(rows->i0, p->diag_offset);
-    const float cap = p->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     const float slope = p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
-    /* One simple loop per modifier over the contiguous query lanes of a key column, with 32-bit
-     * indices (int64 -> float conversions do not vectorize before AVX-512), so each vectorizes. */
-    const int32_t count = (int32_t)n;
-    for (int64_t c = 0; c < cols; ++c) {
-        float *keys = st + c * ld;
-        if (cap > 0.0f && cap_grad) {
-            float *grad = cap_grad + c * ld;
-            for (int32_t r = 0; r < count; ++r) {
-                const float x = keys[r], t = fast_tanh(x * inv_cap);
-                grad[r] = 1.0f - t * t;
-                keys[r] = x == -INFINITY ? x : cap * t; /* masked stays masked */
-            }
-        } else if (cap > 0.0f) {
-            for (int32_t r = 0; r < count; ++r) {
-                const float x = keys[r], t = fast_tanh(x * inv_cap);
-                keys[r] = x == -INFINITY ? x : cap * t;
-            }
-        }
-        if (slope != 0.0f) { /* -inf minus a finite distance stays -inf */
-            const float offset = (float)(diag0 - (j0 + c));
-            for (int32_t r = 0; r < count; ++r) keys[r] -= slope * fabsf(offset + (float)r);
-        }
-    }
-    if (!p->bias.data) return;
-    for (int64_t r = 0; r < n; ++r) { /* one bias row per query: read along the keys */
-        const void *row = fa_cpu_bias_row(&p->bias, b, h, rows->i0 + r);
-        float *s = st + r;
-        for (int64_t c = 0; c < cols; ++c) {
-            const int64_t j = j0 + c;
-            const float bias = p->bias.dtype == FA_DTYPE_F32 ? ((const float *)row)[j]
-                               : p->bias.dtype == FA_DTYPE_F16 ? fa_f16_to_f32(((const uint16_t *)row)[j])
-                                                               : fa_bf16_to_f32(((const uint16_t *)row)[j]);
-            const float x = s[c * ld];
-            s[c * ld] = x == -INFINITY ? x : x + bias; /* masked stays masked, whatever the bias */
-        }
-    }
+    const int has_bias = p->bias.data != NULL, alibi = p->alibi_slopes != NULL;
+    /* The first modifier multiplies by the scale, the last takes the max. The one tanh of the
+     * forward and the backward (kernels.h): the ISA's, chosen by the CPU only. */
+    if (p->softcap > 0.0f) /* with ALiBi fused */
+        kern->softcap_cols(st, ld, cols, n, scale, p->softcap, slope, diag0 - j0, cap_grad, has_bias ? NULL : col_max);
+    else if (alibi)
+        kern->alibi_cols(st, ld, cols, n, scale, slope, diag0 - j0, has_bias ? NULL : col_max);
+    if (p->softcap > 0.0f || alibi) scale = 1.0f;
+    if (has_bias) add_bias(p, kern, b, h, rows, j0, cols, scale, st, ld);
+    if (has_bias && col_max) kern->col_max(st, ld, cols, n, col_max);
 }
 
 fa_status fa_cpu_sink_gradients(const fa_problem *p)

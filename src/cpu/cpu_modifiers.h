@@ -19,10 +19,14 @@ static inline int fa_cpu_scores_modified(const fa_problem *p)
 static inline float fa_cpu_sink(const fa_problem *p, int64_t h) { return p->sinks ? p->sinks[h] : -INFINITY; }
 
 /* On the tile st (key c, query r at st[c * ld + r]) of rows and keys [j0, j0 + cols) of (b, h),
- * scaled and masked (masked = -inf, left alone): softcap, then ALiBi, then the bias.
- * cap_grad (NULL = not wanted; softcap only) receives d score / d (scaled q.k) = 1 - tanh^2. */
-void fa_cpu_modify_scores(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
-                          int64_t cols, float *st, int64_t ld, float *cap_grad);
+ * raw q.k, masked (masked = -inf, left alone whatever the scale): the scale, softcap, then ALiBi,
+ * then the bias, the scale applied by the first of them. col_max (NULL = not wanted)
+ * [rows->count] receives each query's max over the keys, fused into the last modifier's pass.
+ * cap_grad (NULL = not wanted; softcap only) receives d score / d (scaled q.k) = 1 - tanh^2, from
+ * the kernels' softcap_cols (the same tanh as the scores). */
+void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h,
+                          const fa_cpu_rows *rows, int64_t j0, int64_t cols, float scale, float *st, int64_t ld,
+                          float *cap_grad, float *col_max);
 
 /* dsinks[h] = -sum over (b, i) of exp(sink_h - lse) * D_i (D = rowsum(dO o O)), summed in a fixed
  * order in double, for the whole (dense or packed) problem. */

@@ -56,7 +56,8 @@ fa_tile_visibility fa_cpu_tile_visibility(const fa_problem *p, const fa_cpu_rows
 /* Score tiles are stored transposed: element (query r, key c) at st[c * ld + r]. */
 
 /* Masked elements (PARTIAL tiles) set to -inf; visible ones multiplied by the scale unless
- * fold_scale (then the exponential applies it: exp(scale * s - m) with m in scaled units). */
+ * fold_scale (then the exponential applies it: exp(scale * s - m) with m in scaled units, or the
+ * score modifiers do, fa_cpu_modify_scores). */
 void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols,
                        fa_tile_visibility vis, int fold_scale, float *st, int64_t ld);
 

@@ -5,8 +5,10 @@
 #include "io_model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
+#include "../common/dtype.h"
 #include "../common/error.h"
 #include "../common/sized_struct.h"
 #include "../common/tiling.h"
@@ -97,6 +99,16 @@ fa_status fa_io_plan_make(const fa_io_problem *problem, fa_io_pass pass, fa_io_p
         fa_status st = check_mask(p->block_mask, p->seqlen_q, p->seqlen_k);
         if (st) return st;
     }
+    if (p->bias) {
+        if ((unsigned)p->bias->dtype > FA_DTYPE_BF16)
+            return INVALID("problem->bias->dtype: unknown value %d", (int)p->bias->dtype);
+        if (p->bias->stride_batch != 0)
+            return INVALID("problem->bias->stride_batch: %lld, must be 0 (stride_head steps the batch_heads pairs)",
+                           (long long)p->bias->stride_batch);
+        if (p->bias->stride_head < 0 || p->bias->stride_q < 0)
+            return INVALID("problem->bias: strides %lld, %lld must be >= 0", (long long)p->bias->stride_head,
+                           (long long)p->bias->stride_q);
+    }
     if (p->algorithm == FA_IO_STANDARD && p->dropout_p > 0.0f)
         return INVALID("problem->dropout_p: standard attention (Algorithm 0) has no dropout step");
     if (p->algorithm == FA_IO_FLASH_QUERY_OUTER && pass == FA_IO_BACKWARD)
@@ -115,6 +127,8 @@ fa_status fa_io_plan_make(const fa_io_problem *problem, fa_io_pass pass, fa_io_p
     plan->density = p->block_density;
     plan->tests_mask = p->algorithm == FA_IO_BLOCK_SPARSE || p->block_mask || p->block_density < 1.0;
     plan->dropout = p->dropout_p > 0.0f;
+    plan->bias = p->bias;
+    plan->bias_bytes = p->bias ? (int64_t)fa_dtype_size(p->bias->dtype) : 0;
     if (p->algorithm != FA_IO_STANDARD) {
         if (p->block_rows > 0) {
             plan->br = p->block_rows;
@@ -149,7 +163,7 @@ int fa_io_element_set(const fa_io_plan *plan, int64_t row, int64_t col)
     return !m || m->mask[(row / m->block_q) * m->cols + col / m->block_k] != 0;
 }
 
-int fa_io_counts_total(fa_io_counts *counts, int64_t element_bytes)
+int fa_io_counts_total(fa_io_counts *counts, int64_t element_bytes, int64_t bias_bytes)
 {
     checked c = {1};
     counts->total_reads = counts->total_writes = 0;
@@ -157,7 +171,9 @@ int fa_io_counts_total(fa_io_counts *counts, int64_t element_bytes)
         counts->total_reads = add(&c, counts->total_reads, counts->reads[x]);
         counts->total_writes = add(&c, counts->total_writes, counts->writes[x]);
     }
-    counts->bytes = mul(&c, add(&c, counts->total_reads, counts->total_writes), element_bytes);
+    counts->bytes = add(&c, mul(&c, add(&c, counts->total_reads, counts->total_writes), element_bytes),
+                        mul(&c, counts->bias_reads, bias_bytes));
+    counts->total_reads = add(&c, counts->total_reads, counts->bias_reads);
     return c.ok;
 }
 
@@ -165,13 +181,13 @@ int fa_io_counts_total(fa_io_counts *counts, int64_t element_bytes)
  * cols == 0 (query-outer) the Q-side tile alone. Each object is listed in docs/IO.md. */
 static int64_t footprint(const fa_io_plan *p, int64_t rows, int64_t cols)
 {
-    const int64_t d = p->d;
-    if (p->algorithm == FA_IO_FLASH_QUERY_OUTER) /* Q_i, O_i, m_i, l_i + K_j, V_j, S_ij */
-        return 2 * rows * d + 2 * rows + (cols ? 2 * cols * d + rows * cols : 0);
-    if (p->pass == FA_IO_FORWARD) /* K_j, V_j, Q_i, O_i, S_ij, l_i, m_i, m~, l~, m_new, l_new */
-        return 2 * cols * d + 2 * rows * d + rows * cols + 6 * rows;
-    /* K_j, V_j, dK~_j, dV~_j, Q_i, O_i, dO_i, dQ_i, S_ij/P_ij, dP_ij/dS_ij, l_i, m_i, D_i */
-    return 4 * cols * d + 4 * rows * d + 2 * rows * cols + 3 * rows;
+    const int64_t d = p->d, bias = p->bias ? rows * cols : 0; /* the bias tile B_ij, while it is added */
+    if (p->algorithm == FA_IO_FLASH_QUERY_OUTER) /* Q_i, O_i, m_i, l_i + K_j, V_j, S_ij (, B_ij) */
+        return 2 * rows * d + 2 * rows + (cols ? 2 * cols * d + rows * cols + bias : 0);
+    if (p->pass == FA_IO_FORWARD) /* K_j, V_j, Q_i, O_i, S_ij, l_i, m_i, m~, l~, m_new, l_new (, B_ij) */
+        return 2 * cols * d + 2 * rows * d + rows * cols + 6 * rows + bias;
+    /* K_j, V_j, dK~_j, dV~_j, Q_i, O_i, dO_i, dQ_i, S_ij/P_ij, dP_ij/dS_ij, l_i, m_i, D_i (, B_ij) */
+    return 4 * cols * d + 4 * rows * d + 2 * rows * cols + 3 * rows + bias;
 }
 
 typedef struct tile_sums { int64_t rows, cols, area, tiles, peak; } tile_sums;
@@ -220,9 +236,11 @@ static void standard_counts(const fa_io_plan *p, checked *c, fa_io_counts *k)
 {
     const int64_t qd = mul(c, p->nq, p->d), kd = mul(c, p->nk, p->d), nn = mul(c, p->nq, p->nk);
     k->sram_peak = add(c, mul(c, p->nk, p->d), add(c, p->nk, p->d)); /* one operand whole + one row of each other */
+    if (p->bias && p->pass == FA_IO_FORWARD) k->sram_peak = add(c, k->sram_peak, p->nk); /* + a bias row */
     if (p->pass == FA_IO_FORWARD) {
-        k->reads[FA_IO_Q] = qd;           /* line 1: S = Q K^T */
+        k->reads[FA_IO_Q] = qd;           /* line 1: S = Q K^T (+ bias, read once) */
         k->reads[FA_IO_K] = kd;
+        if (p->bias) k->bias_reads = nn;
         k->writes[FA_IO_S] = nn;
         k->reads[FA_IO_S] = nn;           /* line 2: P = softmax(S) */
         k->writes[FA_IO_P] = nn;
@@ -256,6 +274,7 @@ static void tiled_counts(const fa_io_plan *p, const tile_sums *s, checked *c, fa
     k->sram_peak = s->peak;
     k->tiles_visited = s->tiles;
     if (p->tests_mask) k->reads[FA_IO_MASK] = mul(c, p->tr, p->tc); /* M_ij tested for every (i, j) */
+    if (p->bias) k->bias_reads = s->area; /* the bias tile of every computed (i, j), both passes */
     if (p->algorithm == FA_IO_FLASH_QUERY_OUTER) {
         k->reads[FA_IO_Q] = qd;                        /* Q_i once per i */
         k->reads[FA_IO_K] = mul(c, s->cols, p->d);     /* K_j, V_j per computed (i, j) */
@@ -291,8 +310,17 @@ static void tiled_counts(const fa_io_plan *p, const tile_sums *s, checked *c, fa
 fa_status fa_io_problem_read(const fa_io_problem *problem, fa_io_problem *full)
 {
     fa_io_problem_init(full);
-    /* Every field of 0.2 is required: the smallest layout is the first sized one. */
-    return fa_sized_struct_read("problem", problem, sizeof *full, sizeof *full, full);
+    /* Every field of 0.2 is required: the smallest layout is the first sized one, which ends
+     * before bias (issue 15). */
+    return fa_sized_struct_read("problem", problem, offsetof(fa_io_problem, bias), sizeof *full, full);
+}
+
+void fa_io_counts_store(const fa_io_problem *caller_problem, fa_io_counts *dst, const fa_io_counts *src)
+{
+    size_t caller_size;
+    memcpy(&caller_size, caller_problem, sizeof caller_size);
+    const int knows_bias = caller_size >= offsetof(fa_io_problem, bias) + sizeof caller_problem->bias;
+    memcpy(dst, src, knows_bias ? sizeof *dst : offsetof(fa_io_counts, bias_reads));
 }
 
 fa_status fa_io_estimate(const fa_io_problem *caller_problem, fa_io_pass pass, fa_io_counts *counts)
@@ -328,6 +356,7 @@ fa_status fa_io_estimate(const fa_io_problem *caller_problem, fa_io_pass pass, f
     k.flops = mul(&c, per_head.flops, plan.heads);
     k.hbm_extra = mul(&c, per_head.hbm_extra, plan.heads);
     k.tiles_visited = mul(&c, per_head.tiles_visited, plan.heads);
+    k.bias_reads = mul(&c, per_head.bias_reads, plan.heads);
     k.sram_peak = per_head.sram_peak; /* heads run one after another */
     k.block_rows = plan.br;
     k.block_cols = plan.bc;
@@ -336,7 +365,7 @@ fa_status fa_io_estimate(const fa_io_problem *caller_problem, fa_io_pass pass, f
         else k.reads[FA_IO_RNG] = 2;
         k.hbm_extra = add(&c, k.hbm_extra, 2);
     }
-    if (!c.ok || !fa_io_counts_total(&k, plan.element_bytes)) return INVALID("%s", overflow);
-    *counts = k;
+    if (!c.ok || !fa_io_counts_total(&k, plan.element_bytes, plan.bias_bytes)) return INVALID("%s", overflow);
+    fa_io_counts_store(caller_problem, counts, &k);
     return FA_SUCCESS;
 }

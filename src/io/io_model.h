@@ -16,6 +16,8 @@ typedef struct fa_io_plan {
     double density;
     int tests_mask;           /* the algorithm reads M_ij once per (i, j): Algorithm 5, masked QUERY_OUTER */
     int dropout;              /* dropout_p > 0: the RNG state is saved (forward) and read (backward) */
+    const fa_bias *bias;      /* NULL = none; its tile is read per computed (i, j) */
+    int64_t bias_bytes;       /* bytes per bias element (0 without one) */
 } fa_io_plan;
 
 /* Validates problem and pass; on failure records a message naming the argument. */
@@ -32,6 +34,10 @@ int fa_io_element_set(const fa_io_plan *plan, int64_t row, int64_t col);
 int64_t fa_io_tile_rows(const fa_io_plan *plan, int64_t i);
 int64_t fa_io_tile_cols(const fa_io_plan *plan, int64_t j);
 
-/* Fills total_reads, total_writes and bytes from the per-operand counts; 0 on overflow. */
-int fa_io_counts_total(fa_io_counts *counts, int64_t element_bytes);
+/* Fills total_reads (bias_reads included), total_writes and bytes from the per-operand counts;
+ * 0 on overflow. */
+int fa_io_counts_total(fa_io_counts *counts, int64_t element_bytes, int64_t bias_bytes);
+/* Writes src to the caller's dst: bias_reads only when the caller's problem knows the bias
+ * (struct_size covers it), since an older caller's fa_io_counts ends before that field. */
+void fa_io_counts_store(const fa_io_problem *caller_problem, fa_io_counts *dst, const fa_io_counts *src);
 #endif

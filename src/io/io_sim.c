@@ -142,6 +142,23 @@ static void product_tn_acc(sim *s, int64_t rows, int64_t cols, int64_t depth, fl
 }
 
 /* Sets the masked entries of an on-chip score tile to -inf. */
+/* The bias tile of (h, rows i0.., keys j0..) read from slow memory into an on-chip buffer (counted
+ * in bias_reads) and added to the scaled scores tile [rows x cols]. */
+static void add_bias_tile(sim *s, int64_t h, int64_t i0, int64_t j0, int64_t rows, int64_t cols, float *tile)
+{
+    const fa_bias *b = s->plan->bias;
+    if (!b) return;
+    float *chip = chip_acquire(s, rows * cols);
+    if (!chip) return;
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *slow = (const float *)b->data + h * b->stride_head + (i0 + r) * b->stride_q + j0;
+        memcpy(chip + r * cols, slow, (size_t)cols * sizeof(float));
+    }
+    s->counts->bias_reads += rows * cols;
+    for (int64_t e = 0; e < rows * cols; ++e) tile[e] += chip[e];
+    chip_release(s, chip, rows * cols);
+}
+
 static void mask_tile(const fa_io_plan *p, int64_t i0, int64_t j0, int64_t rows, int64_t cols, float *tile)
 {
     if (!p->mask) return;
@@ -195,6 +212,7 @@ static void standard_forward_head(sim *s, sim_data *x, int64_t h)
         CHIP(row, nk);
         load(s, FA_IO_Q, vec, q + i * d, d);
         product_nt(s, 1, nk, d, p->scale, vec, kc, row);
+        add_bias_tile(s, h, i, 0, 1, nk, row);
         store(s, FA_IO_S, S + i * nk, row, nk);
         chip_release(s, row, nk);
         chip_release(s, vec, d);
@@ -335,6 +353,7 @@ static void flash_forward_tile(sim *s, sim_data *x, int64_t h, int64_t i, int64_
     CHIP(t.mn, rows);
     CHIP(t.ln, rows);
     product_nt(s, rows, cols, d, p->scale, t.q, kj, t.s);
+    add_bias_tile(s, h, i0, j0, rows, cols, t.s);
     mask_tile(p, i0, j0, rows, cols, t.s);
     for (int64_t r = 0; r < rows; ++r) {
         float *srow = t.s + r * cols;
@@ -424,6 +443,7 @@ static void query_outer_head(sim *s, sim_data *x, float *lse, int64_t h, const u
             load(s, FA_IO_K, kj, x->k + off, cols * d);
             load(s, FA_IO_V, vj, x->v + off, cols * d);
             product_nt(s, rows, cols, d, p->scale, qi, kj, st);
+            add_bias_tile(s, h, i0, j0, rows, cols, st);
             mask_tile(p, i0, j0, rows, cols, st);
             for (int64_t r = 0; r < rows; ++r) { /* online softmax, normalisation deferred */
                 float *srow = st + r * cols, mx = -INFINITY, sum = 0.0f;
@@ -489,6 +509,7 @@ static void flash_backward_tile(sim *s, sim_data *x, int64_t h, int64_t i, int64
     CHIP(t.delta, rows);
     /* Lines 11-13: P_ij = diag(l_i)^-1 exp(MASK(tau Q_i K_j^T) - m_i); rows that saw no key give 0. */
     product_nt(s, rows, cols, d, p->scale, t.q, kj, t.s);
+    add_bias_tile(s, h, i0, j0, rows, cols, t.s);
     mask_tile(p, i0, j0, rows, cols, t.s);
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c)
@@ -589,7 +610,7 @@ static fa_status pass_result(sim *s, fa_io_counts *counts)
     if (s->out_of_memory) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "simulate: cannot allocate an on-chip buffer");
     counts->block_rows = s->plan->br;
     counts->block_cols = s->plan->bc;
-    if (!fa_io_counts_total(counts, s->plan->element_bytes))
+    if (!fa_io_counts_total(counts, s->plan->element_bytes, s->plan->bias_bytes))
         return fa_set_error(FA_ERROR_INVALID_VALUE, "problem: counts overflow 64 bits");
     return FA_SUCCESS;
 }
@@ -623,6 +644,10 @@ fa_status fa_io_simulate(const fa_io_problem *caller_problem, const float *q, co
     if (fwd.tests_mask && fwd.density < 1.0 && !fwd.mask)
         return fa_set_error(FA_ERROR_INVALID_VALUE,
                             "problem->block_mask: the instrumented run needs a mask (a density has no placement)");
+    if (fwd.bias && fwd.bias->dtype != FA_DTYPE_F32)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "problem->bias->dtype: the instrumented run adds f32 biases only "
+                                                    "(the model counts any dtype)");
+    if (fwd.bias && !fwd.bias->data) return fa_set_error(FA_ERROR_INVALID_VALUE, "problem->bias->data: is NULL");
     if (fwd.algorithm == FA_IO_STANDARD && lse)
         return fa_set_error(FA_ERROR_INVALID_VALUE, "lse: standard attention (Algorithm 0) keeps no statistics; pass NULL");
     if (dout) {
@@ -658,7 +683,7 @@ fa_status fa_io_simulate(const fa_io_problem *caller_problem, const float *q, co
     st = pass_result(&s, &fc);
     if (!st && lse && x.l) /* the paper returns l and m; lse = m + log l is read outside the count */
         for (int64_t r = 0; r < rows; ++r) lse[r] = x.l[r] > 0.0f ? x.m[r] + logf(x.l[r]) : -INFINITY;
-    if (!st) *forward_counts = fc;
+    if (!st) fa_io_counts_store(caller_problem, forward_counts, &fc);
 
     if (!st && dout) {
         fa_io_counts bc;
@@ -675,7 +700,7 @@ fa_status fa_io_simulate(const fa_io_problem *caller_problem, const float *q, co
         if (!failed) run_pass(&sb, &x, NULL, dP, dS);
         chip_release_all(&sb);
         st = pass_result(&sb, &bc);
-        if (!st) *backward_counts = bc;
+        if (!st) fa_io_counts_store(caller_problem, backward_counts, &bc);
     }
     fa_host_free(dS);
     fa_host_free(dP);

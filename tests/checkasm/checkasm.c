@@ -5,7 +5,7 @@
  * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped.
  *   test_checkasm [--function=PATTERN] [--isa=NAME] [--seed=N] [--bench]
  * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, col_max, exp_cols,
- * f16_to_f32, bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
+ * softcap_cols, alibi_cols, add_cols, f16_to_f32, bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
  * (printed, default 12345); --bench: after the checks, each kernel's time per call on the
  * forward's and backward's tile shapes, against its reference twin, and for the products the
  * fraction of the one-thread FMA peak of the same ISA (checkasm_bench.c). */
@@ -24,6 +24,7 @@
 #include "checkasm_bench.h"
 #include "common/half.h"
 #include "cpu/kernels/kernels.h"
+#include "cpu/kernels/tanh_poly.h"
 #include "flashattn.h"
 
 static uint32_t rng_state = 12345u;
@@ -205,6 +206,143 @@ static void test_exp_cols(void **state)
         }
 }
 
+/* tanh through softcap_cols with scale = cap = 1 (x * 1 and 1 * t are exact) against tanh in
+ * double, on every 199th binary32 of both signs (21M values: large |x|, tiny and subnormal x) and
+ * the special values; prints the max absolute and relative errors. Bounds (the ISA kernels'
+ * contract, kernels.h): relative 4e-7 for |x| >= 1e-35, absolute 1e-38 below; odd, +-0 kept, +-1
+ * within 1 ulp (never beyond) at and beyond FA_TANH_ONE (here +inf), NaN kept, and -inf left as it is (a masked score) with
+ * gradient 0. */
+static void check_tanh_accuracy(const fa_cpu_kernels *k, double rel_bound)
+{
+    enum { CHUNK = 4099 };
+    float *x = malloc(CHUNK * sizeof *x), *t = malloc(CHUNK * sizeof *t), *g = malloc(CHUNK * sizeof *g);
+    assert_non_null(x); assert_non_null(t); assert_non_null(g);
+    double max_abs = 0.0, max_rel = 0.0;
+    float worst = 0.0f;
+    int64_t filled = 0, checked = 0;
+    const uint32_t last = 0x7f800000u; /* +inf */
+    for (uint32_t bits = 0;; bits += 199) {
+        const int done = bits >= last;
+        const uint32_t b = done ? last : bits;
+        x[filled++] = fa_bits_f32(b);
+        x[filled++] = fa_bits_f32(b | 0x80000000u);
+        if (filled + 2 <= CHUNK && !done) continue;
+        memcpy(t, x, (size_t)filled * sizeof *t);
+        k->softcap_cols(t, filled, 1, filled, 1.0f, 1.0f, 0.0f, 0, g, NULL);
+        for (int64_t i = 0; i < filled; ++i) {
+            const double want = x[i] == -INFINITY ? -INFINITY : tanh((double)x[i]);
+            const double err = fabs((double)t[i] - want), rel = want != 0.0 ? err / fabs(want) : err;
+            const int tiny = fabs(want) < 1e-35; /* the rational's products underflow: absolute bound */
+            if (isinf(want) ? t[i] != want || !(g[i] >= 0.0f && g[i] <= 0x1p-22f) /* its P is 0 */
+                            : !(tiny ? err <= 1e-38 : rel <= rel_bound) || signbit(t[i]) != signbit(x[i]))
+                fail_msg("tanh %s(%a) = %a, want %a (relative error %.3g > %.3g)", k->isa, (double)x[i], (double)t[i], want, rel, rel_bound);
+            if (!isinf(want) && !tiny && rel > max_rel) max_rel = rel, worst = x[i];
+            if (!isinf(want) && err > max_abs) max_abs = err;
+            if (fabs(want) == 1.0 && !(fabsf(t[i]) <= 1.0f && fabsf(t[i]) >= 1.0f - 0x1p-24f))
+                fail_msg("tanh %s(%a) = %a, want +-1 within 1 ulp", k->isa, (double)x[i], (double)t[i]);
+        }
+        checked += filled;
+        filled = 0;
+        if (done) break;
+    }
+    x[0] = NAN;
+    x[1] = FA_TANH_ONE;
+    x[2] = -FA_TANH_ONE;
+    k->softcap_cols(x, 3, 1, 3, 1.0f, 1.0f, 0.0f, 0, NULL, NULL);
+    assert_true(isnan(x[0]));
+    assert_true(x[1] <= 1.0f && x[1] >= 1.0f - 0x1p-24f && x[2] == -x[1]);
+    print_message("checkasm: tanh %s over %lld values: max abs error %.3g, max rel error %.3g (at x = %a)\n", k->isa,
+                  (long long)checked, max_abs, max_rel, (double)worst);
+    free(x); free(t); free(g);
+}
+
+/* softcap_cols against the reference on odd shapes with padded rows (the padding keeps its
+ * sentinel), caps 30 and 0.5, scales 1 and 0.7, with and without the fused ALiBi, masked (-inf)
+ * scores, with and without the gradient and the column max (which must be the max of the kernel's own results, bit for bit);
+ * then the tanh accuracy of the ISA and of the reference. */
+static void test_softcap_cols(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    for (int64_t rows = 1; rows <= 41; rows += 8)
+        for (int64_t cols = 1; cols <= 67; cols += 5) {
+            const int64_t ld = cols + 2;
+            const float cap = cols & 1 ? 30.0f : 0.5f, scale = rows % 3 ? 0.7f : 1.0f;
+            float x_ref[41 * 69], x_isa[41 * 69], g_ref[41 * 69], g_isa[41 * 69], max_isa[68];
+            for (int64_t e = 0; e < rows * ld; ++e) {
+                x_ref[e] = x_isa[e] = e % 7 == 3 ? -INFINITY : uniform(-4.0f * cap, 4.0f * cap);
+                g_ref[e] = g_isa[e] = 99.0f;
+            }
+            max_isa[cols] = 99.0f;
+            const int with_grad = rows % 16 == 1, with_max = cols % 10 != 6;
+            const float slope = cols % 4 == 1 ? 0.0f : cap / 64.0f; /* with and without the fused ALiBi */
+            const int64_t first = rows - cols / 2;
+            ref->softcap_cols(x_ref, ld, rows, cols, scale, cap, slope, first, with_grad ? g_ref : NULL, NULL);
+            isa->softcap_cols(x_isa, ld, rows, cols, scale, cap, slope, first, with_grad ? g_isa : NULL,
+                              with_max ? max_isa : NULL);
+            for (int64_t e = 0; e < rows * ld; ++e) {
+                const int inside = e % ld < cols;
+                /* the tanh's error, times cap, plus the ALiBi term's rounding */
+                if (!inside || x_ref[e] == -INFINITY ? x_isa[e] != x_ref[e] : !(fabsf(x_isa[e] - x_ref[e]) <= 6e-7f * (cap + fabsf(x_ref[e]))))
+                    fail_msg("softcap_cols %s (%lld, %lld): %.9g vs %.9g", isa->isa, (long long)(e / ld), (long long)(e % ld), x_isa[e], x_ref[e]);
+                if (!inside || !with_grad ? g_isa[e] != 99.0f : !(fabsf(g_isa[e] - g_ref[e]) <= 2e-6f))
+                    fail_msg("softcap_cols %s grad (%lld, %lld): %.9g vs %.9g", isa->isa, (long long)(e / ld), (long long)(e % ld), g_isa[e], g_ref[e]);
+            }
+            for (int64_t c = 0; with_max && c < cols; ++c) {
+                float want = -INFINITY;
+                for (int64_t r = 0; r < rows; ++r) want = x_isa[r * ld + c] > want ? x_isa[r * ld + c] : want;
+                if (max_isa[c] != want) fail_msg("softcap_cols %s col_max[%lld]: %.9g vs %.9g", isa->isa, (long long)c, max_isa[c], want);
+            }
+            assert_true(max_isa[cols] == 99.0f);
+        }
+    check_tanh_accuracy(isa, 4e-7);
+    check_tanh_accuracy(ref, 2e-7);
+}
+
+/* alibi_cols bit for bit against the reference (kernels.h: the same bits on every ISA) on odd
+ * shapes, padded rows (the padding keeps its sentinel), masked scores, distances of both signs,
+ * with and without the column max. */
+static void test_alibi_cols(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    for (int64_t rows = 1; rows <= 41; rows += 8)
+        for (int64_t cols = 1; cols <= 67; cols += 5) {
+            const int64_t ld = cols + 2, first = cols % 3 ? -(int64_t)cols / 2 : 1000003;
+            const float scale = rows % 3 ? 0.7f : 1.0f, slope = 1.0f / (float)(cols + 1);
+            float x_ref[41 * 69], x_isa[41 * 69], max_ref[68], max_isa[68];
+            for (int64_t e = 0; e < rows * ld; ++e) x_ref[e] = x_isa[e] = e % 7 == 3 ? -INFINITY : uniform(-8, 8);
+            max_isa[cols] = 99.0f;
+            const int with_max = cols % 10 != 6;
+            ref->alibi_cols(x_ref, ld, rows, cols, scale, slope, first, with_max ? max_ref : NULL);
+            isa->alibi_cols(x_isa, ld, rows, cols, scale, slope, first, with_max ? max_isa : NULL);
+            for (int64_t e = 0; e < rows * ld; ++e)
+                if (fa_f32_bits(x_isa[e]) != fa_f32_bits(x_ref[e]))
+                    fail_msg("alibi_cols %s (%lld, %lld): %.9g vs %.9g", isa->isa, (long long)(e / ld), (long long)(e % ld), x_isa[e], x_ref[e]);
+            for (int64_t c = 0; with_max && c < cols; ++c)
+                if (max_isa[c] != max_ref[c]) fail_msg("alibi_cols %s col_max[%lld]: %.9g vs %.9g", isa->isa, (long long)c, max_isa[c], max_ref[c]);
+            assert_true(max_isa[cols] == 99.0f);
+        }
+}
+
+/* add_cols bit for bit against the reference on odd shapes, padded rows (the padding keeps its
+ * sentinel), masked scores (kept whatever the addend, +inf and NaN included), scales 1 and 0.7. */
+static void test_add_cols(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    for (int64_t rows = 1; rows <= 41; rows += 8)
+        for (int64_t cols = 1; cols <= 67; cols += 5) {
+            const int64_t ld = cols + 2, ld_add = cols + 5;
+            const float scale = rows % 3 ? 0.7f : 1.0f;
+            float x_ref[41 * 69], x_isa[41 * 69], add[41 * 72];
+            for (int64_t e = 0; e < rows * ld; ++e) x_ref[e] = x_isa[e] = e % 7 == 3 ? -INFINITY : uniform(-8, 8);
+            for (int64_t e = 0; e < rows * ld_add; ++e) add[e] = e % 11 == 4 ? INFINITY : e % 13 == 2 ? NAN : uniform(-3, 3);
+            ref->add_cols(x_ref, ld, rows, cols, scale, add, ld_add);
+            isa->add_cols(x_isa, ld, rows, cols, scale, add, ld_add);
+            for (int64_t e = 0; e < rows * ld; ++e)
+                if (fa_f32_bits(x_isa[e]) != fa_f32_bits(x_ref[e]) && !(isnan(x_isa[e]) && isnan(x_ref[e])))
+                    fail_msg("add_cols %s (%lld, %lld): %.9g vs %.9g", isa->isa, (long long)(e / ld), (long long)(e % ld), x_isa[e], x_ref[e]);
+        }
+}
+
 /* A widening kernel on all 65536 inputs, bit for bit (NaN: any NaN). */
 static void check_widening(const char *isa, const char *name, void (*widen)(const uint16_t *, float *, int64_t),
                            float (*want_of)(uint16_t))
@@ -287,14 +425,16 @@ typedef struct e2e_case {
     fa_dtype dtype;
     int causal, window_left, padded, block_mask;
     float dropout_p;
+    float softcap; /* 0 = off: the ISA's tanh (softcap_cols) in the forward and the backward */
 } e2e_case;
 
 static const e2e_case e2e_cases[] = {
-    {"dense f32", 1, 2, 2, 37, 53, 40, FA_DTYPE_F32, 0, -1, 0, 0, 0.0f},
-    {"causal gqa f32", 2, 4, 2, 70, 45, 64, FA_DTYPE_F32, 1, -1, 0, 0, 0.0f},
-    {"window padding f16", 2, 2, 1, 33, 81, 24, FA_DTYPE_F16, 1, 9, 1, 0, 0.0f},
-    {"dropout block mask bf16", 1, 3, 3, 65, 65, 72, FA_DTYPE_BF16, 0, -1, 0, 1, 0.2f},
-    {"long causal f32", 1, 1, 1, 300, 1100, 128, FA_DTYPE_F32, 1, -1, 1, 0, 0.0f},
+    {"dense f32", 1, 2, 2, 37, 53, 40, FA_DTYPE_F32, 0, -1, 0, 0, 0.0f, 0.0f},
+    {"causal gqa f32", 2, 4, 2, 70, 45, 64, FA_DTYPE_F32, 1, -1, 0, 0, 0.0f, 0.0f},
+    {"window padding f16", 2, 2, 1, 33, 81, 24, FA_DTYPE_F16, 1, 9, 1, 0, 0.0f, 0.0f},
+    {"dropout block mask bf16", 1, 3, 3, 65, 65, 72, FA_DTYPE_BF16, 0, -1, 0, 1, 0.2f, 0.0f},
+    {"long causal f32", 1, 1, 1, 300, 1100, 128, FA_DTYPE_F32, 1, -1, 1, 0, 0.0f, 0.0f},
+    {"softcap causal f32", 1, 2, 1, 77, 90, 64, FA_DTYPE_F32, 1, -1, 0, 0, 0.0f, 0.4f},
 };
 
 typedef struct e2e_outputs { float *out, *lse, *dq, *dk, *dv; } e2e_outputs;
@@ -339,6 +479,7 @@ static void run_case(const e2e_case *c, const char *isa, void *const inputs[4], 
     fa_attention_desc desc;
     fa_attention_desc_init(&desc);
     desc.causal = c->causal;
+    desc.softcap = c->softcap;
     desc.window_left = c->window_left;
     desc.seqlens_k = c->padded ? seqlens : NULL;
     desc.dropout_p = c->dropout_p;
@@ -420,6 +561,9 @@ static const struct { const char *name; CMUnitTestFunction run; } kernel_tests[]
     {"gemm_max", test_gemm_max},
     {"col_max", test_col_max},
     {"exp_cols", test_exp_cols},
+    {"softcap_cols", test_softcap_cols},
+    {"alibi_cols", test_alibi_cols},
+    {"add_cols", test_add_cols},
     {"f16_to_f32", test_f16_to_f32},
     {"bf16_to_f32", test_bf16_to_f32},
     {"f32_to_f16", test_f32_to_f16},

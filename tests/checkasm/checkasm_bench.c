@@ -42,6 +42,8 @@ static void run_col_max(const fa_cpu_kernels *k, const buffers *m, const bench_c
 { k->col_max(m->c, c->br, c->bc, c->br, m->vec1); }
 static void run_exp_cols(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->exp_cols(m->c, c->br, c->bc, c->br, 0.125f, m->vec0, m->vec2); }
+static void run_softcap(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->softcap_cols(m->c, c->br, c->bc, c->br, 0.125f, 30.0f, 0.0f, 0, NULL, m->vec1); }
 static void run_gemm_nt(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->gemm_nt(c->bc, c->br, c->d, m->a, c->d, m->b, c->d, m->c, c->br); }
 static void run_f16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
@@ -63,6 +65,7 @@ static void run_to_f16(const fa_cpu_kernels *k, const buffers *m, const bench_ca
 static const bench_case cases[] = {
     TILE_PAIR_CASES(64, 1024, 64),
     TILE_PAIR_CASES(128, 512, 128),
+    {"softcap_cols", "S = cap tanh(scale S / cap), row max (fwd)", 64, 1024, 64, run_softcap, 0},
     {"gemm_nt", "decode S^T = K q^T, 4 queries", 4, 512, 128, run_gemm_nt, PRODUCT(4, 512, 128)},
     {"f16_to_f32", "65536 values", 0, 0, 0, run_f16, 0},
     {"bf16_to_f32", "65536 values", 0, 0, 0, run_bf16, 0},

@@ -66,6 +66,7 @@ static void assert_counts_equal(const fa_io_counts *model, const fa_io_counts *r
     assert_int_equal(model->block_rows, run->block_rows);
     assert_int_equal(model->block_cols, run->block_cols);
     assert_int_equal(model->tiles_visited, run->tiles_visited);
+    assert_int_equal(model->bias_reads, run->bias_reads);
 }
 
 /* A square problem: seqlen_q = seqlen_k = n, defaults otherwise (fa_io_problem_init). */
@@ -133,6 +134,14 @@ static void check_problem(const fa_io_problem *p, const char *what)
     desc.dropout_seed = p->dropout_seed;
     desc.dropout_offset = p->dropout_offset;
     desc.block_mask = p->block_mask;
+    /* The IO problem's pairs are the oracle's batch entries (one head each). */
+    fa_bias oracle_bias = {0};
+    if (p->bias) {
+        oracle_bias = *p->bias;
+        oracle_bias.stride_batch = p->bias->stride_head;
+        oracle_bias.stride_head = 0;
+        desc.bias = &oracle_bias;
+    }
     double *qd = to_double(q, h * nq * d), *kd = to_double(k, h * nk * d), *vd = to_double(v, h * nk * d);
     double *dod = to_double(dout, h * nq * d);
     double *ref_out = malloc((size_t)(h * nq * d) * sizeof(double)), *ref_lse = malloc((size_t)(h * nq) * sizeof(double));
@@ -453,6 +462,88 @@ static void test_simulate_argument_errors(void **state)
     assert_non_null(strstr(fa_last_error(), "pass"));
 }
 
+/* The bias (issue 15): read once per computed tile like K and V. Hand counts for the dense flash
+ * and standard algorithms, the model against the instrumented run (counts, on-chip peak, outputs
+ * against the oracle with the bias) for every algorithm, broadcast over the pairs or not, and the
+ * bytes at the bias's own element size; a caller built before the bias (a smaller struct_size)
+ * gets its counts without bias_reads written. */
+static void test_bias_reads(void **state)
+{
+    (void)state;
+    enum { H = 2, NQ = 70, NK = 90, D = 16 };
+    uint32_t seed = 99;
+    float *data = random_array(H * NQ * NK, &seed);
+    for (int broadcast = 0; broadcast <= 1; ++broadcast)
+        for (int alg = FA_IO_STANDARD; alg <= FA_IO_FLASH_QUERY_OUTER; ++alg) {
+            fa_io_problem p;
+            fa_io_problem_init(&p);
+            p.algorithm = (fa_io_algorithm)alg;
+            p.seqlen_q = NQ;
+            p.seqlen_k = NK;
+            p.head_dim = D;
+            p.batch_heads = H;
+            p.sram_elements = 1;
+            p.block_rows = 16;
+            p.block_cols = 32;
+            fa_bias bias = {data, FA_DTYPE_F32, 0, broadcast ? 0 : NQ * NK, NK};
+            p.bias = &bias;
+            fa_block_mask bm;
+            uint8_t *storage = NULL;
+            if (alg == FA_IO_BLOCK_SPARSE || alg == FA_IO_FLASH_QUERY_OUTER) {
+                storage = make_mask(MASK_BUTTERFLY, NQ, NK, 16, 32, 5, &bm);
+                p.block_mask = &bm;
+            }
+            char what[64];
+            snprintf(what, sizeof what, "bias, algorithm %d, broadcast %d", alg, broadcast);
+            check_problem(&p, what);
+            fa_io_counts f, b;
+            assert_int_equal(fa_io_estimate(&p, FA_IO_FORWARD, &f), FA_SUCCESS);
+            if (alg == FA_IO_FLASH || alg == FA_IO_STANDARD) { /* by hand: every score's bias once per pass */
+                assert_int_equal(f.bias_reads, H * NQ * NK);
+                assert_int_equal(fa_io_estimate(&p, FA_IO_BACKWARD, &b), FA_SUCCESS);
+                assert_int_equal(b.bias_reads, alg == FA_IO_FLASH ? H * NQ * NK : 0); /* standard: P is kept */
+            }
+            /* f16: half the bias bytes, nothing else changes */
+            bias.dtype = FA_DTYPE_F16;
+            fa_io_counts f16;
+            assert_int_equal(fa_io_estimate(&p, FA_IO_FORWARD, &f16), FA_SUCCESS);
+            assert_int_equal(f16.total_reads, f.total_reads);
+            assert_int_equal(f.bytes - f16.bytes, 2 * f.bias_reads);
+            /* without the bias: the same counts less the bias reads */
+            p.bias = NULL;
+            fa_io_counts none;
+            assert_int_equal(fa_io_estimate(&p, FA_IO_FORWARD, &none), FA_SUCCESS);
+            assert_int_equal(none.bias_reads, 0);
+            assert_int_equal(f.total_reads - none.total_reads, f.bias_reads);
+            assert_int_equal(f.bytes - none.bytes, 4 * f.bias_reads);
+            free(storage);
+        }
+    /* An older caller: its struct ends before bias, its counts before bias_reads. */
+    fa_io_problem old = square_problem(FA_IO_FLASH, 64, 16, 4096);
+    old.struct_size = offsetof(fa_io_problem, bias);
+    fa_io_counts c;
+    memset(&c, 0x5a, sizeof c);
+    assert_int_equal(fa_io_estimate(&old, FA_IO_FORWARD, &c), FA_SUCCESS);
+    int64_t sentinel;
+    memset(&sentinel, 0x5a, sizeof sentinel);
+    assert_true(c.bias_reads == sentinel);
+    assert_true(c.total_reads > 0);
+    /* Bad bias arguments. */
+    fa_io_problem bad = square_problem(FA_IO_FLASH, 64, 16, 4096);
+    fa_bias wrong = {data, FA_DTYPE_F32, 5, 0, 64};
+    bad.bias = &wrong;
+    expect_invalid(&bad, FA_IO_FORWARD, "stride_batch");
+    wrong.stride_batch = 0;
+    wrong.dtype = FA_DTYPE_BF16;
+    fa_io_counts fc, bc;
+    float *x = calloc(64 * 16, sizeof(float));
+    assert_non_null(x);
+    assert_int_equal(fa_io_simulate(&bad, x, x, x, x, NULL, &fc, NULL, NULL, NULL, NULL, &bc), FA_ERROR_NOT_SUPPORTED);
+    assert_non_null(strstr(fa_last_error(), "bias"));
+    free(x);
+    free(data);
+}
+
 static void test_operand_names(void **state)
 {
     (void)state;
@@ -473,6 +564,7 @@ int main(void)
         cmocka_unit_test(test_proposition4_scaling),
         cmocka_unit_test(test_estimate_argument_errors),
         cmocka_unit_test(test_simulate_argument_errors),
+        cmocka_unit_test(test_bias_reads),
         cmocka_unit_test(test_operand_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -23,6 +23,22 @@
  *             exp(-inf) = 0, and shift[j] = +inf gives zeros. Accuracy: within 2 ulp of expf for
  *             arguments in [-87.3, 88]; below -87.3 (results under FLT_MIN) ISA kernels may flush
  *             to zero.
+ *   softcap_cols: x[i*ld + j] = cap * tanh(x[i*ld + j] * (scale / cap)) + (-slope * |(first - i) + j|)
+ *             (cap > 0; scale / cap one float; the ALiBi term as alibi_cols', slope 0 adds -0:
+ *             softcap and ALiBi in one pass), -inf left as it is (masked stays masked); grad (NULL = not wanted, same
+ *             layout) = 1 - tanh^2 of the same tanh value, what the backward's chain rule needs;
+ *             col_max (NULL = not wanted) [cols] = max over i of the results, as col_max would
+ *             give them. The forward and the backward both take their softcap from this kernel,
+ *             so the backward recomputes the forward's P. tanh accuracy (tests/checkasm, dense
+ *             sweep against tanh in double): ref = libm tanhf; the ISA kernels within 4e-7
+ *             relative (about 5 ulp) for |x| >= 1e-35 and within 1e-38 absolute below, odd,
+ *             tanh(+-0) = +-0, +-1 within 1 ulp (never beyond) from |x| >= 9 and for +-inf, NaN
+ *             in gives NaN out.
+ *   alibi_cols: x[i*ld + j] = x[i*ld + j] * scale - slope * |(first - i) + j| (the ALiBi bias of key
+ *             row i and query column j; -inf stays -inf, whatever the scale's sign), with col_max as softcap_cols'. The same
+ *             bits on every ISA (each step one IEEE operation, no fusing).
+ *   add_cols: x[i*ld + j] = x[i*ld + j] * scale + add[i*ld_add + j] (the bias of a transposed block;
+ *             -inf stays -inf whatever add holds). The same bits on every ISA.
  *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
  *   bf16_to_f32: dst[i] = bfloat16 src[i] widened (exact: the 16 bits become the top half).
  *   f32_to_f16: dst[i] = src[i] rounded to binary16, to nearest even, bit for bit as fa_f32_to_f16
@@ -49,6 +65,11 @@ typedef struct fa_cpu_kernels {
                  int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate);
     void (*col_max)(const float *x, int64_t ld, int64_t rows, int64_t cols, float *out);
     void (*exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift, float *sum);
+    void (*softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float slope,
+                         int64_t first, float *grad, float *col_max);
+    void (*alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
+                       float *col_max);
+    void (*add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add, int64_t ld_add);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);

@@ -2,7 +2,9 @@
  * ISA (x86/avx2_kernels.c, x86/avx512_kernels.c, arm/neon_kernels.c). The including file defines:
  *   VEC, W (lanes), MR (register rows), KNAME(x) (name prefix), MASK_T, VMASK(n) (first n lanes),
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
- *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VMAX, VMIN,
+ *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VDIV, VMAX, VMIN,
+ *   VABS(x), VCOPYSIGN(m, s) (|m| with the sign of s), VSELECT_GE(a, b, y, n) = a >= b ? y : n and
+ *   VSELECT_EQ(a, b, y, n) = a == b ? y : n (ordered: false for NaN), optionally VRECIP(x) (1 / x),
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
  *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp, see KNAME(exp)) and GEMM_KC
  *   (k blocking of gemm, see KNAME(gemm_any)),
@@ -15,6 +17,7 @@
 #define FA_VECTOR_KERNELS_H
 #include "../../common/half.h"
 #include "exp_poly.h"
+#include "tanh_poly.h"
 #endif
 
 #define FA_INLINE static inline __attribute__((always_inline))
@@ -265,6 +268,119 @@ static void KNAME(exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, fl
     }
 }
 
+/* 1 / x: an ISA whose reciprocal estimate is specified bit for bit (AVX-512's rcp14) may define
+ * it as the estimate refined by Newton's step (a division costs about 10 times more). */
+#ifndef VRECIP
+#define VRECIP(x) VDIV(VSET1(1.0f), x)
+#endif
+
+/* tanh, see tanh_poly.h: the odd rational p(x) / q(x) on x clamped to +-FA_TANH_ONE, where it is
+ * 1. The clamp's constant is min's and max's first operand: x86 returns the second when either
+ * is NaN, so a NaN x comes out as it went in. */
+FA_INLINE VEC KNAME(tanh)(VEC x)
+{
+    const VEC xc = VMAX(VSET1(-FA_TANH_ONE), VMIN(VSET1(FA_TANH_ONE), x)), z = VMUL(xc, xc);
+    VEC p = VSET1(FA_TANH_A13);
+    p = VFMA(p, z, VSET1(FA_TANH_A11));
+    p = VFMA(p, z, VSET1(FA_TANH_A9));
+    p = VFMA(p, z, VSET1(FA_TANH_A7));
+    p = VFMA(p, z, VSET1(FA_TANH_A5));
+    p = VFMA(p, z, VSET1(FA_TANH_A3));
+    p = VFMA(p, z, VSET1(FA_TANH_A1));
+    VEC q = VSET1(FA_TANH_B6);
+    q = VFMA(q, z, VSET1(FA_TANH_B4));
+    q = VFMA(q, z, VSET1(FA_TANH_B2));
+    q = VFMA(q, z, VSET1(FA_TANH_B0));
+    return VMUL(VMUL(xc, p), VRECIP(q));
+}
+
+FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const int masked, MASK_T m, VEC factor,
+                                  VEC cap, VEC minus_slope, VEC offset)
+{
+    const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
+    const VEC t = KNAME(tanh)(VMUL(s, factor));
+    /* ALiBi (slope 0: + -0, exact) after the cap, as alibi_cols with scale 1 would add it */
+    const VEC capped = VADD(VMUL(cap, t), VMUL(minus_slope, VABS(offset)));
+    const VEC y = VSELECT_EQ(s, VSET1(-INFINITY), s, capped); /* masked stays masked */
+    if (masked) VMSTORE(x, m, y);
+    else VSTORE(x, y);
+    if (col_max) {
+        const VEC best = VMAX(masked ? VMLOAD(col_max, m) : VLOAD(col_max), y);
+        if (masked) VMSTORE(col_max, m, best);
+        else VSTORE(col_max, best);
+    }
+    if (!grad) return;
+    const VEC g = VFNMA(t, t, VSET1(1.0f));
+    if (masked) VMSTORE(grad, m, g);
+    else VSTORE(grad, g);
+}
+
+static void KNAME(softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float slope,
+                                int64_t first, float *grad, float *col_max)
+{
+    static const float lane_index[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const VEC factor = VSET1(scale / cap), vcap = VSET1(cap), minus_slope = VSET1(-slope), lanes = VLOAD(lane_index);
+    for (int64_t j = 0; col_max && j < cols; ++j) col_max[j] = -INFINITY;
+    for (int64_t i = 0; i < rows; ++i) {
+        float *row = x + i * ld, *grow = grad ? grad + i * ld : NULL;
+        const float offset = (float)(first - i);
+        for (int64_t j = 0; j < cols; j += W) {
+            const int masked = cols - j < W;
+            const VEC distance = VADD(VSET1(offset), VADD(lanes, VSET1((float)j)));
+            KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, col_max ? col_max + j : NULL, masked,
+                               VMASK(masked ? cols - j : W), factor, vcap, minus_slope, distance);
+        }
+    }
+}
+
+/* ALiBi: x = x * scale - slope * |(first - i) + j|, the distance's two terms exact integers in
+ * float (|.| < 2^24) so every ISA and the reference give the same bits; -inf (masked) is kept
+ * whatever the sign of the scale. */
+static void KNAME(alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
+                              float *col_max)
+{
+    static const float lane_index[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const VEC vscale = VSET1(scale), minus_slope = VSET1(-slope), lanes = VLOAD(lane_index);
+    for (int64_t j = 0; col_max && j < cols; ++j) col_max[j] = -INFINITY;
+    for (int64_t i = 0; i < rows; ++i) {
+        float *row = x + i * ld;
+        const float offset = (float)(first - i);
+        for (int64_t j = 0; j < cols; j += W) {
+            const int masked = cols - j < W;
+            const MASK_T m = VMASK(masked ? cols - j : W);
+            const VEC dist = VABS(VADD(VSET1(offset), VADD(lanes, VSET1((float)j))));
+            const VEC x0 = masked ? VMLOAD(row + j, m) : VLOAD(row + j);
+            const VEC s = VSELECT_EQ(x0, VSET1(-INFINITY), x0, VADD(VMUL(x0, vscale), VMUL(minus_slope, dist)));
+            if (masked) VMSTORE(row + j, m, s);
+            else VSTORE(row + j, s);
+            if (!col_max) continue;
+            const VEC best = VMAX(masked ? VMLOAD(col_max + j, m) : VLOAD(col_max + j), s);
+            if (masked) VMSTORE(col_max + j, m, best);
+            else VSTORE(col_max + j, best);
+        }
+    }
+}
+
+/* x = x * scale + add (two roundings, the reference's bits), -inf left as it is. */
+static void KNAME(add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add,
+                            int64_t ld_add)
+{
+    const VEC vscale = VSET1(scale), minus_inf = VSET1(-INFINITY);
+    for (int64_t i = 0; i < rows; ++i) {
+        float *row = x + i * ld;
+        const float *arow = add + i * ld_add;
+        for (int64_t j = 0; j < cols; j += W) {
+            const int masked = cols - j < W;
+            const MASK_T m = VMASK(masked ? cols - j : W);
+            const VEC s = masked ? VMLOAD(row + j, m) : VLOAD(row + j);
+            const VEC a = masked ? VMLOAD(arow + j, m) : VLOAD(arow + j);
+            const VEC y = VSELECT_EQ(s, minus_inf, s, VADD(VMUL(s, vscale), a)); /* masked stays masked */
+            if (masked) VMSTORE(row + j, m, y);
+            else VSTORE(row + j, y);
+        }
+    }
+}
+
 static void KNAME(f16_to_f32)(const uint16_t *src, float *dst, int64_t n)
 {
     int64_t i = 0;
@@ -308,7 +424,7 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
 /* The ISA's table (kernels.h), named by the including file: one list of kernels for every ISA. */
 #define FA_VECTOR_KERNEL_TABLE(name)                                                                      \
     {                                                                                                     \
-        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols),          \
+        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .add_cols = KNAME(add_cols),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
         .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }

@@ -36,6 +36,46 @@ static void ref_exp_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float
         }
 }
 
+/* The ground truth: libm's tanhf (slow, about 20 ns a call; the ISA kernels are not). */
+static void ref_softcap_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float slope,
+                             int64_t first, float *grad, float *col_max)
+{
+    const float factor = scale / cap;
+    for (int64_t i = 0; i < rows; ++i) {
+        const float offset = (float)(first - i);
+        for (int64_t j = 0; j < cols; ++j) {
+            float *s = x + i * ld + j;
+            const float t = tanhf(*s * factor), capped = cap * t, alibi = -slope * fabsf(offset + (float)j);
+            if (grad) grad[i * ld + j] = 1.0f - t * t;
+            if (*s != -INFINITY) *s = capped + alibi; /* masked stays masked */
+        }
+    }
+    if (col_max) ref_col_max(x, ld, rows, cols, col_max);
+}
+
+static void ref_alibi_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
+                           float *col_max)
+{
+    for (int64_t i = 0; i < rows; ++i) {
+        const float offset = (float)(first - i);
+        for (int64_t j = 0; j < cols; ++j) {
+            const float scaled = x[i * ld + j] * scale, distance = fabsf(offset + (float)j);
+            if (x[i * ld + j] != -INFINITY) x[i * ld + j] = scaled - slope * distance; /* masked stays masked */
+        }
+    }
+    if (col_max) ref_col_max(x, ld, rows, cols, col_max);
+}
+
+static void ref_add_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add,
+                         int64_t ld_add)
+{
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+            float *s = x + i * ld + j;
+            if (*s != -INFINITY) *s = *s * scale + add[i * ld_add + j]; /* masked stays masked */
+        }
+}
+
 static void ref_f16_to_f32(const uint16_t *src, float *dst, int64_t n)
 {
     for (int64_t i = 0; i < n; ++i) dst[i] = fa_f16_to_f32(src[i]);
@@ -92,6 +132,9 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .gemm = ref_gemm,
     .col_max = ref_col_max,
     .exp_cols = ref_exp_cols,
+    .softcap_cols = ref_softcap_cols,
+    .alibi_cols = ref_alibi_cols,
+    .add_cols = ref_add_cols,
     .f16_to_f32 = ref_f16_to_f32,
     .bf16_to_f32 = ref_bf16_to_f32,
     .f32_to_f16 = ref_f32_to_f16,
