@@ -64,23 +64,23 @@ static fa_status mpi_failed(int code, const char *what)
     char text[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(code, text, &len);
-    return fa_set_error(FA_ERROR_BACKEND_FAILURE, "%s: MPI error: %s", what, text);
+    return fa_private_set_error(FA_ERROR_BACKEND_FAILURE, "%s: MPI error: %s", what, text);
 }
 
 static fa_status check_tensor(const char *name, const fa_tensor *t)
 {
-    if (!t) return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: is NULL", name);
-    if (!t->data) return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: data is NULL", name);
-    if (!fa_dtype_known(t->dtype)) return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: unknown dtype %d", name, (int)t->dtype);
+    if (!t) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: is NULL", name);
+    if (!t->data) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: data is NULL", name);
+    if (!fa_dtype_known(t->dtype)) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: unknown dtype %d", name, (int)t->dtype);
     if ((uintptr_t)t->data % fa_dtype_size(t->dtype) != 0)
-        return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: data is not aligned to its %zu-byte elements", name,
+        return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: data is not aligned to its %zu-byte elements", name,
                             fa_dtype_size(t->dtype));
     if (t->batch <= 0 || t->seqlen <= 0 || t->heads <= 0 || t->head_dim <= 0)
-        return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: dimensions must be positive", name);
+        return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: dimensions must be positive", name);
     /* The ring copies rows in and out itself: the strides must be sane and every offset must fit. */
     const int packed_layout = !t->stride_batch && !t->stride_seq && !t->stride_head;
     if (!packed_layout && (t->stride_batch <= 0 || t->stride_seq <= 0 || t->stride_head <= 0))
-        return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: strides must be all 0 (packed) or all positive", name);
+        return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: strides must be all 0 (packed) or all positive", name);
     int64_t last = t->head_dim, term;
     int overflow = packed_layout && (__builtin_mul_overflow(t->heads, t->head_dim, &term) ||
                                      __builtin_mul_overflow(t->seqlen, term, &term) ||
@@ -94,7 +94,7 @@ static fa_status check_tensor(const char *name, const fa_tensor *t)
                         __builtin_add_overflow(last, term, &last);
     }
     if (overflow || last > INT64_MAX / 4)
-        return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: element offsets overflow 64 bits", name);
+        return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: element offsets overflow 64 bits", name);
     return FA_SUCCESS;
 }
 
@@ -102,9 +102,9 @@ static fa_status check_like(const char *name, const fa_tensor *t, const char *re
 {
     fa_status st = check_tensor(name, t);
     if (st) return st;
-    if (t->dtype != ref->dtype) return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: dtype differs from %s", name, ref_name);
+    if (t->dtype != ref->dtype) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: dtype differs from %s", name, ref_name);
     if (t->batch != ref->batch || t->seqlen != ref->seqlen || t->heads != ref->heads || t->head_dim != ref->head_dim)
-        return fa_set_error(FA_ERROR_INVALID_VALUE, "%s: shape differs from %s", name, ref_name);
+        return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: shape differs from %s", name, ref_name);
     return FA_SUCCESS;
 }
 
@@ -113,33 +113,33 @@ static fa_status check_local(fa_context *ctx, const fa_attention_desc *desc, con
                              const fa_tensor *v, const fa_tensor *out, ring *g)
 {
     if (fa_context_backend(ctx) != FA_BACKEND_CPU)
-        return fa_set_error(ctx ? FA_ERROR_NOT_SUPPORTED : FA_ERROR_INVALID_VALUE,
+        return fa_private_set_error(ctx ? FA_ERROR_NOT_SUPPORTED : FA_ERROR_INVALID_VALUE,
                             "ctx: ring attention needs a CPU context (the MPI path exchanges host memory)");
-    if (!desc) return fa_set_error(FA_ERROR_INVALID_VALUE, "desc: is NULL");
+    if (!desc) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "desc: is NULL");
     if (desc->struct_size < offsetof(fa_attention_desc, varlen) || desc->struct_size > sizeof g->desc)
-        return fa_set_error(FA_ERROR_INVALID_VALUE, "desc->struct_size: %zu is not a known layout (use "
+        return fa_private_set_error(FA_ERROR_INVALID_VALUE, "desc->struct_size: %zu is not a known layout (use "
                             "fa_attention_desc_init)", desc->struct_size);
     fa_attention_desc_init(&g->desc);
     memcpy(&g->desc, desc, desc->struct_size);
     g->desc.struct_size = sizeof g->desc;
     const fa_attention_desc *dd = &g->desc;
     if (dd->q_offset || dd->k_offset || dd->seqlen_q_global || dd->seqlen_k_global)
-        return fa_set_error(FA_ERROR_INVALID_VALUE, "desc->q_offset, k_offset, seqlen_*_global: must be 0 (the ring "
+        return fa_private_set_error(FA_ERROR_INVALID_VALUE, "desc->q_offset, k_offset, seqlen_*_global: must be 0 (the ring "
                             "sets each block's positions)");
-    if (dd->varlen) return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->varlen: ring attention takes dense batches");
+    if (dd->varlen) return fa_private_set_error(FA_ERROR_NOT_SUPPORTED, "desc->varlen: ring attention takes dense batches");
     if (dd->block_mask || dd->bias || dd->sinks)
-        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc: block_mask, bias and sinks are not supported by ring "
+        return fa_private_set_error(FA_ERROR_NOT_SUPPORTED, "desc: block_mask, bias and sinks are not supported by ring "
                             "attention (their arrays are not split along the ring)");
     fa_status st;
     if ((st = check_tensor("q", q)) || (st = check_tensor("k", k)) || (st = check_like("v", v, "k", k)) ||
         (st = check_like("out", out, "q", q)))
         return st;
-    if (k->dtype != q->dtype) return fa_set_error(FA_ERROR_INVALID_VALUE, "k: dtype differs from q");
+    if (k->dtype != q->dtype) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "k: dtype differs from q");
     if (q->seqlen % 2)
-        return fa_set_error(FA_ERROR_INVALID_VALUE, "q: seqlen %" PRId64 " is odd (the zigzag layout holds two "
+        return fa_private_set_error(FA_ERROR_INVALID_VALUE, "q: seqlen %" PRId64 " is odd (the zigzag layout holds two "
                             "chunks of equal length per rank)", q->seqlen);
     if (k->seqlen != q->seqlen || k->batch != q->batch || k->head_dim != q->head_dim || q->heads % k->heads)
-        return fa_set_error(FA_ERROR_INVALID_VALUE, "k: shape must be [q's batch, q's seqlen, a divisor of q's heads, "
+        return fa_private_set_error(FA_ERROR_INVALID_VALUE, "k: shape must be [q's batch, q's seqlen, a divisor of q's heads, "
                             "q's head_dim] (self-attention)");
     g->batch = q->batch;
     g->chunk = q->seqlen / 2;
@@ -151,7 +151,7 @@ static fa_status check_local(fa_context *ctx, const fa_attention_desc *desc, con
     const int64_t total = 2 * g->chunk * g->size;
     for (int64_t b = 0; dd->seqlens_k && b < g->batch; ++b)
         if (dd->seqlens_k[b] < 0 || dd->seqlens_k[b] > total)
-            return fa_set_error(FA_ERROR_INVALID_VALUE, "desc->seqlens_k[%" PRId64 "]: %d is outside [0, %" PRId64
+            return fa_private_set_error(FA_ERROR_INVALID_VALUE, "desc->seqlens_k[%" PRId64 "]: %d is outside [0, %" PRId64
                                 "] (the whole sequence)", b, dd->seqlens_k[b], total);
     /* One message holds a block's K and V: its count must fit an int (checked factor by factor,
      * so the product itself cannot overflow; q's sizes are those of the caller's own array). */
@@ -159,11 +159,11 @@ static fa_status check_local(fa_context *ctx, const fa_attention_desc *desc, con
     int64_t count = 2;
     for (int x = 0; x < 4; ++x) {
         if (factors[x] > 0x7fffffff / count)
-            return fa_set_error(FA_ERROR_NOT_SUPPORTED, "k: a block of K and V exceeds 2^31 elements (one MPI message)");
+            return fa_private_set_error(FA_ERROR_NOT_SUPPORTED, "k: a block of K and V exceeds 2^31 elements (one MPI message)");
         count *= factors[x];
     }
     g->valid_k = dd->seqlens_k ? malloc((size_t)g->batch * sizeof *g->valid_k) : NULL;
-    if (dd->seqlens_k && !g->valid_k) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "desc->seqlens_k: scratch");
+    if (dd->seqlens_k && !g->valid_k) return fa_private_set_error(FA_ERROR_OUT_OF_MEMORY, "desc->seqlens_k: scratch");
     return FA_SUCCESS;
 }
 
@@ -183,12 +183,12 @@ static fa_status agree(ring *g, fa_status st, const int64_t *sig, int count)
     if (st) return st; /* this rank's own message stands */
     if (red[0]) {
         const int64_t code = -red[0];
-        return fa_set_error((fa_status)(code >> 32), "rank %d of the ring failed (%s): see its fa_last_error()",
+        return fa_private_set_error((fa_status)(code >> 32), "rank %d of the ring failed (%s): see its fa_last_error()",
                             (int)(code & 0xffffffff), fa_status_string((fa_status)(code >> 32)));
     }
     for (int x = 0; x < count; ++x)
         if (red[1 + x] != -red[1 + count + x])
-            return fa_set_error(FA_ERROR_INVALID_VALUE, "comm: the ranks disagree on the tensors' shapes or the desc "
+            return fa_private_set_error(FA_ERROR_INVALID_VALUE, "comm: the ranks disagree on the tensors' shapes or the desc "
                                 "(field %d of the signature)", x);
     return FA_SUCCESS;
 }
@@ -286,8 +286,8 @@ static int open_ring(MPI_Comm comm, ring *g)
 {
     int initialised = 0;
     MPI_Initialized(&initialised);
-    if (!initialised) return fa_set_error(FA_ERROR_INVALID_VALUE, "comm: MPI is not initialised (call MPI_Init)");
-    if (comm == MPI_COMM_NULL) return fa_set_error(FA_ERROR_INVALID_VALUE, "comm: is MPI_COMM_NULL");
+    if (!initialised) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "comm: MPI is not initialised (call MPI_Init)");
+    if (comm == MPI_COMM_NULL) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "comm: is MPI_COMM_NULL");
     memset(g, 0, sizeof *g);
     int rc = MPI_Comm_dup(comm, &g->comm);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
@@ -411,7 +411,7 @@ fa_status fa_ring_forward(fa_context *ctx, MPI_Comm comm, const fa_attention_des
         const fa_tensor sq = strided(q);
         const fa_tensor wq = f32_view(&sq, &q_wide);
         ok = ok && wq.data;
-        if (!ok) st = fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_ring_forward: ring buffers");
+        if (!ok) st = fa_private_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_ring_forward: ring buffers");
         so = strided(out);
         if (!st) {
             const fa_tensor sk = strided(k), sv = strided(v);
@@ -518,7 +518,7 @@ fa_status fa_ring_backward(fa_context *ctx, MPI_Comm comm, const fa_attention_de
     fa_status st = open_ring(comm, &g);
     if (st) return st;
     st = check_local(ctx, desc, q, k, v, out, &g);
-    if (!st && !lse) st = fa_set_error(FA_ERROR_INVALID_VALUE, "lse: is NULL (backward needs the forward's lse)");
+    if (!st && !lse) st = fa_private_set_error(FA_ERROR_INVALID_VALUE, "lse: is NULL (backward needs the forward's lse)");
     if (!st && (st = check_like("dout", dout, "q", q)) == FA_SUCCESS && (st = check_like("dq", dq, "q", q)) == FA_SUCCESS &&
         (st = check_like("dk", dk, "k", k)) == FA_SUCCESS)
         st = check_like("dv", dv, "v", v);
@@ -546,7 +546,7 @@ fa_status fa_ring_backward(fa_context *ctx, MPI_Comm comm, const fa_attention_de
         const fa_tensor sq = strided(q), so = strided(out), sdo = strided(dout);
         const fa_tensor wq = f32_view(&sq, &wide[0]), wo = f32_view(&so, &wide[1]), wdo = f32_view(&sdo, &wide[2]);
         ok = ok && wq.data && wo.data && wdo.data;
-        if (!ok) st = fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_ring_backward: ring buffers");
+        if (!ok) st = fa_private_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_ring_backward: ring buffers");
         if (!st) {
             const fa_tensor sk = strided(k), sv = strided(v);
             pack_rows(&sk, w.kv[0], g.dtype);
