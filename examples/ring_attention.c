@@ -1,7 +1,7 @@
 /* Ring attention over MPI: a causal self-attention of N tokens sharded over the ranks in the
  * zigzag layout, forward and backward, with the output gathered on rank 0 and checked against
  * one fa_forward over the whole sequence. Run: mpirun -np 2 ./ring_attention
- * Build: cc ring_attention.c $(pkg-config --cflags --libs flashattn ompi-c) -lflashattn_dist */
+ * Build: cc ring_attention.c $(pkg-config --cflags --libs flashattn_dist) -lm */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -163,7 +163,8 @@ FA_API fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc,
  * [batch, heads, seqlen] fp32 (fa_forward's layout), lse_out may be NULL. A part with lse -inf
  * contributes nothing; each row is summed over the parts in the order 0..n-1 in f32, so the
  * result does not depend on thread counts. out and lse_out must not overlap any input (nor each
- * other). n >= 1. Host-memory backends (CPU) only: others return FA_ERROR_NOT_SUPPORTED. */
+ * other). n >= 1. Any backend: the CPU merges on the host, the GPU plugins on the device (the same
+ * arithmetic; a plugin of an older ABI returns FA_ERROR_NOT_SUPPORTED). */
 FA_API fa_status fa_merge_partials(fa_context *ctx, int n, const fa_tensor *const *outs,
                                    const float *const *lses, fa_tensor *out, float *lse_out);
 

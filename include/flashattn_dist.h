@@ -10,12 +10,16 @@
  * mask every rank then does the same work. K and V travel around the ring (rank r sends to r + 1);
  * each rank posts the next block's exchange before computing on the current one. Partial outputs
  * are merged by lse (fa_merge_partials) in ring order, so results are bit-identical across runs
- * and, within f32 rounding, equal to fa_forward / fa_backward on the gathered sequence.
+ * and, within f32 rounding (then the dtype's final rounding), equal to fa_forward / fa_backward on
+ * the gathered sequence.
  *
  * desc: as for fa_forward, with desc->q_offset, k_offset, seqlen_*_global left 0 (the ring sets
  * them), no varlen, no block mask, no bias; desc->seqlens_k, if set, counts the valid keys of the
  * whole sequence (global positions), as in the unsplit call. lse: [batch, heads_q, 2C], as fa_forward's.
- * Tensors: FA_DTYPE_F32 (others: FA_ERROR_NOT_SUPPORTED), host memory of a CPU context.
+ * Tensors: one dtype for all (f32, f16 or bf16), host memory of a CPU context. With f16/bf16, K and
+ * V travel in that dtype, but every block is computed in f32 and the partial outputs, their merges,
+ * dq's sum and the dK/dV accumulators (which travel the ring) stay f32: out, dq, dk, dv are rounded
+ * to the dtype once, at the end. lse is f32 always.
  *
  * Collective: every rank of comm calls with tensors of the same shapes and the same desc. Every
  * rank returns the same status: the ranks agree on it (MPI_Allreduce) before and after the ring,

@@ -12,7 +12,12 @@ extern "C" {
 #endif
 
 /* Bumped whenever fa_problem, fa_host_api or fa_backend_iface change layout. */
-#define FA_BACKEND_ABI_VERSION 4u
+#define FA_BACKEND_ABI_VERSION 5u
+/* The oldest plugin ABI the registry still loads. ABI 5 only appended merge_partials to
+ * fa_backend_iface (fa_problem and fa_host_api are as in 4), so a plugin of ABI 4 is offered a host
+ * table that says 4 and its table is read up to forward_kvcache: it has no device merge
+ * (fa_merge_partials returns FA_ERROR_NOT_SUPPORTED on its contexts). Older ones are refused. */
+#define FA_BACKEND_ABI_OLDEST 4u
 
 /* A validated attention problem. Tensor strides are always explicit (never 0). */
 typedef struct fa_problem {
@@ -72,6 +77,18 @@ typedef struct fa_kv_problem {
     const int32_t *cache_seqlens;      /* [batch] */
 } fa_kv_problem;
 
+/* fa_merge_partials in the backend's memory (ABI 5), after the core's checks: n >= 1 parts of
+ * out's shape and dtype with explicit strides (parts: a host array), lses[c] (a host array of
+ * pointers into the backend's memory) [batch, heads, seqlen] like lse_out (NULL: not wanted); out
+ * overlaps none of them. The rule of each row: merge_rule.h. */
+typedef struct fa_merge_problem {
+    int n;
+    const fa_tensor *parts;
+    const float *const *lses;
+    fa_tensor out;
+    float *lse_out;
+} fa_merge_problem;
+
 /* fa_backend_iface.features */
 #define FA_BACKEND_HOST_MEMORY 1u      /* tensors and tables are host memory: the core reads tables */
 #define FA_BACKEND_VARLEN 2u           /* forward and backward accept fa_problem.varlen */
@@ -110,6 +127,9 @@ typedef struct fa_backend_iface {
     /* Appended in ABI 2; a table that leaves them 0/NULL has none of these features. */
     unsigned features;                 /* FA_BACKEND_* */
     fa_status (*forward_kvcache)(void *state, const fa_kv_problem *p);
+    /* Appended in ABI 5: fa_merge_partials for a backend whose memory is not the host's; NULL (or
+     * a plugin of ABI 4) = not supported there. Host-memory backends merge in the core. */
+    fa_status (*merge_partials)(void *state, const fa_merge_problem *p);
 } fa_backend_iface;
 
 /* A plugin exports one C symbol of this type, named FA_PLUGIN_ENTRY_NAME. It returns NULL when

@@ -5,11 +5,26 @@
 
 static _Thread_local char last_error[512];
 
+static fa_status record(fa_status status, const char *fmt, va_list ap)
+{
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    return status;
+}
+
 fa_status fa_set_error(fa_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    record(status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+fa_status fa_private_set_error(fa_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    record(status, fmt, ap);
     va_end(ap);
     return status;
 }

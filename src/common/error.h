@@ -10,8 +10,10 @@
 #endif
 
 /* Records the message for this thread and returns status, so callers can `return fa_set_error(...)`.
- * Exported from the shared library (not in the public header) for libflashattn_dist, whose
- * failures must show in the same fa_last_error(). */
-FA_API fa_status fa_set_error(fa_status status, const char *fmt, ...) FA_PRINTF(2, 3);
+ * Internal to libflashattn (hidden). */
+fa_status fa_set_error(fa_status status, const char *fmt, ...) FA_PRINTF(2, 3);
+/* The same, exported under a private name (not in any public header, not API) for
+ * libflashattn_dist only, whose failures must show in this library's fa_last_error(). */
+FA_API fa_status fa_private_set_error(fa_status status, const char *fmt, ...) FA_PRINTF(2, 3);
 void fa_clear_error(void);
 #endif

@@ -1,7 +1,6 @@
 /* fa_merge_partials: attention over a key set split into disjoint parts, recombined by the parts'
- * log-sum-exp. With part c's normalised output O_c and lse L_c, and M = max_c L_c:
- *   w_c = exp(L_c - M),  O = sum_c w_c O_c / sum_c w_c,  L = M + log(sum_c w_c),
- * summed in the order the parts are given, so the result is deterministic. */
+ * log-sum-exp (the row rule: merge_rule.h). The arguments are checked here for every backend;
+ * host-memory backends merge here, device-memory ones in their merge_partials (plugin ABI 5). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,6 +11,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "half.h"
+#include "merge_rule.h"
 #include "validate.h"
 
 #define INVALID(...) fa_set_error(FA_ERROR_INVALID_VALUE, __VA_ARGS__)
@@ -91,6 +91,44 @@ static fa_status check_merge(int n, const fa_tensor *const *outs, const float *c
     return FA_SUCCESS;
 }
 
+/* The host merge of checked arguments: one row at a time, by merge_rule.h. */
+static fa_status merge_on_host(int n, const fa_tensor *parts, const float *const *lses, const fa_tensor *target,
+                               float *lse_out)
+{
+    float *weights = fa_host_alloc((size_t)n * sizeof *weights);
+    float *acc = fa_host_alloc((size_t)target->head_dim * sizeof *acc);
+    if (!weights || !acc) {
+        fa_host_free(weights);
+        fa_host_free(acc);
+        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_merge_partials: %d parts of scratch", n);
+    }
+    for (int64_t b = 0; b < target->batch; ++b)
+        for (int64_t h = 0; h < target->heads; ++h)
+            for (int64_t s = 0; s < target->seqlen; ++s) {
+                const int64_t row = (b * target->heads + h) * target->seqlen + s, d = target->head_dim;
+                fa_merge_row r = fa_merge_row_start();
+                for (int c = 0; c < n; ++c) fa_merge_see(&r, lses[c][row]);
+                float sum = 0.0f;
+                for (int c = 0; c < n; ++c) {
+                    weights[c] = fa_merge_weight(&r, lses[c][row]);
+                    sum += weights[c];
+                }
+                memset(acc, 0, (size_t)d * sizeof *acc);
+                for (int c = 0; c < n; ++c) {
+                    if (weights[c] == 0.0f) continue;
+                    const void *in = row_at(&parts[c], b, s, h);
+                    for (int64_t x = 0; x < d; ++x) acc[x] = fa_merge_accumulate(acc[x], weights[c], load(&parts[c], in, x));
+                }
+                const float factor = fa_merge_factor(&r, sum);
+                void *dst = (void *)row_at(target, b, s, h);
+                for (int64_t x = 0; x < d; ++x) store(target, dst, x, acc[x] * factor);
+                if (lse_out) lse_out[row] = fa_merge_lse(&r, sum);
+            }
+    fa_host_free(weights);
+    fa_host_free(acc);
+    return FA_SUCCESS;
+}
+
 fa_status fa_merge_partials(fa_context *ctx, int n, const fa_tensor *const *outs, const float *const *lses,
                             fa_tensor *out, float *lse_out)
 {
@@ -98,45 +136,20 @@ fa_status fa_merge_partials(fa_context *ctx, int n, const fa_tensor *const *outs
     void *state;
     fa_status st = fa_context_backend_state(ctx, &iface, &state);
     if (st) return st;
-    if (!(iface->features & FA_BACKEND_HOST_MEMORY))
-        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "fa_merge_partials: the %s backend's tensors are device memory; "
-                            "only host-memory backends (cpu) merge yet", iface->name);
+    const int on_host = (iface->features & FA_BACKEND_HOST_MEMORY) != 0;
+    if (!on_host && !iface->merge_partials)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "fa_merge_partials: the %s backend's tensors are device memory and "
+                            "it has no device merge (a plugin older than ABI 5, or one without it); merge on the host",
+                            iface->name);
     fa_tensor target;
     fa_tensor *parts = n >= 1 ? fa_host_alloc((size_t)n * sizeof *parts) : NULL;
-    float *weights = n >= 1 ? fa_host_alloc((size_t)n * sizeof *weights) : NULL;
-    float *acc = out && out->head_dim > 0 ? fa_host_alloc((size_t)out->head_dim * sizeof *acc) : NULL;
-    if (n >= 1 && (!parts || !weights || (out && out->head_dim > 0 && !acc)))
-        st = fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_merge_partials: %d parts of scratch", n);
-    if (!st) st = check_merge(n, outs, lses, out, lse_out, &target, parts);
-    for (int64_t b = 0; !st && b < target.batch; ++b)
-        for (int64_t h = 0; h < target.heads; ++h)
-            for (int64_t s = 0; s < target.seqlen; ++s) {
-                const int64_t row = (b * target.heads + h) * target.seqlen + s, d = target.head_dim;
-                float top = -INFINITY, sum = 0.0f;
-                int poisoned = 0; /* a NaN (or +inf) lse: the row is NaN, as a NaN score makes it */
-                for (int c = 0; c < n; ++c) {
-                    const float l = lses[c][row];
-                    if (isnan(l) || l == INFINITY) poisoned = 1;
-                    else if (l > top) top = l;
-                }
-                for (int c = 0; c < n; ++c) {
-                    const float l = lses[c][row];
-                    weights[c] = poisoned || top == -INFINITY || l == -INFINITY ? 0.0f : expf(l - top);
-                    sum += weights[c];
-                }
-                memset(acc, 0, (size_t)d * sizeof *acc);
-                for (int c = 0; c < n && sum > 0.0f; ++c) {
-                    if (weights[c] == 0.0f) continue; /* a part with no visible key holds zeros */
-                    const void *in = row_at(&parts[c], b, s, h);
-                    for (int64_t x = 0; x < d; ++x) acc[x] += weights[c] * load(&parts[c], in, x);
-                }
-                const float inv = poisoned ? NAN : sum > 0.0f ? 1.0f / sum : 0.0f;
-                void *dst = (void *)row_at(&target, b, s, h);
-                for (int64_t x = 0; x < d; ++x) store(&target, dst, x, poisoned ? NAN : acc[x] * inv);
-                if (lse_out) lse_out[row] = poisoned ? NAN : top == -INFINITY ? -INFINITY : top + logf(sum);
-            }
+    if (n >= 1 && !parts) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_merge_partials: %d parts of scratch", n);
+    st = check_merge(n, outs, lses, out, lse_out, &target, parts);
+    if (!st && on_host) st = merge_on_host(n, parts, lses, &target, lse_out);
+    if (!st && !on_host) {
+        const fa_merge_problem p = {n, parts, lses, target, lse_out};
+        st = iface->merge_partials(state, &p);
+    }
     fa_host_free(parts);
-    fa_host_free(weights);
-    fa_host_free(acc);
     return st;
 }

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@ typedef struct plugin_slot {
     pthread_once_t once;
     void (*load_once)(void);       /* loads this slot: pthread_once passes no argument */
     const fa_backend_iface *iface; /* NULL when unavailable */
+    fa_backend_iface upgraded;     /* an older plugin's table, its missing members NULL */
     char reason[512];              /* as long as fa_last_error() can hold (error.c) */
 } plugin_slot;
 
@@ -38,7 +40,20 @@ PLUGIN_SLOT(hip_slot, FA_BACKEND_HIP, "libflashattn-hip.so")
 
 static plugin_slot *const plugins[] = {&cuda_slot, &hip_slot};
 
-static const fa_host_api host_api = {.abi_version = FA_BACKEND_ABI_VERSION, .set_error = fa_set_error};
+/* The host tables offered to a plugin, newest first: FA_BACKEND_ABI_VERSION down to
+ * FA_BACKEND_ABI_OLDEST (fa_host_api has the same layout in all of them). */
+static const fa_host_api host_apis[] = {
+    {.abi_version = FA_BACKEND_ABI_VERSION, .set_error = fa_set_error},
+    {.abi_version = 4u, .set_error = fa_set_error},
+};
+_Static_assert(sizeof host_apis / sizeof host_apis[0] == FA_BACKEND_ABI_VERSION - FA_BACKEND_ABI_OLDEST + 1,
+               "one host table per plugin ABI the registry loads");
+
+/* How many bytes of a table of an older plugin ABI exist (its members before the later ones). */
+static size_t iface_bytes(uint32_t abi_version)
+{
+    return abi_version >= 5u ? sizeof(fa_backend_iface) : offsetof(fa_backend_iface, merge_partials);
+}
 
 static plugin_slot *slot_for(fa_backend kind)
 {
@@ -113,17 +128,22 @@ static const fa_backend_iface *plugin_table(plugin_slot *slot, void *handle, con
         set_reason(slot, "%s does not export %s", path, FA_PLUGIN_ENTRY_NAME);
         return NULL;
     }
-    const fa_backend_iface *iface = entry(&host_api);
+    /* A plugin returns NULL for a host ABI it was not built for: the newest first, then older ones. */
+    const fa_backend_iface *iface = NULL;
+    for (size_t v = 0; !iface && v < sizeof host_apis / sizeof host_apis[0]; ++v) iface = entry(&host_apis[v]);
     if (!iface) {
-        set_reason(slot, "%s refused plugin ABI version %u (%s returned NULL); rebuild the plugin", path,
-                   FA_BACKEND_ABI_VERSION, FA_PLUGIN_ENTRY_NAME);
+        set_reason(slot, "%s refused plugin ABI versions %u to %u (%s returned NULL); rebuild the plugin", path,
+                   FA_BACKEND_ABI_VERSION, FA_BACKEND_ABI_OLDEST, FA_PLUGIN_ENTRY_NAME);
         return NULL;
     }
-    /* abi_version is the table's first member in every version; nothing else is read before it matches. */
-    if (iface->abi_version != FA_BACKEND_ABI_VERSION) {
-        set_reason(slot, "%s has plugin ABI version %u, %s than this library's %u; rebuild the plugin", path,
-                   iface->abi_version, iface->abi_version < FA_BACKEND_ABI_VERSION ? "older" : "newer",
-                   FA_BACKEND_ABI_VERSION);
+    /* abi_version is the table's first member in every version; nothing else is read before it is known. */
+    if (iface->abi_version < FA_BACKEND_ABI_OLDEST || iface->abi_version > FA_BACKEND_ABI_VERSION) {
+        if (iface->abi_version < FA_BACKEND_ABI_OLDEST)
+            set_reason(slot, "%s has plugin ABI version %u, older than the oldest this library loads (%u); rebuild the plugin",
+                       path, iface->abi_version, FA_BACKEND_ABI_OLDEST);
+        else
+            set_reason(slot, "%s has plugin ABI version %u, newer than this library's %u; rebuild the plugin", path,
+                       iface->abi_version, FA_BACKEND_ABI_VERSION);
         return NULL;
     }
     if (iface->kind != slot->kind) {
@@ -143,6 +163,11 @@ static void load_plugin(plugin_slot *slot)
     if (!iface) {
         dlclose(handle);
         return;
+    }
+    if (iface->abi_version < FA_BACKEND_ABI_VERSION) { /* only its own members are read; later ones are NULL */
+        memset(&slot->upgraded, 0, sizeof slot->upgraded);
+        memcpy(&slot->upgraded, iface, iface_bytes(iface->abi_version));
+        iface = &slot->upgraded;
     }
     fa_clear_error();
     if (iface->device_count() <= 0) {

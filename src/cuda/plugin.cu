@@ -10,6 +10,7 @@
 #include "../common/backend.h"
 #include "gpu_runtime.h"
 #include "kernels/generic_dispatch.cuh"
+#include "kernels/merge.cuh"
 #include "kernels/tc_dispatch.cuh"
 #include "plan.h"
 #include "problem_params.h"
@@ -399,8 +400,9 @@ static fa_status build_params(fa_gpu_state *s, const fa_problem *p, size_t reser
 /* Launches kernel on the context's stream: `warps` warps per block, `smem` bytes of dynamic
  * shared memory. With FLASHATTN_GPU_SYNC=1 it waits for the kernel, so that a fault is reported
  * by the launch that caused it (`what` names the kernel) rather than by a later call. */
-static fa_status launch_warps(fa_gpu_state *s, fa_gpu_kernel kernel, dim3 grid, int warps, size_t smem,
-                              const fa_gpu_params *k, const char *what)
+template <class Params>
+static fa_status launch_warps(fa_gpu_state *s, void (*kernel)(Params), dim3 grid, int warps, size_t smem,
+                              const Params *k, const char *what)
 {
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) return FA_SUCCESS;
     if (smem > 48 * 1024)
@@ -607,6 +609,42 @@ static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     return st;
 }
 
+/* fa_merge_partials on device memory (the core has checked the arguments): the parts' pointers and
+ * strides uploaded into the workspace, then one warp per output row. */
+static fa_status gpu_merge_partials(void *state, const fa_merge_problem *mp)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    const size_t bytes = (size_t)mp->n * sizeof(fa_gpu_merge_part);
+    fa_gpu_merge_part *parts = (fa_gpu_merge_part *)malloc(bytes);
+    if (!parts) return FA_ERR(FA_ERROR_OUT_OF_MEMORY, "fa_merge_partials: %d parts of host scratch", mp->n);
+    for (int c = 0; c < mp->n; ++c) {
+        const fa_tensor &t = mp->parts[c];
+        parts[c] = {t.data, t.stride_batch, t.stride_seq, t.stride_head, mp->lses[c]};
+    }
+    fa_status st = workspace_reserve(s, bytes);
+    /* From pageable memory the copy has read `parts` when it returns (stream-ordered after any
+     * kernel still using the workspace). */
+    const fa_gpu_error e =
+        st == FA_SUCCESS ? fa_gpu_memcpy_async(s->workspace, parts, bytes, fa_gpu_memcpy_h2d, s->stream) : fa_gpu_success;
+    free(parts);
+    if (st != FA_SUCCESS) return st;
+    if (e != fa_gpu_success) return runtime_failure(e, "upload the merge's parts");
+    fa_gpu_merge_params k = {};
+    k.parts = (const fa_gpu_merge_part *)s->workspace;
+    k.n = mp->n;
+    k.dtype = mp->out.dtype;
+    k.batch = mp->out.batch;
+    k.heads = mp->out.heads;
+    k.seqlen = mp->out.seqlen;
+    k.head_dim = mp->out.head_dim;
+    k.out = fa_gpu_tensor_of(&mp->out);
+    k.lse_out = mp->lse_out;
+    const int64_t blocks = fa_gpu_tiles(k.batch * k.heads * k.seqlen, FA_GENERIC_WARPS);
+    return launch_warps(s, fa_merge::merge_partials, dim3((unsigned)(blocks < 65535 ? blocks : 65535)), FA_GENERIC_WARPS,
+                        0, &k, "merge launch");
+}
+
 /* The table by member name (C++17 has no designated initialisers): a reordered or appended
  * member of fa_backend_iface cannot shift the others. */
 static fa_backend_iface plugin_iface()
@@ -632,6 +670,7 @@ static fa_backend_iface plugin_iface()
     /* tensors and tables are device memory: their checks run on the device */
     t.features = FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS | FA_BACKEND_POSITION_OFFSETS | FA_BACKEND_KVCACHE_MODIFIERS;
     t.forward_kvcache = gpu_forward_kvcache;
+    t.merge_partials = gpu_merge_partials;
     return t;
 }
 

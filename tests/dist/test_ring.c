@@ -1,13 +1,15 @@
 /* Ring attention over MPI (run under mpirun -np P): every rank builds the same global problem,
  * runs fa_forward / fa_backward on the whole sequence as the reference, and checks that
- * fa_ring_forward / fa_ring_backward on its zigzag rows equal the reference's rows (f32
- * tolerance) and are bit-identical across repeated calls; then that a bad argument on one rank,
+ * fa_ring_forward / fa_ring_backward on its zigzag rows equal the reference's rows (the dtype's
+ * tolerance) and are bit-identical across repeated calls, in f32, f16 and bf16 (and that f16/bf16
+ * round only their final outputs: equal to the f32 ring's on the widened values, rounded); then that a bad argument on one rank,
  * or ranks that disagree, make every rank return an error (no hang) and write no output. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/half.h"
 #include "flashattn_dist.h"
 #include "test_arrays.h"
 
@@ -35,15 +37,55 @@ static float *random_floats(uint64_t seed, size_t n)
     return f;
 }
 
-/* The rank's zigzag rows of a [BATCH, N, heads, D] array: global chunks rank and 2P - 1 - rank. */
-static void to_local(const float *global, int64_t heads, float *local)
+static size_t elem_size(fa_dtype dtype) { return dtype == FA_DTYPE_F32 ? 4 : 2; }
+
+static const char *dtype_name(fa_dtype dtype)
 {
-    const int64_t n = 2 * CHUNK * ranks, row = heads * D;
+    return dtype == FA_DTYPE_F32 ? "f32" : dtype == FA_DTYPE_F16 ? "f16" : "bf16";
+}
+
+/* n f32 values rounded to dtype (round to nearest even), stored in dtype. */
+static void *narrowed(const float *x, size_t n, fa_dtype dtype)
+{
+    void *a = malloc(n * elem_size(dtype));
+    if (!a) abort();
+    for (size_t i = 0; i < n; ++i) {
+        if (dtype == FA_DTYPE_F32) ((float *)a)[i] = x[i];
+        else ((uint16_t *)a)[i] = dtype == FA_DTYPE_F16 ? fa_f32_to_f16(x[i]) : fa_f32_to_bf16(x[i]);
+    }
+    return a;
+}
+
+/* n elements of dtype as f32 (exact). */
+static float *widened(const void *a, size_t n, fa_dtype dtype)
+{
+    float *x = malloc(n * sizeof *x);
+    if (!x) abort();
+    for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = dtype == FA_DTYPE_F32 ? 0 : ((const uint16_t *)a)[i];
+        x[i] = dtype == FA_DTYPE_F32 ? ((const float *)a)[i] : dtype == FA_DTYPE_F16 ? fa_f16_to_f32(h) : fa_bf16_to_f32(h);
+    }
+    return x;
+}
+
+static void *random_array(uint64_t seed, size_t n, fa_dtype dtype)
+{
+    float *x = random_floats(seed, n);
+    void *a = narrowed(x, n, dtype);
+    free(x);
+    return a;
+}
+
+/* The rank's zigzag rows of a [BATCH, N, heads, D] array of es-byte elements: global chunks rank
+ * and 2P - 1 - rank. */
+static void to_local(const void *global, int64_t heads, size_t es, void *local)
+{
+    const int64_t n = 2 * CHUNK * ranks, row = heads * D * (int64_t)es;
     for (int64_t b = 0; b < BATCH; ++b)
         for (int c = 0; c < 2; ++c) {
             const int64_t gc = c == 0 ? rank : 2 * ranks - 1 - rank;
-            memcpy(local + (b * 2 * CHUNK + c * CHUNK) * row, global + (b * n + gc * CHUNK) * row,
-                   (size_t)(CHUNK * row) * sizeof *local);
+            memcpy((char *)local + (b * 2 * CHUNK + c * CHUNK) * row, (const char *)global + (b * n + gc * CHUNK) * row,
+                   (size_t)(CHUNK * row));
         }
 }
 
@@ -57,82 +99,152 @@ static void lse_to_local(const float *global, float *local)
         }
 }
 
-static double max_diff(const float *a, const float *b, size_t n)
+/* max |a - b| / max(1, |b|) over n elements of dtype (equal infinities count as 0). */
+static double max_error(const void *a, const void *b, size_t n, fa_dtype dtype)
 {
+    float *x = widened(a, n, dtype), *y = widened(b, n, dtype);
     double worst = 0.0;
     for (size_t i = 0; i < n; ++i) {
-        if (isinf(a[i]) && a[i] == b[i]) continue;
-        const double e = fabs((double)a[i] - (double)b[i]);
+        if (isinf(x[i]) && x[i] == y[i]) continue;
+        const double e = fabs((double)x[i] - (double)y[i]) / fmax(1.0, fabs((double)y[i]));
         if (!(e <= worst)) worst = e;
     }
+    free(x);
+    free(y);
     return worst;
 }
 
-static fa_tensor tensor(float *data, int64_t seqlen, int64_t heads)
+static fa_tensor tensor(void *data, fa_dtype dtype, int64_t seqlen, int64_t heads)
 {
-    return (fa_tensor){data, FA_DTYPE_F32, BATCH, seqlen, heads, D, 0, 0, 0};
+    return (fa_tensor){data, dtype, BATCH, seqlen, heads, D, 0, 0, 0};
 }
 
-static void run_case(fa_context *ctx, const char *name, const fa_attention_desc *desc)
+/* One ring run (forward then backward from its own out and lse) on local arrays of dtype. */
+typedef struct ring_result { void *o, *dq, *dk, *dv; float *lse; } ring_result;
+
+static ring_result run_ring(fa_context *ctx, const char *name, const fa_attention_desc *desc, fa_dtype dtype,
+                            const void *q, const void *k, const void *v, const void *dout)
+{
+    const int64_t l = 2 * CHUNK;
+    const size_t lq = (size_t)(BATCH * l * HQ * D), lk = (size_t)(BATCH * l * HK * D), es = elem_size(dtype);
+    ring_result r = {malloc(lq * es), malloc(lq * es), malloc(lk * es), malloc(lk * es),
+                     malloc((size_t)(BATCH * HQ * l) * sizeof(float))};
+    if (!r.o || !r.dq || !r.dk || !r.dv || !r.lse) abort();
+    fa_tensor rq = tensor((void *)q, dtype, l, HQ), rk = tensor((void *)k, dtype, l, HK), rv = tensor((void *)v, dtype, l, HK);
+    fa_tensor ro = tensor(r.o, dtype, l, HQ), rdo = tensor((void *)dout, dtype, l, HQ);
+    fa_tensor rdq = tensor(r.dq, dtype, l, HQ), rdk = tensor(r.dk, dtype, l, HK), rdv = tensor(r.dv, dtype, l, HK);
+    fa_status st = fa_ring_forward(ctx, MPI_COMM_WORLD, desc, &rq, &rk, &rv, &ro, r.lse);
+    CHECK(st == FA_SUCCESS, "%s %s: fa_ring_forward: %s", name, dtype_name(dtype), fa_last_error());
+    st = fa_ring_backward(ctx, MPI_COMM_WORLD, desc, &rq, &rk, &rv, &ro, &rdo, r.lse, &rdq, &rdk, &rdv);
+    CHECK(st == FA_SUCCESS, "%s %s: fa_ring_backward: %s", name, dtype_name(dtype), fa_last_error());
+    return r;
+}
+
+static void free_result(ring_result *r)
+{
+    free(r->o);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
+    free(r->lse);
+}
+
+/* f16/bf16: the ring must round only its final outputs. Its results must equal, bit for bit, the
+ * f32 ring's on the same values widened (forward: q, k, v; backward: also out and dout from
+ * the f16/bf16 run) rounded to the dtype once; a partial output or accumulator rounded between
+ * ring steps would show here. */
+static void check_rounded_once(fa_context *ctx, const char *name, const fa_attention_desc *desc, fa_dtype dtype,
+                               const void *q, const void *k, const void *v, const void *dout, const ring_result *got)
+{
+    const int64_t l = 2 * CHUNK;
+    const size_t lq = (size_t)(BATCH * l * HQ * D), lk = (size_t)(BATCH * l * HK * D), ll = (size_t)(BATCH * HQ * l);
+    float *wq = widened(q, lq, dtype), *wk = widened(k, lk, dtype), *wv = widened(v, lk, dtype);
+    float *wo = widened(got->o, lq, dtype), *wdo = widened(dout, lq, dtype);
+    float *o = malloc(lq * 4), *lse = malloc(ll * 4), *dq = malloc(lq * 4), *dk = malloc(lk * 4), *dv = malloc(lk * 4);
+    fa_tensor tq = tensor(wq, FA_DTYPE_F32, l, HQ), tk = tensor(wk, FA_DTYPE_F32, l, HK), tv = tensor(wv, FA_DTYPE_F32, l, HK);
+    fa_tensor to = tensor(o, FA_DTYPE_F32, l, HQ), two = tensor(wo, FA_DTYPE_F32, l, HQ), tdo = tensor(wdo, FA_DTYPE_F32, l, HQ);
+    fa_tensor tdq = tensor(dq, FA_DTYPE_F32, l, HQ), tdk = tensor(dk, FA_DTYPE_F32, l, HK), tdv = tensor(dv, FA_DTYPE_F32, l, HK);
+    CHECK(fa_ring_forward(ctx, MPI_COMM_WORLD, desc, &tq, &tk, &tv, &to, lse) == FA_SUCCESS, "%s: f32 ring: %s", name,
+          fa_last_error());
+    CHECK(fa_ring_backward(ctx, MPI_COMM_WORLD, desc, &tq, &tk, &tv, &two, &tdo, got->lse, &tdq, &tdk, &tdv) == FA_SUCCESS,
+          "%s: f32 ring backward: %s", name, fa_last_error());
+    void *ro = narrowed(o, lq, dtype), *rdq = narrowed(dq, lq, dtype), *rdk = narrowed(dk, lk, dtype),
+         *rdv = narrowed(dv, lk, dtype);
+    const size_t es = elem_size(dtype);
+    CHECK(!memcmp(ro, got->o, lq * es) && !memcmp(lse, got->lse, ll * 4),
+          "%s %s: forward is not the f32 ring's rounded once", name, dtype_name(dtype));
+    CHECK(!memcmp(rdq, got->dq, lq * es) && !memcmp(rdk, got->dk, lk * es) && !memcmp(rdv, got->dv, lk * es),
+          "%s %s: backward is not the f32 ring's rounded once", name, dtype_name(dtype));
+    void *owned[] = {wq, wk, wv, wo, wdo, o, lse, dq, dk, dv, ro, rdq, rdk, rdv};
+    for (size_t x = 0; x < sizeof owned / sizeof *owned; ++x) free(owned[x]);
+}
+
+/* Tolerances against the single-process run (max |ring - single| / max(1, |single|)): f32
+ * rounding of another summation order, plus for f16/bf16 one unit in the last place of the final
+ * rounding (both runs round f32 values that differ by f32 rounding) and its effect through the
+ * backward's out. */
+static double tolerance(fa_dtype dtype, int gradient)
+{
+    if (dtype == FA_DTYPE_F16) return gradient ? 4e-3 : 1.5e-3;
+    if (dtype == FA_DTYPE_BF16) return gradient ? 3e-2 : 1.2e-2;
+    return gradient ? 5e-5 : 1e-5;
+}
+
+static void run_case(fa_context *ctx, const char *name, const fa_attention_desc *desc, fa_dtype dtype)
 {
     const int64_t n = 2 * CHUNK * ranks, l = 2 * CHUNK;
-    const size_t gq = (size_t)(BATCH * n * HQ * D), gk = (size_t)(BATCH * n * HK * D);
-    const size_t lq = (size_t)(BATCH * l * HQ * D), lk = (size_t)(BATCH * l * HK * D);
-    float *q = random_floats(1, gq), *k = random_floats(2, gk), *v = random_floats(3, gk), *dout = random_floats(4, gq);
-    float *out = malloc(gq * 4), *lse = malloc((size_t)(BATCH * HQ * n) * 4), *dq = malloc(gq * 4), *dk = malloc(gk * 4),
-          *dv = malloc(gk * 4);
-    fa_tensor tq = tensor(q, n, HQ), tk = tensor(k, n, HK), tv = tensor(v, n, HK), to = tensor(out, n, HQ);
-    fa_tensor tdo = tensor(dout, n, HQ), tdq = tensor(dq, n, HQ), tdk = tensor(dk, n, HK), tdv = tensor(dv, n, HK);
+    const size_t gq = (size_t)(BATCH * n * HQ * D), gk = (size_t)(BATCH * n * HK * D), es = elem_size(dtype);
+    const size_t lq = (size_t)(BATCH * l * HQ * D), lk = (size_t)(BATCH * l * HK * D), ll = (size_t)(BATCH * HQ * l);
+    void *q = random_array(1, gq, dtype), *k = random_array(2, gk, dtype), *v = random_array(3, gk, dtype),
+         *dout = random_array(4, gq, dtype);
+    void *out = malloc(gq * es), *dq = malloc(gq * es), *dk = malloc(gk * es), *dv = malloc(gk * es);
+    float *lse = malloc((size_t)(BATCH * HQ * n) * 4);
+    fa_tensor tq = tensor(q, dtype, n, HQ), tk = tensor(k, dtype, n, HK), tv = tensor(v, dtype, n, HK),
+              to = tensor(out, dtype, n, HQ);
+    fa_tensor tdo = tensor(dout, dtype, n, HQ), tdq = tensor(dq, dtype, n, HQ), tdk = tensor(dk, dtype, n, HK),
+              tdv = tensor(dv, dtype, n, HK);
     CHECK(fa_forward(ctx, desc, &tq, &tk, &tv, &to, lse) == FA_SUCCESS, "%s: reference forward: %s", name, fa_last_error());
     CHECK(fa_backward(ctx, desc, &tq, &tk, &tv, &to, &tdo, lse, &tdq, &tdk, &tdv) == FA_SUCCESS,
           "%s: reference backward: %s", name, fa_last_error());
 
-    float *x_q = malloc(lq * 4), *x_k = malloc(lk * 4), *x_v = malloc(lk * 4), *x_do = malloc(lq * 4);
-    float *ref_o = malloc(lq * 4), *ref_l = malloc((size_t)(BATCH * HQ * l) * 4), *ref_dq = malloc(lq * 4),
-          *ref_dk = malloc(lk * 4), *ref_dv = malloc(lk * 4);
-    to_local(q, HQ, x_q);
-    to_local(k, HK, x_k);
-    to_local(v, HK, x_v);
-    to_local(dout, HQ, x_do);
-    to_local(out, HQ, ref_o);
+    void *x_q = malloc(lq * es), *x_k = malloc(lk * es), *x_v = malloc(lk * es), *x_do = malloc(lq * es);
+    void *ref_o = malloc(lq * es), *ref_dq = malloc(lq * es), *ref_dk = malloc(lk * es), *ref_dv = malloc(lk * es);
+    float *ref_l = malloc(ll * 4);
+    to_local(q, HQ, es, x_q);
+    to_local(k, HK, es, x_k);
+    to_local(v, HK, es, x_v);
+    to_local(dout, HQ, es, x_do);
+    to_local(out, HQ, es, ref_o);
     lse_to_local(lse, ref_l);
-    to_local(dq, HQ, ref_dq);
-    to_local(dk, HK, ref_dk);
-    to_local(dv, HK, ref_dv);
+    to_local(dq, HQ, es, ref_dq);
+    to_local(dk, HK, es, ref_dk);
+    to_local(dv, HK, es, ref_dv);
 
-    float *o[2], *ls[2], *gdq[2], *gdk[2], *gdv[2];
-    for (int run = 0; run < 2; ++run) {
-        o[run] = malloc(lq * 4);
-        ls[run] = malloc((size_t)(BATCH * HQ * l) * 4);
-        gdq[run] = malloc(lq * 4);
-        gdk[run] = malloc(lk * 4);
-        gdv[run] = malloc(lk * 4);
-        fa_tensor rq = tensor(x_q, l, HQ), rk = tensor(x_k, l, HK), rv = tensor(x_v, l, HK), ro = tensor(o[run], l, HQ);
-        fa_tensor rdo = tensor(x_do, l, HQ), rdq = tensor(gdq[run], l, HQ), rdk = tensor(gdk[run], l, HK),
-                  rdv = tensor(gdv[run], l, HK);
-        fa_status st = fa_ring_forward(ctx, MPI_COMM_WORLD, desc, &rq, &rk, &rv, &ro, ls[run]);
-        CHECK(st == FA_SUCCESS, "%s: fa_ring_forward: %s", name, fa_last_error());
-        st = fa_ring_backward(ctx, MPI_COMM_WORLD, desc, &rq, &rk, &rv, &ro, &rdo, ls[run], &rdq, &rdk, &rdv);
-        CHECK(st == FA_SUCCESS, "%s: fa_ring_backward: %s", name, fa_last_error());
-    }
-    const double e_o = max_diff(o[0], ref_o, lq), e_l = max_diff(ls[0], ref_l, (size_t)(BATCH * HQ * l));
-    const double e_dq = max_diff(gdq[0], ref_dq, lq), e_dk = max_diff(gdk[0], ref_dk, lk),
-                 e_dv = max_diff(gdv[0], ref_dv, lk);
-    CHECK(e_o < 1e-5 && e_l < 1e-5, "%s: forward off the single-process run: out %.2e lse %.2e", name, e_o, e_l);
-    CHECK(e_dq < 5e-5 && e_dk < 5e-5 && e_dv < 5e-5, "%s: backward off the single-process run: dq %.2e dk %.2e dv %.2e",
-          name, e_dq, e_dk, e_dv);
-    CHECK(!memcmp(o[0], o[1], lq * 4) && !memcmp(ls[0], ls[1], (size_t)(BATCH * HQ * l) * 4),
-          "%s: forward not bit-identical across runs", name);
-    CHECK(!memcmp(gdq[0], gdq[1], lq * 4) && !memcmp(gdk[0], gdk[1], lk * 4) && !memcmp(gdv[0], gdv[1], lk * 4),
-          "%s: backward not bit-identical across runs", name);
+    ring_result r[2];
+    for (int run = 0; run < 2; ++run) r[run] = run_ring(ctx, name, desc, dtype, x_q, x_k, x_v, x_do);
+    const double e_o = max_error(r[0].o, ref_o, lq, dtype), e_l = max_error(r[0].lse, ref_l, ll, FA_DTYPE_F32);
+    const double e_dq = max_error(r[0].dq, ref_dq, lq, dtype), e_dk = max_error(r[0].dk, ref_dk, lk, dtype),
+                 e_dv = max_error(r[0].dv, ref_dv, lk, dtype);
+    const double t_o = tolerance(dtype, 0), t_g = tolerance(dtype, 1), t_l = tolerance(FA_DTYPE_F32, 0);
+    CHECK(e_o < t_o && e_l < t_l, "%s %s: forward off the single-process run: out %.2e lse %.2e", name,
+          dtype_name(dtype), e_o, e_l);
+    CHECK(e_dq < t_g && e_dk < t_g && e_dv < t_g, "%s %s: backward off the single-process run: dq %.2e dk %.2e dv %.2e",
+          name, dtype_name(dtype), e_dq, e_dk, e_dv);
+    CHECK(!memcmp(r[0].o, r[1].o, lq * es) && !memcmp(r[0].lse, r[1].lse, ll * 4),
+          "%s %s: forward not bit-identical across runs", name, dtype_name(dtype));
+    CHECK(!memcmp(r[0].dq, r[1].dq, lq * es) && !memcmp(r[0].dk, r[1].dk, lk * es) && !memcmp(r[0].dv, r[1].dv, lk * es),
+          "%s %s: backward not bit-identical across runs", name, dtype_name(dtype));
+    if (dtype != FA_DTYPE_F32) check_rounded_once(ctx, name, desc, dtype, x_q, x_k, x_v, x_do, &r[0]);
     double worst[5] = {e_o, e_l, e_dq, e_dk, e_dv}, all[5];
     MPI_Reduce(worst, all, 5, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     if (rank == 0)
-        printf("P=%d %-32s max |ring - single| out %.1e lse %.1e dq %.1e dk %.1e dv %.1e; repeat: bit-identical\n",
-               ranks, name, all[0], all[1], all[2], all[3], all[4]);
-    float *owned[] = {q, k, v, dout, out, lse, dq, dk, dv, x_q, x_k, x_v, x_do, ref_o, ref_l, ref_dq, ref_dk, ref_dv,
-                      o[0], o[1], ls[0], ls[1], gdq[0], gdq[1], gdk[0], gdk[1], gdv[0], gdv[1]};
+        printf("P=%d %-4s %-28s max |ring - single| / max(1, |single|): out %.1e lse %.1e dq %.1e dk %.1e dv %.1e; "
+               "repeat: bit-identical%s\n", ranks, dtype_name(dtype), name, all[0], all[1], all[2], all[3], all[4],
+               dtype == FA_DTYPE_F32 ? "" : "; compared with the f32 ring rounded once");
+    void *owned[] = {q, k, v, dout, out, lse, dq, dk, dv, x_q, x_k, x_v, x_do, ref_o, ref_l, ref_dq, ref_dk, ref_dv};
     for (size_t x = 0; x < sizeof owned / sizeof *owned; ++x) free(owned[x]);
+    free_result(&r[0]);
+    free_result(&r[1]);
 }
 
 /* A bad argument on one rank, or ranks that disagree: every rank returns an error and writes no
@@ -143,8 +255,10 @@ static void run_failures(fa_context *ctx)
     const size_t lq = (size_t)(BATCH * l * HQ * D), lk = (size_t)(BATCH * l * HK * D);
     float *q = random_floats(5, lq), *k = random_floats(6, lk), *v = random_floats(7, lk), *o = malloc(lq * 4);
     float *lse = malloc((size_t)(BATCH * HQ * l) * 4), *dq = malloc(lq * 4), *dk = malloc(lk * 4), *dv = malloc(lk * 4);
-    fa_tensor tq = tensor(q, l, HQ), tk = tensor(k, l, HK), tv = tensor(v, l, HK), to = tensor(o, l, HQ);
-    fa_tensor tdq = tensor(dq, l, HQ), tdk = tensor(dk, l, HK), tdv = tensor(dv, l, HK);
+    fa_tensor tq = tensor(q, FA_DTYPE_F32, l, HQ), tk = tensor(k, FA_DTYPE_F32, l, HK), tv = tensor(v, FA_DTYPE_F32, l, HK),
+              to = tensor(o, FA_DTYPE_F32, l, HQ);
+    fa_tensor tdq = tensor(dq, FA_DTYPE_F32, l, HQ), tdk = tensor(dk, FA_DTYPE_F32, l, HK),
+              tdv = tensor(dv, FA_DTYPE_F32, l, HK);
     fa_attention_desc desc;
     fa_attention_desc_init(&desc);
     desc.causal = 1;
@@ -167,6 +281,19 @@ static void run_failures(fa_context *ctx)
     st = fa_ring_forward(ctx, MPI_COMM_WORLD, &other, &tq, &tk, &tv, &to, lse);
     CHECK(st == FA_ERROR_INVALID_VALUE && strstr(fa_last_error(), "disagree"), "disagreeing desc: %d %s", (int)st,
           fa_last_error());
+
+    /* A dtype mismatch on one rank; then ranks that all pass consistent tensors but of another
+     * dtype than the others (rank 0 in f16: its buffers hold at least as many bytes). */
+    fa_tensor k16 = tk;
+    if (rank == 0) k16.dtype = FA_DTYPE_F16;
+    st = fa_ring_forward(ctx, MPI_COMM_WORLD, &desc, &tq, &k16, &tv, &to, lse);
+    CHECK(st == FA_ERROR_INVALID_VALUE, "k's dtype differs from q's on rank 0: status %d", (int)st);
+    if (rank == 0) CHECK(strstr(fa_last_error(), "dtype differs") != NULL, "message: %s", fa_last_error());
+    fa_tensor h[4] = {tq, tk, tv, to};
+    for (int x = 0; x < 4 && rank == 0; ++x) h[x].dtype = FA_DTYPE_F16;
+    st = fa_ring_forward(ctx, MPI_COMM_WORLD, &desc, &h[0], &h[1], &h[2], &h[3], lse);
+    CHECK(st == FA_ERROR_INVALID_VALUE && strstr(fa_last_error(), "disagree"), "ranks disagree on the dtype: %d %s",
+          (int)st, fa_last_error());
 
     /* A failure inside the ring (rank 0's first block call refuses a NaN ALiBi slope, after the
      * ranks agreed on the arguments): the others finish the exchange and every rank errs. */
@@ -219,19 +346,21 @@ int main(int argc, char **argv)
     fa_attention_desc desc;
     fa_attention_desc_init(&desc);
     desc.causal = 1;
-    run_case(ctx, "causal GQA", &desc);
+    run_case(ctx, "causal GQA", &desc, FA_DTYPE_F32);
     desc.dropout_p = 0.2f;
     desc.dropout_seed = 42;
     desc.dropout_offset = 3;
-    run_case(ctx, "causal GQA dropout", &desc);
+    run_case(ctx, "causal GQA dropout", &desc, FA_DTYPE_F32);
     desc.seqlens_k = seqlens_k;
-    run_case(ctx, "causal GQA dropout padding", &desc);
+    for (fa_dtype dtype = FA_DTYPE_F32; dtype <= FA_DTYPE_BF16; ++dtype)
+        run_case(ctx, "causal GQA dropout padding", &desc, dtype);
     fa_attention_desc_init(&desc);
     desc.window_left = 19;
     desc.window_right = 5;
     desc.alibi_slopes = slopes;
     desc.softcap = 20.0f;
-    run_case(ctx, "window ALiBi softcap", &desc);
+    for (fa_dtype dtype = FA_DTYPE_F32; dtype <= FA_DTYPE_BF16; ++dtype)
+        run_case(ctx, "window ALiBi softcap", &desc, dtype);
     run_failures(ctx);
 
     int total = 0;

@@ -401,7 +401,8 @@ static void test_unavailable_is_explained(void **state)
     cmocka_unit_test_setup_teardown(test_nan_in_padded_keys_f16, setup, teardown),                  \
     cmocka_unit_test_setup_teardown(test_nan_in_padded_keys_bf16, setup, teardown),                 \
     GPU_VARLEN_KVCACHE_TESTS(setup, teardown),                                                   \
-    GPU_POSITIONS_TESTS(setup, teardown)
+    GPU_POSITIONS_TESTS(setup, teardown),                                                        \
+    GPU_MERGE_TESTS(setup, teardown)
 
 /* Exit status 77 tells meson the test was skipped. */
 enum { EXIT_SKIPPED = 77 };

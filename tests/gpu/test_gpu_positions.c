@@ -5,7 +5,7 @@
  * the blocks), and every block equals the CPU backend's run of the same block (tests/core checks
  * the CPU's blocks against the oracle). GQA in every case; causal, window + ALiBi, and causal +
  * window + ALiBi + dropout. The dropout mask of a block, bit for bit, is in test_gpu_backends.c.
- * fa_merge_partials on a GPU context: FA_ERROR_NOT_SUPPORTED (host memory only). */
+ * fa_merge_partials on device memory: test_gpu_merge.c. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -206,21 +206,6 @@ static void check_split(void **state, const char *label, const fa_attention_desc
     fa_context_destroy(cpu);
 }
 
-/* fa_merge_partials merges host memory only: a GPU context refuses it, naming why, and writes nothing. */
-static void check_merge_refused(fa_context *gpu)
-{
-    float part[D], part_lse[1] = {0.0f}, merged[D], merged_lse[1] = {-1.0f};
-    memset(part, 0, sizeof part);
-    memset(merged, 0, sizeof merged);
-    const fa_tensor t = {part, FA_DTYPE_F32, 1, 1, 1, D, 0, 0, 0};
-    fa_tensor m = {merged, FA_DTYPE_F32, 1, 1, 1, D, 0, 0, 0};
-    const fa_tensor *outs[1] = {&t};
-    const float *lses[1] = {part_lse};
-    assert_int_equal(fa_merge_partials(gpu, 1, outs, lses, &m, merged_lse), FA_ERROR_NOT_SUPPORTED);
-    assert_non_null(strstr(fa_last_error(), "device memory"));
-    assert_true(merged_lse[0] == -1.0f);
-}
-
 static void check_positions(void **state, fa_dtype dtype)
 {
     fa_context *gpu = context_or_skip(state);
@@ -251,7 +236,6 @@ static void check_positions(void **state, fa_dtype dtype)
     desc.dropout_offset = 7;
     check_split(state, "causal, window 30, ALiBi, dropout, GQA", &desc, alibi, dtype);
     buffer_free(gpu, &slopes);
-    check_merge_refused(gpu);
 }
 
 void test_gpu_positions_f32(void **state) { check_positions(state, FA_DTYPE_F32); }

@@ -4,8 +4,10 @@
  * entry point, picks what it does, one loader branch each (tests/plugin/test_plugin_loader.c):
  *   (unset)     accepts the host, claims the CUDA slot, reports no devices with a message naming
  *               the file it was loaded from (the install tests check which copy was found)
- *   abi_older   returns a table of plugin ABI version FA_BACKEND_ABI_VERSION - 1
+ *   abi_older   returns a table of plugin ABI version FA_BACKEND_ABI_OLDEST - 1 (too old to load)
  *   abi_newer   returns a table of plugin ABI version FA_BACKEND_ABI_VERSION + 1
+ *   abi_previous  a working plugin built for ABI FA_BACKEND_ABI_OLDEST: refuses newer host tables,
+ *               and its table's members appended since then must never be called
  *   refuse      returns NULL, as a plugin built for another host ABI does
  *   wrong_kind  returns a table that claims the HIP backend
  *   working     one device with host memory; forward and backward fail on each context's first
@@ -135,6 +137,13 @@ static fa_status fake_backward(void *state, const fa_problem *p)
     return FA_SUCCESS;
 }
 
+/* Stands in for memory past the end of an older plugin's table: the registry must not read it. */
+static fa_status not_in_an_older_table(void *state, const fa_merge_problem *p)
+{
+    fprintf(stderr, "fake test plugin: the registry called a member an ABI %u table does not have\n", FA_BACKEND_ABI_OLDEST);
+    abort();
+}
+
 static const fa_backend_iface working_iface = {
     .abi_version = FA_BACKEND_ABI_VERSION,
     .kind = FA_BACKEND_CUDA,
@@ -166,13 +175,18 @@ static fa_backend_iface returned; /* the table handed to the host, patched per m
 
 __attribute__((visibility("default"))) const fa_backend_iface *FAKE_ENTRY(const fa_host_api *h)
 {
-    if (!h || h->abi_version != FA_BACKEND_ABI_VERSION || !h->set_error) return NULL;
-    host = h;
     const char *mode = getenv("FA_FAKE_PLUGIN_MODE");
     if (!mode) mode = "";
-    returned = strcmp(mode, "working") == 0 ? working_iface : no_devices_iface;
+    const int previous = strcmp(mode, "abi_previous") == 0;
+    const unsigned built_for = previous ? FA_BACKEND_ABI_OLDEST : FA_BACKEND_ABI_VERSION;
+    if (!h || h->abi_version != built_for || !h->set_error) return NULL;
+    host = h;
+    returned = strcmp(mode, "working") == 0 || previous ? working_iface : no_devices_iface;
     if (strcmp(mode, "refuse") == 0) return NULL;
-    if (strcmp(mode, "abi_older") == 0) returned.abi_version = FA_BACKEND_ABI_VERSION - 1;
+    if (previous) {
+        returned.abi_version = FA_BACKEND_ABI_OLDEST;
+        returned.merge_partials = not_in_an_older_table;
+    } else if (strcmp(mode, "abi_older") == 0) returned.abi_version = FA_BACKEND_ABI_OLDEST - 1;
     else if (strcmp(mode, "abi_newer") == 0) returned.abi_version = FA_BACKEND_ABI_VERSION + 1;
     else if (strcmp(mode, "wrong_kind") == 0) returned.kind = FA_BACKEND_HIP;
     else if (mode[0] && strcmp(mode, "working") != 0) unknown_mode = mode;
