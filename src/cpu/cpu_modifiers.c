@@ -8,40 +8,40 @@
 
 /* The bias of rows x keys [j0, j0 + cols) added to the transposed tile st (after the scale).
  * The bias is read as it lies, row by row along the keys, in blocks of BIAS_ROWS rows x BIAS_KEYS
- * keys: each block is transposed in L1 (as read: 2 or 4 KiB), an f16/bf16 block then widened by
- * one call of the ISA's vector kernel (no per-element conversion), and added to st by the ISA's
- * add_cols (one contiguous line of BIAS_ROWS queries per key); the next block's rows are
- * prefetched meanwhile. Adding the rows straight into st would stride st by its leading
- * dimension (256 B for Br = 64): 4 L1 sets of every 16 hold those lines, and a 256-key block
- * thrashed them (0.2 of the read bandwidth). */
+ * keys: an f16/bf16 block's rows are first widened by the ISA's vector kernel (a row at a time,
+ * contiguous), each block is transposed in registers by the ISA's transpose into an L1 block (2 or
+ * 4 KiB) and added to st by add_cols (one contiguous line of BIAS_ROWS queries per key); the next
+ * block's rows are prefetched meanwhile. Adding the rows straight into st would stride st by its
+ * leading dimension (256 B for Br = 64): 4 L1 sets of every 16 hold those lines, and a 256-key
+ * block thrashed them (0.2 of the read bandwidth). */
 enum { BIAS_ROWS = 16, BIAS_KEYS = 64 };
 static void add_bias(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h, const fa_cpu_rows *rows,
                      int64_t j0, int64_t cols, float scale, float *st, int64_t ld)
 {
     const fa_bias *bias = &p->bias;
     const size_t elem = fa_dtype_size(bias->dtype);
-    float block[BIAS_KEYS][BIAS_ROWS];
-    uint16_t halves[BIAS_KEYS][BIAS_ROWS];
+    float block[BIAS_KEYS][BIAS_ROWS], widened[BIAS_ROWS][BIAS_KEYS];
     for (int64_t r0 = 0; r0 < rows->count; r0 += BIAS_ROWS) {
-        const int32_t rn = (int32_t)(rows->count - r0 < BIAS_ROWS ? rows->count - r0 : BIAS_ROWS);
-        if (rn < BIAS_ROWS) memset(halves, 0, sizeof halves); /* the lanes past rn are widened too */
+        const int64_t rn = rows->count - r0 < BIAS_ROWS ? rows->count - r0 : BIAS_ROWS;
         for (int64_t c0 = 0; c0 < cols; c0 += BIAS_KEYS) {
             const int64_t cn = cols - c0 < BIAS_KEYS ? cols - c0 : BIAS_KEYS;
             const int64_t next_c0 = c0 + cn < cols ? c0 + cn : 0, next_r0 = c0 + cn < cols ? r0 : r0 + BIAS_ROWS;
-            for (int32_t r = 0; r < rn; ++r) {
-                const char *row = (const char *)fa_cpu_bias_row(bias, b, h, rows->i0 + r0 + r) + (size_t)(j0 + c0) * elem;
-                if (bias->dtype == FA_DTYPE_F32)
-                    for (int64_t c = 0; c < cn; ++c) block[c][r] = ((const float *)row)[c];
-                else
-                    for (int64_t c = 0; c < cn; ++c) halves[c][r] = ((const uint16_t *)row)[c];
-                if (next_r0 + r < rows->count) { /* the same row of the next block */
-                    const char *next = (const char *)fa_cpu_bias_row(bias, b, h, rows->i0 + next_r0 + r) +
-                                       (size_t)(j0 + next_c0) * elem;
-                    for (size_t at = 0; at < (size_t)cn * elem; at += 64) __builtin_prefetch(next + at, 0, 0);
-                }
+            const char *first = (const char *)fa_cpu_bias_row(bias, b, h, rows->i0 + r0) + (size_t)(j0 + c0) * elem;
+            for (int64_t r = 0; r < rn && next_r0 + r < rows->count; ++r) { /* the same row of the next block */
+                const char *next = (const char *)fa_cpu_bias_row(bias, b, h, rows->i0 + next_r0 + r) +
+                                   (size_t)(j0 + next_c0) * elem;
+                for (size_t at = 0; at < (size_t)cn * elem; at += 64) __builtin_prefetch(next + at, 0, 0);
             }
-            if (bias->dtype == FA_DTYPE_F16) kern->f16_to_f32(halves[0], block[0], cn * BIAS_ROWS);
-            if (bias->dtype == FA_DTYPE_BF16) kern->bf16_to_f32(halves[0], block[0], cn * BIAS_ROWS);
+            if (bias->dtype == FA_DTYPE_F32) {
+                kern->transpose((const float *)first, bias->stride_q, rn, cn, block[0], BIAS_ROWS);
+            } else {
+                for (int64_t r = 0; r < rn; ++r) {
+                    const uint16_t *row = (const uint16_t *)(first + (size_t)(r * bias->stride_q) * elem);
+                    if (bias->dtype == FA_DTYPE_F16) kern->f16_to_f32(row, widened[r], cn);
+                    else kern->bf16_to_f32(row, widened[r], cn);
+                }
+                kern->transpose(widened[0], BIAS_KEYS, rn, cn, block[0], BIAS_ROWS);
+            }
             kern->add_cols(st + c0 * ld + r0, ld, cn, rn, scale, block[0], BIAS_ROWS);
         }
     }

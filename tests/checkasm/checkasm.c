@@ -5,7 +5,7 @@
  * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped.
  *   test_checkasm [--function=PATTERN] [--isa=NAME] [--seed=N] [--bench]
  * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, col_max, exp_cols,
- * softcap_cols, alibi_cols, add_cols, f16_to_f32, bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
+ * softcap_cols, alibi_cols, add_cols, transpose, f16_to_f32, bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
  * (printed, default 12345); --bench: after the checks, each kernel's time per call on the
  * forward's and backward's tile shapes, against its reference twin, and for the products the
  * fraction of the one-thread FMA peak of the same ISA (checkasm_bench.c). */
@@ -343,6 +343,31 @@ static void test_add_cols(void **state)
         }
 }
 
+/* transpose bit for bit against the reference: shapes around the register block (7..17 rows,
+ * 1..40 columns), leading dimensions with gaps, ld_src 0 (a broadcast row), NaN payloads and
+ * infinities moved untouched, and nothing written outside the extents (sentinels). */
+static void test_transpose(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    enum { MAX_ROWS = 17, MAX_COLS = 40, LD_DST = MAX_ROWS + 3 };
+    float src[MAX_ROWS * (MAX_COLS + 5)], got[MAX_COLS * LD_DST], want[MAX_COLS * LD_DST];
+    for (int64_t e = 0; e < MAX_ROWS * (MAX_COLS + 5); ++e)
+        src[e] = e % 17 == 5 ? fa_bits_f32(0x7fc00000u + (uint32_t)e) : e % 19 == 3 ? -INFINITY : uniform(-9, 9);
+    for (int64_t rows = 1; rows <= MAX_ROWS; ++rows)
+        for (int64_t cols = 1; cols <= MAX_COLS; cols += 3)
+            for (int broadcast = 0; broadcast < 2; ++broadcast) {
+                const int64_t ld_src = broadcast ? 0 : cols + 5 * (rows % 2);
+                for (int64_t e = 0; e < MAX_COLS * LD_DST; ++e) got[e] = want[e] = fa_bits_f32(0x7f8abcdeu);
+                ref->transpose(src, ld_src, rows, cols, want, LD_DST);
+                isa->transpose(src, ld_src, rows, cols, got, LD_DST);
+                for (int64_t e = 0; e < MAX_COLS * LD_DST; ++e)
+                    if (fa_f32_bits(got[e]) != fa_f32_bits(want[e]))
+                        fail_msg("transpose %s %lld x %lld (ld_src %lld): dst[%lld] = %08x, want %08x", isa->isa,
+                                 (long long)rows, (long long)cols, (long long)ld_src, (long long)e,
+                                 fa_f32_bits(got[e]), fa_f32_bits(want[e]));
+            }
+}
+
 /* A widening kernel on all 65536 inputs, bit for bit (NaN: any NaN). */
 static void check_widening(const char *isa, const char *name, void (*widen)(const uint16_t *, float *, int64_t),
                            float (*want_of)(uint16_t))
@@ -564,6 +589,7 @@ static const struct { const char *name; CMUnitTestFunction run; } kernel_tests[]
     {"softcap_cols", test_softcap_cols},
     {"alibi_cols", test_alibi_cols},
     {"add_cols", test_add_cols},
+    {"transpose", test_transpose},
     {"f16_to_f32", test_f16_to_f32},
     {"bf16_to_f32", test_bf16_to_f32},
     {"f32_to_f16", test_f32_to_f16},

@@ -39,6 +39,9 @@
  *             bits on every ISA (each step one IEEE operation, no fusing).
  *   add_cols: x[i*ld + j] = x[i*ld + j] * scale + add[i*ld_add + j] (the bias of a transposed block;
  *             -inf stays -inf whatever add holds). The same bits on every ISA.
+ *   transpose: dst[c*ld_dst + r] = src[r*ld_src + c] for r < rows, c < cols (ld_src may be 0: every
+ *             row the same); pure data movement, the same bits on every ISA. The bias of a score
+ *             tile arrives row-major (queries x keys) and the tile is key-major.
  *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
  *   bf16_to_f32: dst[i] = bfloat16 src[i] widened (exact: the 16 bits become the top half).
  *   f32_to_f16: dst[i] = src[i] rounded to binary16, to nearest even, bit for bit as fa_f32_to_f16
@@ -70,6 +73,7 @@ typedef struct fa_cpu_kernels {
     void (*alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
                        float *col_max);
     void (*add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add, int64_t ld_add);
+    void (*transpose)(const float *src, int64_t ld_src, int64_t rows, int64_t cols, float *dst, int64_t ld_dst);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);

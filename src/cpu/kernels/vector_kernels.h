@@ -11,7 +11,8 @@
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
  *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
  *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
- *   4 x NT_NR accumulators).
+ *   4 x NT_NR accumulators), optionally VTRANSPOSE_BLOCK(src, ld_src, dst, ld_dst) (a square
+ *   block of FA_TRANSPOSE_BLOCK x FA_TRANSPOSE_BLOCK transposed in registers).
  * The register tile is MR x 2W: 2*MR accumulators, two B vectors and one broadcast of A. */
 #ifndef FA_VECTOR_KERNELS_H
 #define FA_VECTOR_KERNELS_H
@@ -381,6 +382,24 @@ static void KNAME(add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, fl
     }
 }
 
+/* dst[c * ld_dst + r] = src[r * ld_src + c]: in register blocks where the ISA has them
+ * (VTRANSPOSE_BLOCK, FA_TRANSPOSE_BLOCK square), element by element at the edges. */
+static void KNAME(transpose)(const float *src, int64_t ld_src, int64_t rows, int64_t cols, float *dst, int64_t ld_dst)
+{
+    int64_t r0 = 0;
+#ifdef VTRANSPOSE_BLOCK
+    enum { TB = FA_TRANSPOSE_BLOCK };
+    for (; r0 + TB <= rows; r0 += TB) {
+        int64_t c0 = 0;
+        for (; c0 + TB <= cols; c0 += TB) VTRANSPOSE_BLOCK(src + r0 * ld_src + c0, ld_src, dst + c0 * ld_dst + r0, ld_dst);
+        for (; c0 < cols; ++c0)
+            for (int64_t r = r0; r < r0 + TB; ++r) dst[c0 * ld_dst + r] = src[r * ld_src + c0];
+    }
+#endif
+    for (; r0 < rows; ++r0)
+        for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r0] = src[r0 * ld_src + c];
+}
+
 static void KNAME(f16_to_f32)(const uint16_t *src, float *dst, int64_t n)
 {
     int64_t i = 0;
@@ -424,7 +443,7 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
 /* The ISA's table (kernels.h), named by the including file: one list of kernels for every ISA. */
 #define FA_VECTOR_KERNEL_TABLE(name)                                                                      \
     {                                                                                                     \
-        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .add_cols = KNAME(add_cols),          \
+        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .add_cols = KNAME(add_cols), .transpose = KNAME(transpose),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
         .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }

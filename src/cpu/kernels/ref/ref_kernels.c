@@ -76,6 +76,12 @@ static void ref_add_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float
         }
 }
 
+static void ref_transpose(const float *src, int64_t ld_src, int64_t rows, int64_t cols, float *dst, int64_t ld_dst)
+{
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+}
+
 static void ref_f16_to_f32(const uint16_t *src, float *dst, int64_t n)
 {
     for (int64_t i = 0; i < n; ++i) dst[i] = fa_f16_to_f32(src[i]);
@@ -135,6 +141,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .softcap_cols = ref_softcap_cols,
     .alibi_cols = ref_alibi_cols,
     .add_cols = ref_add_cols,
+    .transpose = ref_transpose,
     .f16_to_f32 = ref_f16_to_f32,
     .bf16_to_f32 = ref_bf16_to_f32,
     .f32_to_f16 = ref_f32_to_f16,

@@ -52,6 +52,7 @@ static inline __m512 avx512_recip(__m512 x)
 #define VHSUM(v) _mm512_reduce_add_ps(v)
 #define NT_NR 4
 
+#include "avx_transpose.h"
 #include "../vector_kernels.h"
 
 const fa_cpu_kernels fa_cpu_kernels_avx512 = FA_VECTOR_KERNEL_TABLE("avx512");

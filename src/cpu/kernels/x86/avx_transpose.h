@@ -1,0 +1,30 @@
+/* An 8 x 8 f32 block transposed in ymm registers (unpack, shuffle, 128-bit permute): the
+ * transpose kernel's block for the AVX2 and the AVX-512 builds (on CPUs that split 512-bit
+ * operations, as Zen 4 does, the 256-bit form is as fast and simpler). Pure data movement. */
+#ifndef FA_AVX_TRANSPOSE_H
+#define FA_AVX_TRANSPOSE_H
+#include <immintrin.h>
+#include <stdint.h>
+
+#define FA_TRANSPOSE_BLOCK 8
+static inline void fa_avx_transpose8(const float *src, int64_t ld_src, float *dst, int64_t ld_dst)
+{
+    __m256 r[8], t[8], s[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld_src);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);     /* r_i0 r_{i+1}0 r_i1 r_{i+1}1 | columns 4, 5 */
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]); /* columns 2, 3 | 6, 7 */
+    }
+    for (int i = 0; i < 8; i += 4) { /* rows i..i+3 of columns (0|4), (1|5), (2|6), (3|7) */
+        s[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; ++c) {
+        _mm256_storeu_ps(dst + c * ld_dst, _mm256_permute2f128_ps(s[c], s[c + 4], 0x20));
+        _mm256_storeu_ps(dst + (c + 4) * ld_dst, _mm256_permute2f128_ps(s[c], s[c + 4], 0x31));
+    }
+}
+#define VTRANSPOSE_BLOCK(src, ld_src, dst, ld_dst) fa_avx_transpose8(src, ld_src, dst, ld_dst)
+#endif
