@@ -13,6 +13,12 @@ What each side times:
   Python), so torch fwd+bwd - torch kernel is what torch and our Python glue add.
 - torch no-op: the same custom op, autograd and Python glue with the C extension's calls replaced
   by no-ops: torch's machinery plus ours, without the kernel.
+- paired: the torch op and the library called through the binding with preallocated outputs (as
+  the C program calls it; a few us of binding), alternated call by call in the torch process: the
+  median of the per-call ratios, robust to load drift on a shared machine (the C process and the
+  torch process cannot alternate that finely).
+- torch bare: a custom op of the same signature, autograd and outputs whose implementation only
+  allocates its outputs: torch's own share of the no-op time; no-op - bare is our Python glue.
 - C, torch's gomp: the C process run with torch's bundled libgomp preloaded. A torch process runs
   the library on that libgomp (same soname, loaded first), a plain C program on the system's.
 Also per call: process CPU time (all threads) and minor page faults (allocation cost).
@@ -30,6 +36,7 @@ import resource
 import statistics
 import subprocess
 import time
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -70,6 +77,37 @@ KERNEL = TimedKernel(flashattn._torch._native)
 flashattn._torch._native = KERNEL
 
 
+@torch.library.custom_op("overhead_bench::forward", mutates_args=())
+def _bare_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, softmax_scale: float,
+                  causal: bool, window_left: int, window_right: int, seed: int, offset: int, softcap: float,
+                  bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
+                  sinks: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty(q.shape), torch.empty((q.shape[0], q.shape[2], q.shape[1]))
+
+
+@torch.library.custom_op("overhead_bench::backward", mutates_args=())
+def _bare_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape), torch.empty((0,)), torch.empty((0,))
+
+
+def _bare_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3], *output, *inputs[11:])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _bare_autograd_backward(ctx, dout, _dlse):
+    q, k, v = ctx.saved_tensors[:3]
+    return _bare_backward(dout, q, k, v)[:3] + (None,) * 11
+
+
+_bare_forward.register_autograd(_bare_autograd_backward, setup_context=_bare_setup_context)
+
+
+def bare_attn(q, k, v):
+    return _bare_forward(q, k, v, 0.0, q.shape[-1] ** -0.5, False, -1, -1, 0, 0, 0.0, None, None, None)[0]
+
+
 def time_calls(fn, reps, stat):
     """(wall us, CPU us, kernel us, minor faults) per call: median (or min) over reps."""
     for _ in range(3):
@@ -87,6 +125,22 @@ def time_calls(fn, reps, stat):
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     pick = min if stat == "min" else statistics.median
     return 1e6 * pick(wall), 1e6 * statistics.median(cpu), 1e6 * pick(kernel), statistics.mean(faults)
+
+
+def time_paired(fn_a, fn_b, reps):
+    """Median over reps of wall(fn_a) / wall(fn_b), the two called alternately."""
+    for _ in range(2):
+        fn_a()
+        fn_b()
+    ratios = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn_a()
+        t1 = time.perf_counter()
+        fn_b()
+        t2 = time.perf_counter()
+        ratios.append((t1 - t0) / (t2 - t1))
+    return statistics.median(ratios)
 
 
 def run_c(fa_bench_call, problem, reps, stat, preload=None):
@@ -121,11 +175,21 @@ def measure(problem, reps, args, torch_gomp):
         m["torch_fwd"] = time_calls(lambda: flashattn.flash_attn_func(tq, tk, tv), reps, args.stat)[0]
     m["torch_both"], m["torch_both_cpu"], m["torch_kernel"], m["torch_faults"] = time_calls(torch_both, reps,
                                                                                            args.stat)
+    options = flashattn._options(False, None, (-1, -1), None, 0.0, 0, 0, None, (128, 128), 0.0, None, None, None)
+    n_out, n_lse, dq, dk, dv = np.empty_like(q), np.empty((batch, heads, seqlen), np.float32), *map(np.empty_like, (q, k, v))
+
+    def native_both():  # the C calls through the binding into preallocated outputs, as fa-bench-call makes them
+        KERNEL.native.forward(q, k, v, n_out, n_lse, True, *options, 0, None)
+        KERNEL.native.backward(q, k, v, n_out, dout, n_lse, dq, dk, dv, None, None, *options, 0, None)
+
+    m["paired"] = time_paired(torch_both, native_both, max(reps, 8))
     KERNEL.noop = True
     try:
         m["torch_noop"] = time_calls(torch_both, max(reps, 50), args.stat)[0]
     finally:
         KERNEL.noop = False
+    m["torch_bare"] = time_calls(lambda: torch.autograd.grad(bare_attn(tq, tk, tv), (tq, tk, tv), tdout),
+                                 max(reps, 50), args.stat)[0]
     if torch_gomp:
         m["c_gomp_both"] = run_c(args.fa_bench_call, problem, reps, args.stat, torch_gomp)["both"]
     return m
@@ -167,18 +231,20 @@ def main():
             median_of(r, "c_both"), median_of(r, "np_both"), median_of(r, "torch_both"),
             statistics.median(x["np_fwd"] - x["c_fwd"] for x in r), ratio(r, "torch_fwd", "c_fwd"),
             ratio(r, "torch_both", "c_both")))
-    print("\nfwd+bwd in detail: torch = kernel + the rest; no-op = the op with the C calls skipped; CPU = process "
-          "CPU time (all threads)")
-    print("\n| batch, heads, N, d | torch kernel | torch - kernel | torch no-op | C, torch's gomp / C "
-          "| CPU: torch / C | faults/call: C, torch |")
-    print("|---|---|---|---|---|---|---|")
+    print("\nfwd+bwd in detail: torch = kernel + the rest; no-op = the op with the C calls skipped; bare = a "
+          "custom op that only allocates; CPU = process CPU time (all threads)")
+    print("\n| batch, heads, N, d | torch kernel | torch - kernel | torch no-op | torch bare | C, torch's gomp / C "
+          "| CPU: torch / C | faults/call: C, torch | torch / C, paired |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for problem, _ in problems:
         r = rounds[problem]
         gomp = "%.3f" % ratio(r, "c_gomp_both", "c_both") if "c_gomp_both" in r[0] else "n/a"
-        print("| %s | %.1f | %.1f | %.1f | %s | %.3f | %.0f, %.0f |" % (
+        print("| %s | %.1f | %.1f | %.1f | %.1f | %s | %.3f | %.0f, %.0f | %.3f |" % (
             ", ".join(map(str, problem)), median_of(r, "torch_kernel"),
-            statistics.median(x["torch_both"] - x["torch_kernel"] for x in r), median_of(r, "torch_noop"), gomp,
-            ratio(r, "torch_both_cpu", "c_both_cpu"), median_of(r, "c_faults"), median_of(r, "torch_faults")))
+            statistics.median(x["torch_both"] - x["torch_kernel"] for x in r), median_of(r, "torch_noop"),
+            median_of(r, "torch_bare"), gomp,
+            ratio(r, "torch_both_cpu", "c_both_cpu"), median_of(r, "c_faults"), median_of(r, "torch_faults"),
+            median_of(r, "paired")))
 
 
 if __name__ == "__main__":
