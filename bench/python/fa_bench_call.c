@@ -1,8 +1,9 @@
 /* The C side of bench/python/overhead.py: one fa_forward and one fa_backward call per repetition
  * on packed f32 host tensors through the shared library, as the Python package calls it. The
- * buffers are allocated and touched once, before the timed calls (the library's own time; the
- * torch op allocates its outputs per call, overhead.py counts its page faults to show what that
- * costs). Usage: fa-bench-call batch heads seqlen head_dim reps
+ * buffers are allocated and touched once, before the timed calls: the library's own time. With
+ * "fresh", out and lse (forward) and dq, dk, dv (backward) are malloc'd before and freed after
+ * each call inside the timed region, as the torch op allocates its outputs per call.
+ * Usage: fa-bench-call batch heads seqlen head_dim reps [fresh]
  * Prints one line of name=value pairs, per call, over the reps (after 3 warm-up calls):
  *   fwd_us, both_us          median wall time of the forward, of forward + backward
  *   fwd_min_us, both_min_us  the fastest call
@@ -13,6 +14,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -53,8 +55,9 @@ enum { FWD_WALL, BOTH_WALL, FWD_CPU, BOTH_CPU, N_SERIES };
 
 int main(int argc, char **argv)
 {
-    if (argc != 6) {
-        fprintf(stderr, "usage: %s batch heads seqlen head_dim reps\n", argv[0]);
+    const int fresh = argc == 7 && strcmp(argv[6], "fresh") == 0;
+    if (argc != 6 && !fresh) {
+        fprintf(stderr, "usage: %s batch heads seqlen head_dim reps [fresh]\n", argv[0]);
         return 2;
     }
     int64_t b = atoll(argv[1]), h = atoll(argv[2]), n = atoll(argv[3]), d = atoll(argv[4]);
@@ -78,9 +81,21 @@ int main(int argc, char **argv)
     for (int r = -3; r < reps; ++r) { /* 3 warm-up calls */
         long f0 = minor_faults();
         double w0 = clock_us(CLOCK_MONOTONIC), c0 = clock_us(CLOCK_PROCESS_CPUTIME_ID);
-        fa_status s1 = fa_forward(ctx, &desc, &t[0], &t[1], &t[2], &t[3], lse);
+        fa_tensor out = t[3], grads[3] = {t[5], t[6], t[7]};
+        float *call_lse = lse;
+        if (fresh && !(out.data = malloc(elems * sizeof(float)))) return 1;
+        if (fresh && !(call_lse = malloc((size_t)(b * h * n) * sizeof *lse))) return 1;
+        fa_status s1 = fa_forward(ctx, &desc, &t[0], &t[1], &t[2], &out, call_lse);
         double w1 = clock_us(CLOCK_MONOTONIC), c1 = clock_us(CLOCK_PROCESS_CPUTIME_ID);
-        fa_status s2 = fa_backward(ctx, &desc, &t[0], &t[1], &t[2], &t[3], &t[4], lse, &t[5], &t[6], &t[7]);
+        for (int i = 0; fresh && i < 3; ++i)
+            if (!(grads[i].data = malloc(elems * sizeof(float)))) return 1;
+        fa_status s2 = fa_backward(ctx, &desc, &t[0], &t[1], &t[2], &out, &t[4], call_lse, &grads[0], &grads[1],
+                                   &grads[2]);
+        for (int i = 0; fresh && i < 3; ++i) free(grads[i].data);
+        if (fresh) {
+            free(out.data);
+            free(call_lse);
+        }
         double w2 = clock_us(CLOCK_MONOTONIC), c2 = clock_us(CLOCK_PROCESS_CPUTIME_ID);
         if (s1 != FA_SUCCESS || s2 != FA_SUCCESS) {
             fprintf(stderr, "%s\n", fa_last_error());

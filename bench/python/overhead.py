@@ -19,6 +19,8 @@ What each side times:
   torch process cannot alternate that finely).
 - torch bare: a custom op of the same signature, autograd and outputs whose implementation only
   allocates its outputs: torch's own share of the no-op time; no-op - bare is our Python glue.
+- C fresh: the C process allocating its outputs per call (malloc/free in the timed region), as the
+  torch op does; the target compares with C on reused buffers, the library's own time.
 - C, torch's gomp: the C process run with torch's bundled libgomp preloaded. A torch process runs
   the library on that libgomp (same soname, loaded first), a plain C program on the system's.
 Also per call: process CPU time (all threads) and minor page faults (allocation cost).
@@ -143,11 +145,11 @@ def time_paired(fn_a, fn_b, reps):
     return statistics.median(ratios)
 
 
-def run_c(fa_bench_call, problem, reps, stat, preload=None):
+def run_c(fa_bench_call, problem, reps, stat, preload=None, fresh=False):
     env = dict(os.environ)
     if preload:
         env["LD_PRELOAD"] = preload
-    line = subprocess.run([fa_bench_call, *map(str, problem), str(reps)], check=True, capture_output=True, text=True,
+    line = subprocess.run([fa_bench_call, *map(str, problem), str(reps)] + (["fresh"] if fresh else []), check=True, capture_output=True, text=True,
                           env=env).stdout
     values = dict((key, float(value)) for key, value in (item.split("=") for item in line.split()))
     suffix = "_min_us" if stat == "min" else "_us"
@@ -190,6 +192,7 @@ def measure(problem, reps, args, torch_gomp):
         KERNEL.noop = False
     m["torch_bare"] = time_calls(lambda: torch.autograd.grad(bare_attn(tq, tk, tv), (tq, tk, tv), tdout),
                                  max(reps, 50), args.stat)[0]
+    m["c_fresh_both"] = run_c(args.fa_bench_call, problem, reps, args.stat, fresh=True)["both"]
     if torch_gomp:
         m["c_gomp_both"] = run_c(args.fa_bench_call, problem, reps, args.stat, torch_gomp)["both"]
     return m
@@ -233,16 +236,16 @@ def main():
             ratio(r, "torch_both", "c_both")))
     print("\nfwd+bwd in detail: torch = kernel + the rest; no-op = the op with the C calls skipped; bare = a "
           "custom op that only allocates; CPU = process CPU time (all threads)")
-    print("\n| batch, heads, N, d | torch kernel | torch - kernel | torch no-op | torch bare | C, torch's gomp / C "
+    print("\n| batch, heads, N, d | torch kernel | torch - kernel | torch no-op | torch bare | C fresh / C | C, torch's gomp / C "
           "| CPU: torch / C | faults/call: C, torch | torch / C, paired |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for problem, _ in problems:
         r = rounds[problem]
         gomp = "%.3f" % ratio(r, "c_gomp_both", "c_both") if "c_gomp_both" in r[0] else "n/a"
-        print("| %s | %.1f | %.1f | %.1f | %.1f | %s | %.3f | %.0f, %.0f | %.3f |" % (
+        print("| %s | %.1f | %.1f | %.1f | %.1f | %.3f | %s | %.3f | %.0f, %.0f | %.3f |" % (
             ", ".join(map(str, problem)), median_of(r, "torch_kernel"),
             statistics.median(x["torch_both"] - x["torch_kernel"] for x in r), median_of(r, "torch_noop"),
-            median_of(r, "torch_bare"), gomp,
+            median_of(r, "torch_bare"), ratio(r, "c_fresh_both", "c_both"), gomp,
             ratio(r, "torch_both_cpu", "c_both_cpu"), median_of(r, "c_faults"), median_of(r, "torch_faults"),
             median_of(r, "paired")))
 
