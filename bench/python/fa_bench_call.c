@@ -110,7 +110,8 @@ int main(int argc, char **argv)
         }
     }
     double *s = series;
-    printf("fwd_min_us=%.2f both_min_us=%.2f ", minimum(s + FWD_WALL * reps, reps), minimum(s + BOTH_WALL * reps, reps));
+    printf("fwd_min_us=%.2f both_min_us=%.2f ", minimum(s + FWD_WALL * reps, reps),
+           minimum(s + BOTH_WALL * reps, reps));
     printf("fwd_us=%.2f both_us=%.2f fwd_cpu_us=%.2f both_cpu_us=%.2f faults=%.1f\n", median(s + FWD_WALL * reps, reps),
            median(s + BOTH_WALL * reps, reps), median(s + FWD_CPU * reps, reps), median(s + BOTH_CPU * reps, reps),
            (double)faults / reps);

@@ -111,7 +111,8 @@ def bare_attn(q, k, v):
 
 
 def time_calls(fn, reps, stat):
-    """(wall us, CPU us, kernel us, minor faults) per call: median (or min) over reps."""
+    """(wall us, CPU us, kernel us, rest us, minor faults) per call: median (or min) over reps;
+    rest = wall - kernel of the same call."""
     for _ in range(3):
         fn()
     wall, cpu, kernel, faults = [], [], [], []
@@ -126,7 +127,8 @@ def time_calls(fn, reps, stat):
         kernel.append(KERNEL.seconds)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     pick = min if stat == "min" else statistics.median
-    return 1e6 * pick(wall), 1e6 * statistics.median(cpu), 1e6 * pick(kernel), statistics.mean(faults)
+    rest = [w - k for w, k in zip(wall, kernel)]
+    return 1e6 * pick(wall), 1e6 * statistics.median(cpu), 1e6 * pick(kernel), 1e6 * pick(rest), statistics.mean(faults)
 
 
 def time_paired(fn_a, fn_b, reps):
@@ -149,11 +151,12 @@ def run_c(fa_bench_call, problem, reps, stat, preload=None, fresh=False):
     env = dict(os.environ)
     if preload:
         env["LD_PRELOAD"] = preload
-    line = subprocess.run([fa_bench_call, *map(str, problem), str(reps)] + (["fresh"] if fresh else []), check=True, capture_output=True, text=True,
-                          env=env).stdout
+    command = [fa_bench_call, *map(str, problem), str(reps)] + (["fresh"] if fresh else [])
+    line = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
     values = dict((key, float(value)) for key, value in (item.split("=") for item in line.split()))
     suffix = "_min_us" if stat == "min" else "_us"
-    return {"fwd": values["fwd" + suffix], "both": values["both" + suffix], "both_cpu": values["both_cpu_us"],
+    return {"fwd": values["fwd" + suffix], "both": values["both" + suffix], "fwd_cpu": values["fwd_cpu_us"],
+            "both_cpu": values["both_cpu_us"],
             "faults": values["faults"]}
 
 
@@ -161,7 +164,7 @@ def measure(problem, reps, args, torch_gomp):
     batch, heads, seqlen, head_dim = problem
     m = {}
     c = run_c(args.fa_bench_call, problem, reps, args.stat)
-    m.update(c_fwd=c["fwd"], c_both=c["both"], c_both_cpu=c["both_cpu"], c_faults=c["faults"])
+    m.update(c_fwd=c["fwd"], c_both=c["both"], c_fwd_cpu=c["fwd_cpu"], c_both_cpu=c["both_cpu"], c_faults=c["faults"])
     rng = np.random.default_rng(0)
     q, k, v, dout = (rng.standard_normal((batch, seqlen, heads, head_dim)).astype(np.float32) for _ in range(4))
     out, lse = flashattn.forward(q, k, v)
@@ -174,11 +177,13 @@ def measure(problem, reps, args, torch_gomp):
         torch.autograd.grad(flashattn.flash_attn_func(tq, tk, tv), (tq, tk, tv), tdout)
 
     with torch.no_grad():
-        m["torch_fwd"] = time_calls(lambda: flashattn.flash_attn_func(tq, tk, tv), reps, args.stat)[0]
-    m["torch_both"], m["torch_both_cpu"], m["torch_kernel"], m["torch_faults"] = time_calls(torch_both, reps,
-                                                                                           args.stat)
+        m["torch_fwd"], m["torch_fwd_cpu"] = time_calls(lambda: flashattn.flash_attn_func(tq, tk, tv), reps,
+                                                       args.stat)[:2]
+    (m["torch_both"], m["torch_both_cpu"], m["torch_kernel"], m["torch_rest"],
+     m["torch_faults"]) = time_calls(torch_both, reps, args.stat)
     options = flashattn._options(False, None, (-1, -1), None, 0.0, 0, 0, None, (128, 128), 0.0, None, None, None)
-    n_out, n_lse, dq, dk, dv = np.empty_like(q), np.empty((batch, heads, seqlen), np.float32), *map(np.empty_like, (q, k, v))
+    n_out, dq, dk, dv = map(np.empty_like, (q, q, k, v))
+    n_lse = np.empty((batch, heads, seqlen), np.float32)
 
     def native_both():  # the C calls through the binding into preallocated outputs, as fa-bench-call makes them
         KERNEL.native.forward(q, k, v, n_out, n_lse, True, *options, 0, None)
@@ -226,7 +231,7 @@ def main():
              args.stat, args.rounds))
     print("\n| batch, heads, N, d | C fwd | NumPy fwd | torch fwd | C fwd+bwd | NumPy fwd+bwd | torch fwd+bwd "
           "| NumPy - C (fwd) | torch / C (fwd) | torch / C (fwd+bwd) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for problem, _ in problems:
         r = rounds[problem]
         print("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %+.1f us | %.3f | %.3f |" % (
@@ -236,18 +241,19 @@ def main():
             ratio(r, "torch_both", "c_both")))
     print("\nfwd+bwd in detail: torch = kernel + the rest; no-op = the op with the C calls skipped; bare = a "
           "custom op that only allocates; CPU = process CPU time (all threads)")
-    print("\n| batch, heads, N, d | torch kernel | torch - kernel | torch no-op | torch bare | C fresh / C | C, torch's gomp / C "
-          "| CPU: torch / C | faults/call: C, torch | torch / C, paired |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| batch, heads, N, d | torch kernel | torch - kernel | torch no-op | torch bare | C fresh / C "
+          "| C, torch's gomp / C | CPU: torch / C (fwd) | CPU: torch / C (fwd+bwd) | faults/call: C, torch "
+          "| torch / C, paired |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for problem, _ in problems:
         r = rounds[problem]
         gomp = "%.3f" % ratio(r, "c_gomp_both", "c_both") if "c_gomp_both" in r[0] else "n/a"
-        print("| %s | %.1f | %.1f | %.1f | %.1f | %.3f | %s | %.3f | %.0f, %.0f | %.3f |" % (
+        print("| %s | %.1f | %.1f | %.1f | %.1f | %.3f | %s | %.3f | %.3f | %.0f, %.0f | %.3f |" % (
             ", ".join(map(str, problem)), median_of(r, "torch_kernel"),
-            statistics.median(x["torch_both"] - x["torch_kernel"] for x in r), median_of(r, "torch_noop"),
+            median_of(r, "torch_rest"), median_of(r, "torch_noop"),
             median_of(r, "torch_bare"), ratio(r, "c_fresh_both", "c_both"), gomp,
-            ratio(r, "torch_both_cpu", "c_both_cpu"), median_of(r, "c_faults"), median_of(r, "torch_faults"),
-            median_of(r, "paired")))
+            ratio(r, "torch_fwd_cpu", "c_fwd_cpu"), ratio(r, "torch_both_cpu", "c_both_cpu"), median_of(r, "c_faults"),
+            median_of(r, "torch_faults"), median_of(r, "paired")))
 
 
 if __name__ == "__main__":
