@@ -231,7 +231,7 @@ def main():
              args.stat, args.rounds))
     print("\n| batch, heads, N, d | C fwd | NumPy fwd | torch fwd | C fwd+bwd | NumPy fwd+bwd | torch fwd+bwd "
           "| NumPy - C (fwd) | torch / C (fwd) | torch / C (fwd+bwd) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for problem, _ in problems:
         r = rounds[problem]
         print("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %+.1f us | %.3f | %.3f |" % (
