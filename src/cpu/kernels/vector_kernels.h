@@ -9,10 +9,14 @@
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
  *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
  *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
- *   4 x NT_NR accumulators).
+ *   4 x NT_NR accumulators), VSUM_TRANSPOSED(acc) (W vectors reduced at once: lane
+ *   4 * (i % (W/4)) + i / (W/4) of the result is the sum of the lanes of acc[i], by a fixed
+ *   transpose-and-add tree), PV_CB (vectors of columns of a decode_values block: 4 x PV_CB
+ *   accumulators).
  * The register tile is MR x 2W: 2*MR accumulators, two B vectors and one broadcast of A. */
 #ifndef FA_VECTOR_KERNELS_H
 #define FA_VECTOR_KERNELS_H
+#include "../../common/dtype.h"
 #include "../../common/half.h"
 #include "exp_poly.h"
 #endif
@@ -286,6 +290,185 @@ static void KNAME(f32_to_f16)(const float *src, uint16_t *dst, int64_t n)
     for (; i < n; ++i) dst[i] = fa_f32_to_f16(src[i]);
 }
 
+/* ---- decode: S^T = K Q^T and O = alpha O + P V straight from the cache (kernels.h) ---- */
+
+/* W elements of a cache row from element p, widened in registers; dt is a compile-time constant. */
+FA_INLINE VEC KNAME(cache_load)(const void *row, int64_t p, const int dt)
+{
+    if (dt == FA_DTYPE_F16) return VLOAD_F16((const uint16_t *)row + p);
+    if (dt == FA_DTYPE_BF16) return VLOAD_BF16((const uint16_t *)row + p);
+    return VLOAD((const float *)row + p);
+}
+
+FA_INLINE float KNAME(cache_element)(const void *row, int64_t p, const int dt)
+{
+    if (dt == FA_DTYPE_F16) return fa_f16_to_f32(((const uint16_t *)row)[p]);
+    if (dt == FA_DTYPE_BF16) return fa_bf16_to_f32(((const uint16_t *)row)[p]);
+    return ((const float *)row)[p];
+}
+
+FA_INLINE const void *KNAME(cache_row)(const void *base, int64_t offset, const int dt)
+{
+    return (const char *)base + offset * (dt == FA_DTYPE_F32 ? 4 : 2);
+}
+
+/* rb query rows x nk <= W/rb keys of one head: W accumulators (acc[r * W/rb + x]), one per dot
+ * product, reduced together by VSUM_TRANSPOSED; the tail of d (past the last full vector) is
+ * added after it, in increasing p. Missing keys repeat key 0 and are not stored. */
+FA_INLINE void KNAME(score_block)(int64_t nk, int64_t d, const void *k, int64_t ld_key, const int dt, const float *q,
+                                  float *st, int64_t ldst, const int rb)
+{
+    const int nkb = W / rb;
+    const void *key[W];
+    for (int x = 0; x < nkb; ++x) key[x] = KNAME(cache_row)(k, (x < nk ? x : 0) * ld_key, dt);
+    VEC acc[W];
+    for (int i = 0; i < W; ++i) acc[i] = VZERO();
+    int64_t p = 0;
+    for (; p + W <= d; p += W) {
+        VEC kv[W];
+        for (int x = 0; x < nkb; ++x) kv[x] = KNAME(cache_load)(key[x], p, dt);
+        for (int r = 0; r < rb; ++r) {
+            const VEC qv = VLOAD(q + r * d + p);
+            for (int x = 0; x < nkb; ++x) acc[r * nkb + x] = VFMA(qv, kv[x], acc[r * nkb + x]);
+        }
+    }
+    float sums[W];
+    VSTORE(sums, VSUM_TRANSPOSED(acc));
+    for (int r = 0; r < rb; ++r)
+        for (int x = 0; x < nk; ++x) {
+            const int i = r * nkb + x;
+            float s = sums[4 * (i % (W / 4)) + i / (W / 4)], tail = 0.0f;
+            for (int64_t t = p; t < d; ++t) tail += q[r * d + t] * KNAME(cache_element)(key[x], t, dt);
+            st[x * ldst + r] = p < d ? s + tail : s;
+        }
+}
+
+/* Keys in blocks of W outermost (W keys x every head: one front-to-back run of the cache), then
+ * each head's rows in blocks of 4, 2, 1 (of W/4, W/2, W keys). */
+FA_INLINE void KNAME(scores_of)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, const int dt,
+                                int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
+                                int64_t ldst)
+{
+    for (int64_t x0 = 0; x0 < n; x0 += W) {
+        const int64_t keys = n - x0 < W ? n - x0 : W;
+        for (int64_t h = 0; h < heads; ++h) {
+            const void *kh = KNAME(cache_row)(k, x0 * ld_key + h * ld_head, dt);
+            const float *qh = q + h * ldq_head;
+            float *sh = st + x0 * ldst + h * rows;
+            int64_t r = 0;
+#define FA_SCORES_AT(rb)                                                                                        \
+    for (int64_t x = 0; x < keys; x += W / (rb))                                                                \
+        KNAME(score_block)(keys - x < W / (rb) ? keys - x : W / (rb), d, KNAME(cache_row)(kh, x * ld_key, dt),   \
+                           ld_key, dt, qh + r * d, sh + x * ldst + r, ldst, rb)
+            for (; r + 4 <= rows; r += 4) FA_SCORES_AT(4);
+            if (r + 2 <= rows) { FA_SCORES_AT(2); r += 2; }
+            if (r < rows) FA_SCORES_AT(1);
+#undef FA_SCORES_AT
+        }
+    }
+}
+
+static void KNAME(decode_scores)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, fa_dtype dtype,
+                                 int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
+                                 int64_t ldst)
+{
+    if (dtype == FA_DTYPE_F16) KNAME(scores_of)(n, heads, rows, d, k, FA_DTYPE_F16, ld_key, ld_head, q, ldq_head, st, ldst);
+    else if (dtype == FA_DTYPE_BF16) KNAME(scores_of)(n, heads, rows, d, k, FA_DTYPE_BF16, ld_key, ld_head, q, ldq_head, st, ldst);
+    else KNAME(scores_of)(n, heads, rows, d, k, FA_DTYPE_F32, ld_key, ld_head, q, ldq_head, st, ldst);
+}
+
+/* rb rows x cb vectors of columns of one head's O over nk keys: O scaled by alpha (first key
+ * block only, scale != NULL), then one FMA per key in increasing order; each V vector is loaded
+ * (and widened) once for all rb rows. */
+FA_INLINE void KNAME(value_block)(int64_t nk, int64_t d, const float *p, int64_t ldp, const void *v, int64_t ld_key,
+                                  const int dt, float *o, const float *scale, const int rb, const int cb)
+{
+    VEC acc[4][PV_CB];
+    for (int r = 0; r < rb; ++r)
+        for (int c = 0; c < cb; ++c) {
+            acc[r][c] = VLOAD(o + r * d + c * W);
+            if (scale) acc[r][c] = VMUL(acc[r][c], VSET1(scale[r]));
+        }
+    for (int64_t x = 0; x < nk; ++x) {
+        const void *vx = KNAME(cache_row)(v, x * ld_key, dt);
+        VEC vv[PV_CB];
+        for (int c = 0; c < cb; ++c) vv[c] = KNAME(cache_load)(vx, c * W, dt);
+        for (int r = 0; r < rb; ++r) {
+            const VEC pr = VSET1(p[x * ldp + r]);
+            for (int c = 0; c < cb; ++c) acc[r][c] = VFMA(pr, vv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < rb; ++r)
+        for (int c = 0; c < cb; ++c) VSTORE(o + r * d + c * W, acc[r][c]);
+}
+
+/* The columns past the last full vector, one element at a time in the same order. */
+static void KNAME(value_tail)(int64_t nk, int64_t d, int64_t c0, const float *p, int64_t ldp, const void *v,
+                              int64_t ld_key, fa_dtype dtype, float *o, int64_t rows, const float *scale)
+{
+    const size_t es = fa_dtype_size(dtype);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = c0; c < d; ++c) {
+            float acc = o[r * d + c];
+            if (scale) acc *= scale[r];
+            for (int64_t x = 0; x < nk; ++x) {
+                const void *vx = (const char *)v + (size_t)(x * ld_key) * es;
+                const float e = dtype == FA_DTYPE_F16    ? fa_f16_to_f32(((const uint16_t *)vx)[c])
+                                : dtype == FA_DTYPE_BF16 ? fa_bf16_to_f32(((const uint16_t *)vx)[c])
+                                                         : ((const float *)vx)[c];
+                acc = fmaf(p[x * ldp + r], e, acc);
+            }
+            o[r * d + c] = acc;
+        }
+}
+
+#ifndef DECODE_VALUE_KEYS
+#define DECODE_VALUE_KEYS 8 /* keys per block of decode_values: each block reads every head's V rows in one run */
+#endif
+
+/* Key blocks outermost (read front to back, as decode_scores), then heads, rows in blocks of
+ * 4, 2, 1 and columns in blocks of PV_CB vectors, single vectors and scalars. */
+FA_INLINE void KNAME(values_of)(int64_t n, int64_t heads, int64_t rows, int64_t d, const float *p, int64_t ldp,
+                                const void *v, const int dt, int64_t ld_key, int64_t ld_head, float *o,
+                                int64_t ldo_head, const float *alpha)
+{
+    for (int64_t x0 = 0; x0 < n; x0 += DECODE_VALUE_KEYS) {
+        const int64_t keys = n - x0 < DECODE_VALUE_KEYS ? n - x0 : DECODE_VALUE_KEYS;
+        const float *px = p + x0 * ldp;
+        for (int64_t h = 0; h < heads; ++h) {
+            const void *vh = KNAME(cache_row)(v, x0 * ld_key + h * ld_head, dt);
+            float *oh = o + h * ldo_head;
+            const float *scale = x0 == 0 && alpha ? alpha + h * rows : NULL;
+            int64_t r = 0;
+#define FA_VALUES_AT(rb)                                                                                           \
+    do {                                                                                                           \
+        const float *sr = scale ? scale + r : NULL;                                                                \
+        int64_t c = 0;                                                                                             \
+        for (; c + PV_CB * W <= d; c += PV_CB * W)                                                                 \
+            KNAME(value_block)(keys, d, px + h * rows + r, ldp, KNAME(cache_row)(vh, c, dt), ld_key, dt,            \
+                               oh + r * d + c, sr, rb, PV_CB);                                                     \
+        for (; c + W <= d; c += W)                                                                                 \
+            KNAME(value_block)(keys, d, px + h * rows + r, ldp, KNAME(cache_row)(vh, c, dt), ld_key, dt,            \
+                               oh + r * d + c, sr, rb, 1);                                                         \
+        if (c < d) KNAME(value_tail)(keys, d, c, px + h * rows + r, ldp, vh, ld_key, dt, oh + r * d, rb, sr);      \
+    } while (0)
+            for (; r + 4 <= rows; r += 4) FA_VALUES_AT(4);
+            if (r + 2 <= rows) { FA_VALUES_AT(2); r += 2; }
+            if (r < rows) FA_VALUES_AT(1);
+#undef FA_VALUES_AT
+        }
+    }
+}
+
+static void KNAME(decode_values)(int64_t n, int64_t heads, int64_t rows, int64_t d, const float *p, int64_t ldp,
+                                 const void *v, fa_dtype dtype, int64_t ld_key, int64_t ld_head, float *o,
+                                 int64_t ldo_head, const float *alpha)
+{
+    if (dtype == FA_DTYPE_F16) KNAME(values_of)(n, heads, rows, d, p, ldp, v, FA_DTYPE_F16, ld_key, ld_head, o, ldo_head, alpha);
+    else if (dtype == FA_DTYPE_BF16) KNAME(values_of)(n, heads, rows, d, p, ldp, v, FA_DTYPE_BF16, ld_key, ld_head, o, ldo_head, alpha);
+    else KNAME(values_of)(n, heads, rows, d, p, ldp, v, FA_DTYPE_F32, ld_key, ld_head, o, ldo_head, alpha);
+}
+
 /* The FMA-peak probe (fma_peak.h): 2*MR register-only chains, as many as the gemm tile's
  * accumulators. acc = acc * m + a converges to a / (1 - m) = 1: no overflow, no subnormals. */
 static double KNAME(fma_chains)(int64_t iterations, float *sink)
@@ -310,5 +493,6 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
     {                                                                                                     \
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
-        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
+        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), \
+        .decode_scores = KNAME(decode_scores), .decode_values = KNAME(decode_values), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }
