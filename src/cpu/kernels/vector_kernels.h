@@ -312,6 +312,26 @@ FA_INLINE const void *KNAME(cache_row)(const void *base, int64_t offset, const i
     return (const char *)base + offset * (dt == FA_DTYPE_F32 ? 4 : 2);
 }
 
+#ifndef DECODE_PREFETCH_KEYS
+#define DECODE_PREFETCH_KEYS 16 /* how far ahead of its reads decode_scores and decode_values prefetch */
+#endif
+
+/* Prefetches every head's row of keys [x, x + count): the kernels read each head's rows in short
+ * runs, which the hardware prefetchers follow badly. Past the call's keys it touches the next
+ * keys of the cache, which the next call reads (or nothing useful, harmlessly: prefetches never
+ * fault, and the address is computed as an integer, never dereferenced). */
+FA_INLINE void KNAME(prefetch_keys)(const void *base, int64_t x, int64_t count, int64_t heads, int64_t d,
+                                    int64_t ld_key, int64_t ld_head, const int dt)
+{
+    if (DECODE_PREFETCH_KEYS == 0) return;
+    const int64_t es = dt == FA_DTYPE_F32 ? 4 : 2;
+    for (int64_t key = x; key < x + count; ++key)
+        for (int64_t h = 0; h < heads; ++h) {
+            const uintptr_t row = (uintptr_t)base + (uintptr_t)((key * ld_key + h * ld_head) * es);
+            for (int64_t byte = 0; byte < d * es; byte += 64) __builtin_prefetch((const void *)(row + (uintptr_t)byte), 0, 3);
+        }
+}
+
 /* rb query rows x nk <= W/rb keys of one head: W accumulators (acc[r * W/rb + x]), one per dot
  * product, reduced together by VSUM_TRANSPOSED; the tail of d (past the last full vector) is
  * added after it, in increasing p. Missing keys repeat key 0 and are not stored. */
@@ -343,28 +363,33 @@ FA_INLINE void KNAME(score_block)(int64_t nk, int64_t d, const void *k, int64_t 
         }
 }
 
-/* Keys in blocks of W outermost (W keys x every head: one front-to-back run of the cache), then
- * each head's rows in blocks of 4, 2, 1 (of W/4, W/2, W keys). */
+/* Keys in blocks of W/4 outermost, every head inside (a window moving front to back through the
+ * cache), each head's rows in blocks of 4; the rows left over (2, 1) then take blocks of W/2, W
+ * keys. */
 FA_INLINE void KNAME(scores_of)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, const int dt,
                                 int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
                                 int64_t ldst)
 {
+    const int64_t full = rows / 4 * 4;
     for (int64_t x0 = 0; x0 < n; x0 += W) {
         const int64_t keys = n - x0 < W ? n - x0 : W;
-        for (int64_t h = 0; h < heads; ++h) {
-            const void *kh = KNAME(cache_row)(k, x0 * ld_key + h * ld_head, dt);
-            const float *qh = q + h * ldq_head;
-            float *sh = st + x0 * ldst + h * rows;
-            int64_t r = 0;
-#define FA_SCORES_AT(rb)                                                                                        \
-    for (int64_t x = 0; x < keys; x += W / (rb))                                                                \
-        KNAME(score_block)(keys - x < W / (rb) ? keys - x : W / (rb), d, KNAME(cache_row)(kh, x * ld_key, dt),   \
-                           ld_key, dt, qh + r * d, sh + x * ldst + r, ldst, rb)
-            for (; r + 4 <= rows; r += 4) FA_SCORES_AT(4);
-            if (r + 2 <= rows) { FA_SCORES_AT(2); r += 2; }
-            if (r < rows) FA_SCORES_AT(1);
-#undef FA_SCORES_AT
+#define FA_SCORES_AT(rb, x, nk)                                                                                 \
+    KNAME(score_block)(nk, d, KNAME(cache_row)(k, (x0 + (x)) * ld_key + h * ld_head, dt), ld_key, dt,           \
+                       q + h * ldq_head + r * d, st + (x0 + (x)) * ldst + h * rows + r, ldst, rb)
+        for (int64_t x = 0; full && x < keys; x += W / 4) {
+            KNAME(prefetch_keys)(k, x0 + x + DECODE_PREFETCH_KEYS, W / 4, heads, d, ld_key, ld_head, dt);
+            for (int64_t h = 0; h < heads; ++h)
+                for (int64_t r = 0; r < full; r += 4) FA_SCORES_AT(4, x, keys - x < W / 4 ? keys - x : W / 4);
         }
+        for (int64_t h = 0; full < rows && h < heads; ++h) {
+            int64_t r = full;
+            if (r + 2 <= rows) {
+                for (int64_t x = 0; x < keys; x += W / 2) FA_SCORES_AT(2, x, keys - x < W / 2 ? keys - x : W / 2);
+                r += 2;
+            }
+            if (r < rows) FA_SCORES_AT(1, 0, keys);
+        }
+#undef FA_SCORES_AT
     }
 }
 
@@ -435,6 +460,7 @@ FA_INLINE void KNAME(values_of)(int64_t n, int64_t heads, int64_t rows, int64_t 
     for (int64_t x0 = 0; x0 < n; x0 += DECODE_VALUE_KEYS) {
         const int64_t keys = n - x0 < DECODE_VALUE_KEYS ? n - x0 : DECODE_VALUE_KEYS;
         const float *px = p + x0 * ldp;
+        KNAME(prefetch_keys)(v, x0 + DECODE_PREFETCH_KEYS, DECODE_VALUE_KEYS, heads, d, ld_key, ld_head, dt);
         for (int64_t h = 0; h < heads; ++h) {
             const void *vh = KNAME(cache_row)(v, x0 * ld_key + h * ld_head, dt);
             float *oh = o + h * ldo_head;
