@@ -2,17 +2,17 @@
  * rows against a long (possibly paged) cache.
  * - GQA packing: the query rows of one kv head's group (group heads x seqlen_q positions, up to
  *   DECODE_ROWS) form one tile, so each kv head's keys and values are read once per call, not
- *   once per query head. A task walks its keys tile by tile; each key tile of every kv head is
- *   staged front to back from the cache's [.., heads_kv, d] rows (a stream the prefetchers
- *   follow; software prefetch of the next tile measured slower), S^T = K Q^T is a gemm_nt per
- *   kv head, and one online-softmax step covers the rows of all kv heads (full vectors with few
- *   rows per head).
+ *   once per query head. A task walks its keys tile by tile; S^T = K Q^T of every kv head is one
+ *   decode_scores call and O = alpha O + P V one decode_values call (kernels.h), which read K and
+ *   V in place from the cache (f16/bf16 widened in registers, no staging copy), a few keys of
+ *   every head at a time so that the cache is read front to back; one online-softmax step covers
+ *   the rows of all kv heads (full vectors with few rows per head).
  * - Split-KV: when (batch, row tile) units are too few to keep the threads busy, each
  *   sequence's keys are cut into chunks; each (unit, chunk) task computes a partial (O, m, l)
  *   with the online softmax, and the partials are merged by their maxima in increasing chunk
  *   order. The split is computed from the shape and the sequence lengths only, never from the
  *   thread count, so results are bit-identical for any number of threads.
- * - Paged caches are read through the block table, a run of keys per page.
+ * - Paged caches are read through the block table, a run of keys per page (one kernel call each).
  * - NaN inputs propagate as in fa_forward (docs/ROBUSTNESS.md).
  * Every buffer is allocated before the cache is written, so a failure leaves the cache intact. */
 #include <math.h>
@@ -28,7 +28,7 @@
 #include "cpu_tile.h"
 
 #define DECODE_ROWS 64        /* query rows per tile and kv head */
-#define DECODE_KEYS 32        /* keys per online-softmax step: K and V of all heads stay in L2 */
+#define DECODE_KEYS 32        /* keys per online-softmax step (S^T of every kv head stays in L1) */
 #define DECODE_TASKS 128      /* tasks a split aims at: 4 per thread on 32 threads */
 #define DECODE_MIN_CHUNK 256  /* keys: shorter chunks cost more in merging than they share */
 
