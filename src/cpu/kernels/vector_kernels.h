@@ -354,6 +354,10 @@ FA_INLINE void KNAME(score_block)(int64_t nk, int64_t d, const void *k, int64_t 
     }
     float sums[W];
     VSTORE(sums, VSUM_TRANSPOSED(acc));
+    if (rb == 4 && p == d) { /* lanes 4x .. 4x + 3: key x's four rows, side by side as in S^T */
+        for (int x = 0; x < nk; ++x) memcpy(st + x * ldst, sums + 4 * x, 4 * sizeof(float));
+        return;
+    }
     for (int r = 0; r < rb; ++r)
         for (int x = 0; x < nk; ++x) {
             const int i = r * nkb + x;
