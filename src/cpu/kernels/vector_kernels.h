@@ -312,9 +312,16 @@ FA_INLINE const void *KNAME(cache_row)(const void *base, int64_t offset, const i
     return (const char *)base + offset * (dt == FA_DTYPE_F32 ? 4 : 2);
 }
 
-#ifndef DECODE_PREFETCH_KEYS
-#define DECODE_PREFETCH_KEYS 16 /* how far ahead of its reads decode_scores and decode_values prefetch */
+#ifndef DECODE_PREFETCH_BYTES
+#define DECODE_PREFETCH_BYTES 16384 /* how far ahead of their reads decode_scores and decode_values prefetch: within L1 */
 #endif
+
+/* Keys that span DECODE_PREFETCH_BYTES of every head's rows (at least one). */
+FA_INLINE int64_t KNAME(prefetch_keys_ahead)(int64_t heads, int64_t d, const int dt)
+{
+    const int64_t bytes = heads * d * (dt == FA_DTYPE_F32 ? 4 : 2);
+    return bytes >= DECODE_PREFETCH_BYTES ? 1 : DECODE_PREFETCH_BYTES / bytes;
+}
 
 /* Prefetches every head's row of keys [x, x + count): the kernels read each head's rows in short
  * runs, which the hardware prefetchers follow badly. Past the call's keys it touches the next
@@ -323,7 +330,7 @@ FA_INLINE const void *KNAME(cache_row)(const void *base, int64_t offset, const i
 FA_INLINE void KNAME(prefetch_keys)(const void *base, int64_t x, int64_t count, int64_t heads, int64_t d,
                                     int64_t ld_key, int64_t ld_head, const int dt)
 {
-    if (DECODE_PREFETCH_KEYS == 0) return;
+    if (DECODE_PREFETCH_BYTES == 0) return;
     const int64_t es = dt == FA_DTYPE_F32 ? 4 : 2;
     for (int64_t key = x; key < x + count; ++key)
         for (int64_t h = 0; h < heads; ++h) {
@@ -374,14 +381,14 @@ FA_INLINE void KNAME(scores_of)(int64_t n, int64_t heads, int64_t rows, int64_t 
                                 int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
                                 int64_t ldst)
 {
-    const int64_t full = rows / 4 * 4;
+    const int64_t full = rows / 4 * 4, ahead = KNAME(prefetch_keys_ahead)(heads, d, dt);
     for (int64_t x0 = 0; x0 < n; x0 += W) {
         const int64_t keys = n - x0 < W ? n - x0 : W;
 #define FA_SCORES_AT(rb, x, nk)                                                                                 \
     KNAME(score_block)(nk, d, KNAME(cache_row)(k, (x0 + (x)) * ld_key + h * ld_head, dt), ld_key, dt,           \
                        q + h * ldq_head + r * d, st + (x0 + (x)) * ldst + h * rows + r, ldst, rb)
         for (int64_t x = 0; full && x < keys; x += W / 4) {
-            KNAME(prefetch_keys)(k, x0 + x + DECODE_PREFETCH_KEYS, W / 4, heads, d, ld_key, ld_head, dt);
+            KNAME(prefetch_keys)(k, x0 + x + ahead, W / 4, heads, d, ld_key, ld_head, dt);
             for (int64_t h = 0; h < heads; ++h)
                 for (int64_t r = 0; r < full; r += 4) FA_SCORES_AT(4, x, keys - x < W / 4 ? keys - x : W / 4);
         }
@@ -461,10 +468,11 @@ FA_INLINE void KNAME(values_of)(int64_t n, int64_t heads, int64_t rows, int64_t 
                                 const void *v, const int dt, int64_t ld_key, int64_t ld_head, float *o,
                                 int64_t ldo_head, const float *alpha)
 {
+    const int64_t ahead = KNAME(prefetch_keys_ahead)(heads, d, dt);
     for (int64_t x0 = 0; x0 < n; x0 += DECODE_VALUE_KEYS) {
         const int64_t keys = n - x0 < DECODE_VALUE_KEYS ? n - x0 : DECODE_VALUE_KEYS;
         const float *px = p + x0 * ldp;
-        KNAME(prefetch_keys)(v, x0 + DECODE_PREFETCH_KEYS, DECODE_VALUE_KEYS, heads, d, ld_key, ld_head, dt);
+        KNAME(prefetch_keys)(v, x0 + ahead, DECODE_VALUE_KEYS, heads, d, ld_key, ld_head, dt);
         for (int64_t h = 0; h < heads; ++h) {
             const void *vh = KNAME(cache_row)(v, x0 * ld_key + h * ld_head, dt);
             float *oh = o + h * ldo_head;
