@@ -442,18 +442,12 @@ FA_INLINE void KNAME(value_block)(int64_t nk, int64_t d, const float *p, int64_t
 static void KNAME(value_tail)(int64_t nk, int64_t d, int64_t c0, const float *p, int64_t ldp, const void *v,
                               int64_t ld_key, fa_dtype dtype, float *o, int64_t rows, const float *scale)
 {
-    const size_t es = fa_dtype_size(dtype);
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = c0; c < d; ++c) {
             float acc = o[r * d + c];
             if (scale) acc *= scale[r];
-            for (int64_t x = 0; x < nk; ++x) {
-                const void *vx = (const char *)v + (size_t)(x * ld_key) * es;
-                const float e = dtype == FA_DTYPE_F16    ? fa_f16_to_f32(((const uint16_t *)vx)[c])
-                                : dtype == FA_DTYPE_BF16 ? fa_bf16_to_f32(((const uint16_t *)vx)[c])
-                                                         : ((const float *)vx)[c];
-                acc = fmaf(p[x * ldp + r], e, acc);
-            }
+            for (int64_t x = 0; x < nk; ++x)
+                acc = fmaf(p[x * ldp + r], KNAME(cache_element)(KNAME(cache_row)(v, x * ld_key, dtype), c, dtype), acc);
             o[r * d + c] = acc;
         }
 }
