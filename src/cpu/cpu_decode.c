@@ -110,7 +110,7 @@ typedef struct decode_scratch {
 static size_t scratch_bytes(const fa_problem *p)
 {
     const int64_t d = p->head_dim, cols = p->heads_kv * DECODE_ROWS;
-    const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 4 * cols + d);
+    const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 4 * cols + d + (d & 1));
     return (floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + (size_t)cols + 63) & ~(size_t)63;
 }
 
@@ -124,8 +124,8 @@ static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
     w->shift = f; f += cols;
     w->alpha = f; f += cols;
     w->tile_sum = f; f += cols;
-    w->acc = f; f += d;
-    w->ranges = (fa_key_range *)f; /* f is 8-aligned: the float count above is even */
+    w->acc = f; f += d + (d & 1);
+    w->ranges = (fa_key_range *)f; /* f is 8-aligned: the float count above is even (cols is) */
     w->poisoned = (unsigned char *)(w->ranges + DECODE_ROWS);
 }
 
