@@ -2,17 +2,17 @@
  * rows against a long (possibly paged) cache.
  * - GQA packing: the query rows of one kv head's group (group heads x seqlen_q positions, up to
  *   DECODE_ROWS) form one tile, so each kv head's keys and values are read once per call, not
- *   once per query head. A task walks its keys tile by tile; each key tile of every kv head is
- *   staged front to back from the cache's [.., heads_kv, d] rows (a stream the prefetchers
- *   follow; software prefetch of the next tile measured slower), S^T = K Q^T is a gemm_nt per
- *   kv head, and one online-softmax step covers the rows of all kv heads (full vectors with few
- *   rows per head).
+ *   once per query head. A task walks its keys tile by tile; S^T = K Q^T of every kv head is one
+ *   decode_scores call and O = alpha O + P V one decode_values call (kernels.h), which read K and
+ *   V in place from the cache (f16/bf16 widened in registers, no staging copy), a few keys of
+ *   every head at a time so that the cache is read front to back; one online-softmax step covers
+ *   the rows of all kv heads (full vectors with few rows per head).
  * - Split-KV: when (batch, row tile) units are too few to keep the threads busy, each
  *   sequence's keys are cut into chunks; each (unit, chunk) task computes a partial (O, m, l)
  *   with the online softmax, and the partials are merged by their maxima in increasing chunk
  *   order. The split is computed from the shape and the sequence lengths only, never from the
  *   thread count, so results are bit-identical for any number of threads.
- * - Paged caches are read through the block table, a run of keys per page.
+ * - Paged caches are read through the block table, a run of keys per page (one kernel call each).
  * - NaN inputs propagate as in fa_forward (docs/ROBUSTNESS.md).
  * Every buffer is allocated before the cache is written, so a failure leaves the cache intact. */
 #include <math.h>
@@ -28,7 +28,7 @@
 #include "cpu_tile.h"
 
 #define DECODE_ROWS 64        /* query rows per tile and kv head */
-#define DECODE_KEYS 32        /* keys per online-softmax step: K and V of all heads stay in L2 */
+#define DECODE_KEYS 32        /* keys per online-softmax step (S^T of every kv head stays in L1) */
 #define DECODE_TASKS 128      /* tasks a split aims at: 4 per thread on 32 threads */
 #define DECODE_MIN_CHUNK 256  /* keys: shorter chunks cost more in merging than they share */
 
@@ -105,11 +105,11 @@ void fa_cpu_kvcache_append(const fa_kv_problem *kp)
         }
 }
 
-/* Per-thread memory: the row tile's query rows of every kv head, one key tile (K and V, when they
- * are not read in place), the scores S^T of every kv head's rows, the softmax vectors, the
- * NaN marks, the merge's row and the rows' key ranges. */
+/* Per-thread memory: the row tile's query rows of every kv head, the scores S^T of every kv
+ * head's rows, the softmax vectors, the NaN marks, the merge's row and the rows' key ranges. K and
+ * V are read in place by the decode kernels (f16/bf16 widened in registers). */
 typedef struct decode_scratch {
-    float *q, *st, *k, *v, *k_stage, *v_stage, *tile_max, *shift, *alpha, *tile_sum, *acc;
+    float *q, *st, *tile_max, *shift, *alpha, *tile_sum, *acc;
     unsigned char *poisoned;
     fa_key_range *ranges;
 } decode_scratch;
@@ -117,8 +117,7 @@ typedef struct decode_scratch {
 static size_t scratch_bytes(const fa_problem *p)
 {
     const int64_t d = p->head_dim, cols = p->heads_kv * DECODE_ROWS;
-    const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 2 * DECODE_KEYS * d +
-                                   2 * DECODE_KEYS * p->heads_kv * d + 4 * cols + d);
+    const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 4 * cols + d + (d & 1));
     return (floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + (size_t)cols + 63) & ~(size_t)63;
 }
 
@@ -128,43 +127,22 @@ static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
     float *f = (float *)base;
     w->q = f; f += cols * d;
     w->st = f; f += DECODE_KEYS * cols;
-    w->k = f; f += DECODE_KEYS * d;
-    w->v = f; f += DECODE_KEYS * d;
-    w->k_stage = f; f += DECODE_KEYS * p->heads_kv * d;
-    w->v_stage = f; f += DECODE_KEYS * p->heads_kv * d;
     w->tile_max = f; f += cols;
     w->shift = f; f += cols;
     w->alpha = f; f += cols;
     w->tile_sum = f; f += cols;
-    w->acc = f; f += d;
-    w->ranges = (fa_key_range *)f; /* f is 8-aligned: the float count above is even */
+    w->acc = f; f += d + (d & 1);
+    w->ranges = (fa_key_range *)f; /* f is 8-aligned: the float count above is even (cols is) */
     w->poisoned = (unsigned char *)(w->ranges + DECODE_ROWS);
 }
 
-/* Rows [j0, j0 + n) of sequence b, head h of a cache tensor as an f32 matrix: in place for f32
- * rows in one slot (each element is used once per row tile, so the cache-set conflicts that make
- * the forward copy strided tiles do not arise), else copied and widened into scratch. */
-static const float *load_rows(const fa_kv_problem *kp, const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b,
-                              int64_t j0, int64_t n, int64_t h, float *scratch, int64_t *ld)
+/* Keys from position j of sequence b that lie in one slot (all n when contiguous, else up to the
+ * end of j's page), and where the first of them is: (batch or page, row). */
+static int64_t slot_run(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t n, int64_t *slot_b, int64_t *slot_s)
 {
-    const int64_t d = t->head_dim;
-    for (int64_t done = 0; done < n;) {
-        int64_t sb, ss, run_ld;
-        key_slot(kp, b, j0 + done, &sb, &ss);
-        const int64_t room = kp->block_table ? kp->page_size - ss : n;
-        const int64_t run = n - done < room ? n - done : room;
-        if (run == n && t->dtype == FA_DTYPE_F32) {
-            *ld = t->stride_seq;
-            return fa_row_ptr(t, sb, ss, h);
-        }
-        float *dst = scratch + done * d;
-        const float *rows = fa_cpu_view_rows(t, kern, sb, ss, h, run, dst, &run_ld);
-        if (rows != dst)
-            for (int64_t r = 0; r < run; ++r) memcpy(dst + r * d, rows + r * run_ld, (size_t)d * sizeof(float));
-        done += run;
-    }
-    *ld = d;
-    return scratch;
+    key_slot(kp, b, j, slot_b, slot_s);
+    const int64_t room = kp->block_table ? kp->page_size - *slot_s : n;
+    return n < room ? n : room;
 }
 
 /* Row r of kv head hk's packed tile: query position i, query head h. */
@@ -180,30 +158,6 @@ static void unit_rows(const decode_plan *plan, int64_t u, int64_t *b, int64_t *r
     *b = u / plan->row_tiles;
     *r0 = u % plan->row_tiles * plan->tile_rows;
     *rows = plan->rows - *r0 < plan->tile_rows ? plan->rows - *r0 : plan->tile_rows;
-}
-
-/* Whether a cache tensor's heads lie side by side in each row, so that a key tile of every head
- * is one run of rows (one block when contiguous). */
-static int heads_adjacent(const fa_tensor *t) { return t->stride_head == t->head_dim; }
-
-/* Keys [j0, j0 + n) of sequence b, every head, copied and widened to f32 stage[x][h][c]: the
- * cache is read front to back in long runs (measured: 1.5x faster than reading each head's
- * rows in place, whose 4 KiB steps the hardware prefetchers do not follow), and the products
- * then read the tile from L2 whatever the heads' stride. */
-static void stage_rows(const fa_kv_problem *kp, const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t j0,
-                       int64_t n, float *stage)
-{
-    const int64_t width = t->heads * t->head_dim;
-    for (int64_t x = 0; x < n; ++x) {
-        int64_t sb, ss;
-        key_slot(kp, b, j0 + x, &sb, &ss);
-        const void *src = fa_row_ptr(t, sb, ss, 0);
-        float *dst = stage + x * width;
-        if (t->dtype == FA_DTYPE_F32) memcpy(dst, src, (size_t)width * sizeof(float));
-        else if (t->dtype == FA_DTYPE_F16) kern->f16_to_f32(src, dst, width);
-        else
-            for (int64_t h = 0; h < t->heads; ++h) fa_cpu_load_rows(t, sb, ss, h, 1, dst + h * t->head_dim, 0);
-    }
 }
 
 /* Whether any of the n floats is NaN (a vectorisable scan; the exact rows are found only then). */
@@ -228,18 +182,18 @@ static partial_view partial_at(const fa_problem *p, const decode_plan *plan, flo
 /* One online-softmax step of the unit's rows of every kv head on the keys [j0, j0 + n). The
  * scores of all kv heads form one transposed tile S^T[x][hk * rows + r], so that the softmax
  * vectors are full (a GQA group has few rows per kv head); the scale is applied inside the
- * exponential. */
+ * exponential. K and V are read in place, a run of keys per page. */
 static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64_t b, int64_t rows, int64_t j0,
                       int64_t n, decode_scratch *w, partial_view out)
 {
     const fa_problem *p = &kp->attn;
-    const int64_t d = p->head_dim, cols = p->heads_kv * rows;
+    const fa_tensor *k = &p->k, *v = &p->v;
+    const int64_t d = p->head_dim, hkv = p->heads_kv, cols = hkv * rows;
     float *st = w->st;
-    for (int64_t hk = 0; hk < p->heads_kv; ++hk) {
-        int64_t ldk = p->heads_kv * d;
-        const float *kh =
-            heads_adjacent(&p->k) ? w->k_stage + hk * d : load_rows(kp, &p->k, kern, b, j0, n, hk, w->k, &ldk);
-        kern->gemm_nt(n, rows, d, kh, ldk, w->q + hk * DECODE_ROWS * d, d, st + hk * rows, cols); /* S^T = K Q^T */
+    for (int64_t x = 0, run, sb, ss; x < n; x += run) { /* S^T = K Q^T */
+        run = slot_run(kp, b, j0 + x, n - x, &sb, &ss);
+        kern->decode_scores(run, hkv, rows, d, fa_row_ptr(k, sb, ss, 0), k->dtype, k->stride_seq, k->stride_head,
+                            w->q, DECODE_ROWS * d, st + x * cols, cols);
     }
     int seen_by_all = 1;
     for (int64_t r = 0; r < rows && seen_by_all; ++r) seen_by_all = w->ranges[r].lo <= j0 && w->ranges[r].hi >= j0 + n;
@@ -264,27 +218,28 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
                         w->tile_sum);
     for (int64_t c = 0; any_poisoned && c < cols; ++c)
         if (w->poisoned[c]) out.l[c] = NAN;
-    for (int64_t hk = 0; hk < p->heads_kv; ++hk) {
-        int64_t ldv = p->heads_kv * d;
-        const float *vh =
-            heads_adjacent(&p->v) ? w->v_stage + hk * d : load_rows(kp, &p->v, kern, b, j0, n, hk, w->v, &ldv);
-        float *o = out.o + hk * rows * d;
-        const float *ph = st + hk * rows, *alpha = w->alpha + hk * rows;
-        if (seen_by_all) {
-            kern->gemm(rows, d, n, ph, 1, cols, vh, ldv, o, d, alpha, 1); /* O = alpha O + P V */
-            continue;
+    if (seen_by_all) { /* O = alpha O + P V, every kv head */
+        for (int64_t x = 0, run, sb, ss; x < n; x += run) {
+            run = slot_run(kp, b, j0 + x, n - x, &sb, &ss);
+            kern->decode_values(run, hkv, rows, d, st + x * cols, cols, fa_row_ptr(v, sb, ss, 0), v->dtype,
+                                v->stride_seq, v->stride_head, out.o, rows * d, x == 0 ? w->alpha : NULL);
         }
-        /* P is 0 at the keys a row cannot see, but 0 x NaN is NaN: where rows see different parts
-         * of the tile (causal edge, window), each row multiplies only its own keys, so a NaN in V
-         * reaches exactly the rows that see it. A row that sees none of the tile keeps O (alpha 1). */
+        return;
+    }
+    /* P is 0 at the keys a row cannot see, but 0 x NaN is NaN: where rows see different parts of
+     * the tile (causal edge, window), each row multiplies only its own keys, so a NaN in V reaches
+     * exactly the rows that see it. A row that sees none of the tile keeps O (alpha 1). */
+    for (int64_t hk = 0; hk < hkv; ++hk)
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t lo = w->ranges[r].lo > j0 ? w->ranges[r].lo : j0;
             const int64_t hi = w->ranges[r].hi < j0 + n ? w->ranges[r].hi : j0 + n;
-            if (hi > lo)
-                kern->gemm(1, d, hi - lo, ph + (lo - j0) * cols + r, 1, cols, vh + (lo - j0) * ldv, ldv, o + r * d, d,
-                           alpha + r, 1);
+            const int64_t c = hk * rows + r;
+            for (int64_t j = lo, run, sb, ss; j < hi; j += run) {
+                run = slot_run(kp, b, j, hi - j, &sb, &ss);
+                kern->decode_values(run, 1, 1, d, st + (j - j0) * cols + c, cols, fa_row_ptr(v, sb, ss, hk), v->dtype,
+                                    v->stride_seq, v->stride_head, out.o + c * d, d, j == lo ? w->alpha + c : NULL);
+            }
         }
-    }
 }
 
 /* One (unit, chunk) task: the partial O (unnormalised), m and l of the unit's rows of every kv
@@ -323,12 +278,8 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
             tile_row(plan, hk, r0 + r, &i, &h);
             fa_cpu_load_rows(&p->q, b, i, h, 1, w->q + (hk * DECODE_ROWS + r) * d, d);
         }
-    for (int64_t j0 = lo; j0 < hi; j0 += DECODE_KEYS) {
-        const int64_t n = hi - j0 < DECODE_KEYS ? hi - j0 : DECODE_KEYS;
-        if (heads_adjacent(&p->k)) stage_rows(kp, &p->k, kern, b, j0, n, w->k_stage);
-        if (heads_adjacent(&p->v)) stage_rows(kp, &p->v, kern, b, j0, n, w->v_stage);
-        tile_step(kp, kern, b, rows, j0, n, w, out);
-    }
+    for (int64_t j0 = lo; j0 < hi; j0 += DECODE_KEYS)
+        tile_step(kp, kern, b, rows, j0, hi - j0 < DECODE_KEYS ? hi - j0 : DECODE_KEYS, w, out);
 }
 
 /* The unit's chunks merged in increasing chunk order: O = sum_c e^(m_c - M) O_c / l with

@@ -1,7 +1,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, CLOCK_THREAD_CPUTIME_ID */
 /* checkasm --bench: every kernel on the tile shapes the CPU drivers give it (the forward's
  * S^T = K Q^T, col_max, exp_cols and O = alpha O + P V; the backward's dV += P^T dO; the decode's
- * gemm_nt; the conversions), in ns per call of this thread's CPU time (other jobs on a shared
+ * gemm_nt, decode_scores and decode_values; the conversions), in ns per call of this thread's CPU time (other jobs on a shared
  * machine do not count), best of 9 samples after a warm-up, against the reference kernel, and
  * for the products the fraction of the one-thread FMA peak of the same ISA (fma_peak.h). Then, per
  * head dimension, the forward's kernels per tile pair: their FLOPs (4 Br Bc d) over their summed
@@ -46,6 +46,19 @@ static void run_softcap(const fa_cpu_kernels *k, const buffers *m, const bench_c
 { k->softcap_cols(m->c, c->br, c->bc, c->br, 0.125f, 30.0f, 0.0f, 0, NULL, m->vec1); }
 static void run_gemm_nt(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->gemm_nt(c->bc, c->br, c->d, m->a, c->d, m->b, c->d, m->c, c->br); }
+/* The decode's tile: 32 keys of 8 kv heads (d 128) against 4 query rows each, in place. */
+static void run_decode_scores(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{
+    const int f16 = c->br == 16;
+    k->decode_scores(32, 8, 4, 128, f16 ? (const void *)m->half : m->a, f16 ? FA_DTYPE_F16 : FA_DTYPE_F32, 8 * 128,
+                     128, m->b, 4 * 128, m->c, 32);
+}
+static void run_decode_values(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{
+    const int f16 = c->br == 16;
+    k->decode_values(32, 8, 4, 128, m->c, 32, f16 ? (const void *)m->half : m->a, f16 ? FA_DTYPE_F16 : FA_DTYPE_F32,
+                     8 * 128, 128, m->d, 4 * 128, m->vec0);
+}
 static void run_f16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { (void)c; k->f16_to_f32(m->half, m->a, 65536); }
 static void run_bf16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
@@ -67,6 +80,11 @@ static const bench_case cases[] = {
     TILE_PAIR_CASES(128, 512, 128),
     {"softcap_cols", "S = cap tanh(scale S / cap), row max (fwd)", 64, 1024, 64, run_softcap, 0},
     {"gemm_nt", "decode S^T = K q^T, 4 queries", 4, 512, 128, run_gemm_nt, PRODUCT(4, 512, 128)},
+    /* br: the cache's bits per element */
+    {"decode_scores", "decode S^T, 32 keys x 8 heads x 4 rows, f32 cache", 32, 32, 128, run_decode_scores, PRODUCT(32, 32, 128)},
+    {"decode_scores", "decode S^T, 32 keys x 8 heads x 4 rows, f16 cache", 16, 32, 128, run_decode_scores, PRODUCT(32, 32, 128)},
+    {"decode_values", "decode O += P V, 32 keys x 8 heads x 4 rows, f32 cache", 32, 32, 128, run_decode_values, PRODUCT(32, 32, 128)},
+    {"decode_values", "decode O += P V, 32 keys x 8 heads x 4 rows, f16 cache", 16, 32, 128, run_decode_values, PRODUCT(32, 32, 128)},
     {"f16_to_f32", "65536 values", 0, 0, 0, run_f16, 0},
     {"bf16_to_f32", "65536 values", 0, 0, 0, run_bf16, 0},
     {"f32_to_f16", "65536 values", 0, 0, 0, run_to_f16, 0},

@@ -47,6 +47,7 @@ static const kv_case cases[] = {
     {"paged_16_long", 2, 16, 2, 128, 1, 1, 16, 2048, {1000, 2047}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0, 0},
     {"paged_256_window", 2, 8, 1, 64, 8, 0, 256, 5120, {300, 5000}, 1, 100, 0, FA_DTYPE_F32, 0, 0, 0, 0},
     {"contiguous_f16_32_8", 1, 32, 8, 128, 1, 1, 0, 4096, {4000}, 1, -1, -1, FA_DTYPE_F16, 0, 0, 0, 0},
+    {"odd_head_dim_f16", 1, 8, 2, 33, 2, 1, 0, 300, {290}, 1, -1, -1, FA_DTYPE_F16, 0, 0, 0, 0}, /* vector tails, scratch alignment */
     {"more_queries_than_keys", 2, 2, 1, 16, 16, 0, 0, 8, {3, 0}, 1, -1, -1, FA_DTYPE_F32, 0, 0, 0, 0},
     {"contiguous_bf16_heads_outer", 2, 8, 2, 64, 3, 2, 0, 600, {599 - 2, 33}, 1, -1, -1, FA_DTYPE_BF16, 3, 0, 0, 0},
     {"paged_5_f16_heads_outer", 2, 6, 3, 32, 1, 1, 5, 400, {333, 8}, 0, 50, -1, FA_DTYPE_F16, 3, 0, 0, 0},

@@ -50,6 +50,16 @@
  *             contiguous; C written, not accumulated). For the decode's S^T = K Q^T with few
  *             query rows, where gemm would fill a few lanes of its 2W columns: the ISA kernels
  *             sum each element in the lanes of a vector, then across them, in a fixed order.
+ *   decode_scores: the decode's S^T for the packed query rows of a GQA group, read straight from
+ *             the cache: st[x*ldst + h*rows + r] = sum over p < d of K(x,h)[p] * q[h*ldq_head + r*d + p]
+ *             for keys x < n, kv heads h < heads, rows r < rows, where K(x,h) is the row at element
+ *             offset x*ld_key + h*ld_head of k, of `dtype` (f16/bf16 widened in registers, no copy).
+ *             The ISA kernels keep one accumulator per (row, key) of a block of W dot products and
+ *             reduce the block with one transpose-and-add tree (not one horizontal sum each); key
+ *             blocks run outermost, heads inside, so the cache is read front to back.
+ *   decode_values: O = diag(alpha) O + P V for every kv head, V read straight from the cache:
+ *             o[h*ldo_head + r*d + c] = alpha[h*rows + r] * o[..] + sum over x < n (increasing) of
+ *             p[x*ldp + h*rows + r] * V(x,h)[c], V(x,h) as K(x,h) above; alpha NULL = 1.
  *   fma_chains: the FMA-peak probe's loop (fma_peak.h): `iterations` rounds of one FMA on each of
  *             the ISA's independent register-only chains (as many as gemm's register tile has
  *             accumulators: enough to cover FMA latency x pipes); returns the FLOPs done (2 per
@@ -82,6 +92,11 @@ typedef struct fa_cpu_kernels {
     void (*gemm_max)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                      int64_t ldb, float *c, int64_t ldc, float *col_max);
     double (*fma_chains)(int64_t iterations, float *sink);
+    void (*decode_scores)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, fa_dtype dtype,
+                          int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st, int64_t ldst);
+    void (*decode_values)(int64_t n, int64_t heads, int64_t rows, int64_t d, const float *p, int64_t ldp,
+                          const void *v, fa_dtype dtype, int64_t ld_key, int64_t ld_head, float *o, int64_t ldo_head,
+                          const float *alpha);
     /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
     int64_t mr, nr, tile_step;
 } fa_cpu_kernels;

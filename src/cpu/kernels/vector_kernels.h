@@ -11,11 +11,15 @@
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
  *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
  *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
- *   4 x NT_NR accumulators), optionally VTRANSPOSE_BLOCK(src, ld_src, dst, ld_dst) (a square
- *   block of FA_TRANSPOSE_BLOCK x FA_TRANSPOSE_BLOCK transposed in registers).
+ *   4 x NT_NR accumulators), VSUM_TRANSPOSED(acc) (W vectors reduced at once: lane
+ *   4 * (i % (W/4)) + i / (W/4) of the result is the sum of the lanes of acc[i], by a fixed
+ *   transpose-and-add tree), PV_CB (vectors of columns of a decode_values block: 4 x PV_CB
+ *   accumulators), optionally VTRANSPOSE_BLOCK(src, ld_src, dst, ld_dst) (a square block of
+ *   FA_TRANSPOSE_BLOCK x FA_TRANSPOSE_BLOCK transposed in registers).
  * The register tile is MR x 2W: 2*MR accumulators, two B vectors and one broadcast of A. */
 #ifndef FA_VECTOR_KERNELS_H
 #define FA_VECTOR_KERNELS_H
+#include "../../common/dtype.h"
 #include "../../common/half.h"
 #include "exp_poly.h"
 #include "tanh_poly.h"
@@ -421,6 +425,227 @@ static void KNAME(f32_to_f16)(const float *src, uint16_t *dst, int64_t n)
     for (; i < n; ++i) dst[i] = fa_f32_to_f16(src[i]);
 }
 
+/* ---- decode: S^T = K Q^T and O = alpha O + P V straight from the cache (kernels.h) ---- */
+
+/* W elements of a cache row from element p, widened in registers; dt is a compile-time constant. */
+FA_INLINE VEC KNAME(cache_load)(const void *row, int64_t p, const int dt)
+{
+    if (dt == FA_DTYPE_F16) return VLOAD_F16((const uint16_t *)row + p);
+    if (dt == FA_DTYPE_BF16) return VLOAD_BF16((const uint16_t *)row + p);
+    return VLOAD((const float *)row + p);
+}
+
+FA_INLINE float KNAME(cache_element)(const void *row, int64_t p, const int dt)
+{
+    if (dt == FA_DTYPE_F16) return fa_f16_to_f32(((const uint16_t *)row)[p]);
+    if (dt == FA_DTYPE_BF16) return fa_bf16_to_f32(((const uint16_t *)row)[p]);
+    return ((const float *)row)[p];
+}
+
+FA_INLINE const void *KNAME(cache_row)(const void *base, int64_t offset, const int dt)
+{
+    return (const char *)base + offset * (dt == FA_DTYPE_F32 ? 4 : 2);
+}
+
+#ifndef DECODE_PREFETCH_BYTES
+#define DECODE_PREFETCH_BYTES 65536 /* how far ahead of their reads decode_scores and decode_values prefetch */
+#endif
+#ifndef DECODE_PREFETCH_LOCALITY
+#define DECODE_PREFETCH_LOCALITY 2 /* into L2 (prefetcht1): 64 KiB ahead would evict L1 */
+#endif
+#ifndef DECODE_PREFETCH_ROW_BYTES
+#define DECODE_PREFETCH_ROW_BYTES 512 /* rows this long or longer are left to the hardware prefetchers */
+#endif
+
+/* Keys that span DECODE_PREFETCH_BYTES of every head's rows (at least one), or 0 for no software
+ * prefetch. Measured on Zen 4 (one thread, 32768 keys x 8 heads, d 128, interleaved variants on a
+ * loaded machine): for f16 rows (256 bytes) no prefetch 35.6 ms, 16 KiB ahead into L1 30.5 ms,
+ * 64 KiB ahead into L2 25.3-26.3 ms; for f32 rows (512 bytes, runs the hardware prefetchers
+ * follow) every software prefetch was slower (29.2 ms without, 30.0-33.2 ms with). */
+FA_INLINE int64_t KNAME(prefetch_keys_ahead)(int64_t heads, int64_t d, const int dt)
+{
+    const int64_t row = d * (dt == FA_DTYPE_F32 ? 4 : 2), bytes = heads * row;
+    if (DECODE_PREFETCH_BYTES == 0 || row >= DECODE_PREFETCH_ROW_BYTES) return 0;
+    return bytes >= DECODE_PREFETCH_BYTES ? 1 : DECODE_PREFETCH_BYTES / bytes;
+}
+
+/* Prefetches every head's row of keys [x, x + count): the kernels read each head's rows in short
+ * runs, which the hardware prefetchers follow badly. Past the call's keys it touches the next
+ * keys of the cache, which the next call reads (or nothing useful, harmlessly: prefetches never
+ * fault, and the address is computed as an integer, never dereferenced). */
+FA_INLINE void KNAME(prefetch_keys)(const void *base, int64_t x, int64_t count, int64_t heads, int64_t d,
+                                    int64_t ld_key, int64_t ld_head, const int dt)
+{
+    const int64_t es = dt == FA_DTYPE_F32 ? 4 : 2;
+    for (int64_t key = x; key < x + count; ++key)
+        for (int64_t h = 0; h < heads; ++h) {
+            const uintptr_t row = (uintptr_t)base + (uintptr_t)((key * ld_key + h * ld_head) * es);
+            for (int64_t byte = 0; byte < d * es; byte += 64) __builtin_prefetch((const void *)(row + (uintptr_t)byte), 0, DECODE_PREFETCH_LOCALITY);
+        }
+}
+
+/* rb query rows x nk <= W/rb keys of one head: W accumulators (acc[r * W/rb + x]), one per dot
+ * product, reduced together by VSUM_TRANSPOSED; the tail of d (past the last full vector) is
+ * added after it, in increasing p. Missing keys repeat key 0 and are not stored. */
+FA_INLINE void KNAME(score_block)(int64_t nk, int64_t d, const void *k, int64_t ld_key, const int dt, const float *q,
+                                  float *st, int64_t ldst, const int rb)
+{
+    const int nkb = W / rb;
+    const void *key[W];
+    for (int x = 0; x < nkb; ++x) key[x] = KNAME(cache_row)(k, (x < nk ? x : 0) * ld_key, dt);
+    VEC acc[W];
+    for (int i = 0; i < W; ++i) acc[i] = VZERO();
+    int64_t p = 0;
+    for (; p + W <= d; p += W) {
+        VEC kv[W];
+        for (int x = 0; x < nkb; ++x) kv[x] = KNAME(cache_load)(key[x], p, dt);
+        for (int r = 0; r < rb; ++r) {
+            const VEC qv = VLOAD(q + r * d + p);
+            for (int x = 0; x < nkb; ++x) acc[r * nkb + x] = VFMA(qv, kv[x], acc[r * nkb + x]);
+        }
+    }
+    float sums[W];
+    VSTORE(sums, VSUM_TRANSPOSED(acc));
+    if (rb == 4 && p == d) { /* lanes 4x .. 4x + 3: key x's four rows, side by side as in S^T */
+        for (int x = 0; x < nk; ++x) memcpy(st + x * ldst, sums + 4 * x, 4 * sizeof(float));
+        return;
+    }
+    for (int r = 0; r < rb; ++r)
+        for (int x = 0; x < nk; ++x) {
+            const int i = r * nkb + x;
+            float s = sums[4 * (i % (W / 4)) + i / (W / 4)], tail = 0.0f;
+            for (int64_t t = p; t < d; ++t) tail += q[r * d + t] * KNAME(cache_element)(key[x], t, dt);
+            st[x * ldst + r] = p < d ? s + tail : s;
+        }
+}
+
+/* Keys in blocks of W/4 outermost, every head inside (a window moving front to back through the
+ * cache), each head's rows in blocks of 4; the rows left over (2, 1) then take blocks of W/2, W
+ * keys. */
+FA_INLINE void KNAME(scores_of)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, const int dt,
+                                int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
+                                int64_t ldst)
+{
+    const int64_t full = rows / 4 * 4, ahead = KNAME(prefetch_keys_ahead)(heads, d, dt);
+    for (int64_t x0 = 0; x0 < n; x0 += W) {
+        const int64_t keys = n - x0 < W ? n - x0 : W;
+#define FA_SCORES_AT(rb, x, nk)                                                                                 \
+    KNAME(score_block)(nk, d, KNAME(cache_row)(k, (x0 + (x)) * ld_key + h * ld_head, dt), ld_key, dt,           \
+                       q + h * ldq_head + r * d, st + (x0 + (x)) * ldst + h * rows + r, ldst, rb)
+        for (int64_t x = 0; full && x < keys; x += W / 4) {
+            if (ahead) KNAME(prefetch_keys)(k, x0 + x + ahead, W / 4, heads, d, ld_key, ld_head, dt);
+            for (int64_t h = 0; h < heads; ++h)
+                for (int64_t r = 0; r < full; r += 4) FA_SCORES_AT(4, x, keys - x < W / 4 ? keys - x : W / 4);
+        }
+        for (int64_t h = 0; full < rows && h < heads; ++h) {
+            int64_t r = full;
+            if (r + 2 <= rows) {
+                for (int64_t x = 0; x < keys; x += W / 2) FA_SCORES_AT(2, x, keys - x < W / 2 ? keys - x : W / 2);
+                r += 2;
+            }
+            if (r < rows) FA_SCORES_AT(1, 0, keys);
+        }
+#undef FA_SCORES_AT
+    }
+}
+
+static void KNAME(decode_scores)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, fa_dtype dtype,
+                                 int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
+                                 int64_t ldst)
+{
+    if (dtype == FA_DTYPE_F16) KNAME(scores_of)(n, heads, rows, d, k, FA_DTYPE_F16, ld_key, ld_head, q, ldq_head, st, ldst);
+    else if (dtype == FA_DTYPE_BF16) KNAME(scores_of)(n, heads, rows, d, k, FA_DTYPE_BF16, ld_key, ld_head, q, ldq_head, st, ldst);
+    else KNAME(scores_of)(n, heads, rows, d, k, FA_DTYPE_F32, ld_key, ld_head, q, ldq_head, st, ldst);
+}
+
+/* rb rows x cb vectors of columns of one head's O over nk keys: O scaled by alpha (first key
+ * block only, scale != NULL), then one FMA per key in increasing order; each V vector is loaded
+ * (and widened) once for all rb rows. */
+FA_INLINE void KNAME(value_block)(int64_t nk, int64_t d, const float *p, int64_t ldp, const void *v, int64_t ld_key,
+                                  const int dt, float *o, const float *scale, const int rb, const int cb)
+{
+    VEC acc[4][PV_CB];
+    for (int r = 0; r < rb; ++r)
+        for (int c = 0; c < cb; ++c) {
+            acc[r][c] = VLOAD(o + r * d + c * W);
+            if (scale) acc[r][c] = VMUL(acc[r][c], VSET1(scale[r]));
+        }
+    for (int64_t x = 0; x < nk; ++x) {
+        const void *vx = KNAME(cache_row)(v, x * ld_key, dt);
+        VEC vv[PV_CB];
+        for (int c = 0; c < cb; ++c) vv[c] = KNAME(cache_load)(vx, c * W, dt);
+        for (int r = 0; r < rb; ++r) {
+            const VEC pr = VSET1(p[x * ldp + r]);
+            for (int c = 0; c < cb; ++c) acc[r][c] = VFMA(pr, vv[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < rb; ++r)
+        for (int c = 0; c < cb; ++c) VSTORE(o + r * d + c * W, acc[r][c]);
+}
+
+/* The columns past the last full vector, one element at a time in the same order. */
+static void KNAME(value_tail)(int64_t nk, int64_t d, int64_t c0, const float *p, int64_t ldp, const void *v,
+                              int64_t ld_key, fa_dtype dtype, float *o, int64_t rows, const float *scale)
+{
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = c0; c < d; ++c) {
+            float acc = o[r * d + c];
+            if (scale) acc *= scale[r];
+            for (int64_t x = 0; x < nk; ++x)
+                acc = fmaf(p[x * ldp + r], KNAME(cache_element)(KNAME(cache_row)(v, x * ld_key, dtype), c, dtype), acc);
+            o[r * d + c] = acc;
+        }
+}
+
+#ifndef DECODE_VALUE_KEYS
+#define DECODE_VALUE_KEYS 8 /* keys per block of decode_values: each block reads every head's V rows in one run */
+#endif
+
+/* Key blocks outermost (read front to back, as decode_scores), then heads, rows in blocks of
+ * 4, 2, 1 and columns in blocks of PV_CB vectors, single vectors and scalars. */
+FA_INLINE void KNAME(values_of)(int64_t n, int64_t heads, int64_t rows, int64_t d, const float *p, int64_t ldp,
+                                const void *v, const int dt, int64_t ld_key, int64_t ld_head, float *o,
+                                int64_t ldo_head, const float *alpha)
+{
+    const int64_t ahead = KNAME(prefetch_keys_ahead)(heads, d, dt);
+    for (int64_t x0 = 0; x0 < n; x0 += DECODE_VALUE_KEYS) {
+        const int64_t keys = n - x0 < DECODE_VALUE_KEYS ? n - x0 : DECODE_VALUE_KEYS;
+        const float *px = p + x0 * ldp;
+        if (ahead) KNAME(prefetch_keys)(v, x0 + ahead, DECODE_VALUE_KEYS, heads, d, ld_key, ld_head, dt);
+        for (int64_t h = 0; h < heads; ++h) {
+            const void *vh = KNAME(cache_row)(v, x0 * ld_key + h * ld_head, dt);
+            float *oh = o + h * ldo_head;
+            const float *scale = x0 == 0 && alpha ? alpha + h * rows : NULL;
+            int64_t r = 0;
+#define FA_VALUES_AT(rb)                                                                                           \
+    do {                                                                                                           \
+        const float *sr = scale ? scale + r : NULL;                                                                \
+        int64_t c = 0;                                                                                             \
+        for (; c + PV_CB * W <= d; c += PV_CB * W)                                                                 \
+            KNAME(value_block)(keys, d, px + h * rows + r, ldp, KNAME(cache_row)(vh, c, dt), ld_key, dt,            \
+                               oh + r * d + c, sr, rb, PV_CB);                                                     \
+        for (; c + W <= d; c += W)                                                                                 \
+            KNAME(value_block)(keys, d, px + h * rows + r, ldp, KNAME(cache_row)(vh, c, dt), ld_key, dt,            \
+                               oh + r * d + c, sr, rb, 1);                                                         \
+        if (c < d) KNAME(value_tail)(keys, d, c, px + h * rows + r, ldp, vh, ld_key, dt, oh + r * d, rb, sr);      \
+    } while (0)
+            for (; r + 4 <= rows; r += 4) FA_VALUES_AT(4);
+            if (r + 2 <= rows) { FA_VALUES_AT(2); r += 2; }
+            if (r < rows) FA_VALUES_AT(1);
+#undef FA_VALUES_AT
+        }
+    }
+}
+
+static void KNAME(decode_values)(int64_t n, int64_t heads, int64_t rows, int64_t d, const float *p, int64_t ldp,
+                                 const void *v, fa_dtype dtype, int64_t ld_key, int64_t ld_head, float *o,
+                                 int64_t ldo_head, const float *alpha)
+{
+    if (dtype == FA_DTYPE_F16) KNAME(values_of)(n, heads, rows, d, p, ldp, v, FA_DTYPE_F16, ld_key, ld_head, o, ldo_head, alpha);
+    else if (dtype == FA_DTYPE_BF16) KNAME(values_of)(n, heads, rows, d, p, ldp, v, FA_DTYPE_BF16, ld_key, ld_head, o, ldo_head, alpha);
+    else KNAME(values_of)(n, heads, rows, d, p, ldp, v, FA_DTYPE_F32, ld_key, ld_head, o, ldo_head, alpha);
+}
+
 /* The FMA-peak probe (fma_peak.h): 2*MR register-only chains, as many as the gemm tile's
  * accumulators. acc = acc * m + a converges to a / (1 - m) = 1: no overflow, no subnormals. */
 static double KNAME(fma_chains)(int64_t iterations, float *sink)
@@ -445,5 +670,6 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
     {                                                                                                     \
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .add_cols = KNAME(add_cols), .transpose = KNAME(transpose),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
-        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
+        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), \
+        .decode_scores = KNAME(decode_scores), .decode_values = KNAME(decode_values), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }

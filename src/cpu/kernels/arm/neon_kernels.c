@@ -41,6 +41,9 @@
 #define VLOAD_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))
 #define VHSUM(v) vaddvq_f32(v)
 #define NT_NR 4
+/* Lane i = the sum of the lanes of acc[i]: pairwise adds of neighbours, twice. */
+#define VSUM_TRANSPOSED(acc) vpaddq_f32(vpaddq_f32((acc)[0], (acc)[1]), vpaddq_f32((acc)[2], (acc)[3]))
+#define PV_CB 4 /* 16 accumulators, 4 V vectors and a broadcast: 21 of the 32 q registers */
 
 static inline float32x4_t neon_load_first(const float *p, int n)
 {

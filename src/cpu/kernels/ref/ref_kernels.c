@@ -1,6 +1,7 @@
 /* Portable reference microkernels: plain loops, the ground truth for the ISA kernels. */
 #include <math.h>
 
+#include "../../../common/dtype.h"
 #include "../../../common/half.h"
 #include "../kernels.h"
 
@@ -133,6 +134,50 @@ static double ref_fma_chains(int64_t iterations, float *sink)
     return 2.0 * CHAINS * (double)iterations;
 }
 
+/* Element e of a cache row of the given dtype, as f32 (exact). */
+static float ref_cache_element(const void *row, int64_t e, fa_dtype dtype)
+{
+    if (dtype == FA_DTYPE_F16) return fa_f16_to_f32(((const uint16_t *)row)[e]);
+    if (dtype == FA_DTYPE_BF16) return fa_bf16_to_f32(((const uint16_t *)row)[e]);
+    return ((const float *)row)[e];
+}
+
+static void ref_decode_scores(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, fa_dtype dtype,
+                              int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
+                              int64_t ldst)
+{
+    const size_t es = fa_dtype_size(dtype);
+    for (int64_t x = 0; x < n; ++x)
+        for (int64_t h = 0; h < heads; ++h) {
+            const void *key = (const char *)k + (size_t)(x * ld_key + h * ld_head) * es;
+            for (int64_t r = 0; r < rows; ++r) {
+                const float *qr = q + h * ldq_head + r * d;
+                float acc = 0.0f;
+                for (int64_t p = 0; p < d; ++p) acc += qr[p] * ref_cache_element(key, p, dtype);
+                st[x * ldst + h * rows + r] = acc;
+            }
+        }
+}
+
+static void ref_decode_values(int64_t n, int64_t heads, int64_t rows, int64_t d, const float *p, int64_t ldp,
+                              const void *v, fa_dtype dtype, int64_t ld_key, int64_t ld_head, float *o,
+                              int64_t ldo_head, const float *alpha)
+{
+    const size_t es = fa_dtype_size(dtype);
+    for (int64_t h = 0; h < heads; ++h)
+        for (int64_t r = 0; r < rows; ++r) {
+            float *orow = o + h * ldo_head + r * d;
+            const float scale = alpha ? alpha[h * rows + r] : 1.0f;
+            for (int64_t c = 0; c < d; ++c) {
+                float acc = orow[c] * scale;
+                for (int64_t x = 0; x < n; ++x)
+                    acc += p[x * ldp + h * rows + r] *
+                           ref_cache_element((const char *)v + (size_t)(x * ld_key + h * ld_head) * es, c, dtype);
+                orow[c] = acc;
+            }
+        }
+}
+
 const fa_cpu_kernels fa_cpu_kernels_ref = {
     .isa = "ref",
     .gemm = ref_gemm,
@@ -148,5 +193,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .gemm_nt = ref_gemm_nt,
     .gemm_max = ref_gemm_max,
     .fma_chains = ref_fma_chains,
+    .decode_scores = ref_decode_scores,
+    .decode_values = ref_decode_values,
     .mr = 1, .nr = 1, .tile_step = 16,
 };

@@ -38,6 +38,22 @@
 #define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VHSUM(v) avx2_hsum(v)
 #define NT_NR 2 /* 8 accumulators, 2 + 1 operands: 11 of the 16 ymm registers */
+#define VSUM_TRANSPOSED(acc) avx2_transpose_sum(acc)
+#define PV_CB 2 /* 8 accumulators, 2 V vectors and a broadcast: 11 of the 16 ymm registers */
+
+/* Lane 4 * (i % 2) + i / 2 = the sum of the lanes of a[i]: halves, pairs and lanes of two vectors
+ * at a time folded together. */
+static inline __m256 avx2_transpose_sum(const __m256 *a)
+{
+    __m256 t[4], v[2];
+    for (int i = 0; i < 4; ++i)
+        t[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; ++i)
+        v[i] = _mm256_add_ps(_mm256_unpacklo_ps(t[2 * i], t[2 * i + 1]), _mm256_unpackhi_ps(t[2 * i], t[2 * i + 1]));
+    const __m256d v0 = _mm256_castps_pd(v[0]), v1 = _mm256_castps_pd(v[1]);
+    return _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(v0, v1)), _mm256_castpd_ps(_mm256_unpackhi_pd(v0, v1)));
+}
 /* The 6-row tile reuses each B line only 6 times: with k = Bc = 512-1024, O = alpha O + P V
  * streamed its B panel (up to 64 KiB) and S^T from L2 and ran at 0.74-0.81 of the peak; blocks of
  * 256 keep the B panel in L1: 0.81-0.85 (checkasm --bench, 3 interleaved rounds, load 13). */

@@ -51,6 +51,26 @@ static inline __m512 avx512_recip(__m512 x)
 #define VLOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define VHSUM(v) _mm512_reduce_add_ps(v)
 #define NT_NR 4
+#define VSUM_TRANSPOSED(acc) avx512_transpose_sum(acc)
+#define PV_CB 4 /* 16 accumulators, 4 V vectors and a broadcast: 21 of the 32 zmm registers */
+
+/* Lane 4 * (i % 4) + i / 4 = the sum of the lanes of a[i]: halves, then quarters, pairs and lanes
+ * of two vectors at a time folded together (30 shuffles and 15 adds for 16 sums, against 16 x 8
+ * operations for one horizontal sum each). */
+static inline __m512 avx512_transpose_sum(const __m512 *a)
+{
+    __m512 t[8], u[4], v[2];
+    for (int i = 0; i < 8; ++i)
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xee));
+    for (int i = 0; i < 4; ++i)
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xdd));
+    for (int i = 0; i < 2; ++i)
+        v[i] = _mm512_add_ps(_mm512_unpacklo_ps(u[2 * i], u[2 * i + 1]), _mm512_unpackhi_ps(u[2 * i], u[2 * i + 1]));
+    const __m512d v0 = _mm512_castps_pd(v[0]), v1 = _mm512_castps_pd(v[1]);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(v0, v1)), _mm512_castpd_ps(_mm512_unpackhi_pd(v0, v1)));
+}
 
 #include "avx_transpose.h"
 #include "../vector_kernels.h"
