@@ -155,13 +155,18 @@ static void poison(fa_tensor *t)
     memset(t->data, 0xff, (size_t)last * (t->dtype == FA_DTYPE_F32 ? 4 : 2));
 }
 
+static int all_ff(const void *data, size_t bytes)
+{
+    const uint8_t *b = data;
+    for (size_t i = 0; i < bytes; ++i)
+        if (b[i] != 0xff) return 0;
+    return 1;
+}
+
 static int untouched(const fa_tensor *t)
 {
     const int64_t last = offset_of(t, t->batch - 1, t->seqlen - 1, t->heads - 1, t->head_dim);
-    const uint8_t *bytes = t->data;
-    for (size_t i = 0; i < (size_t)last * (t->dtype == FA_DTYPE_F32 ? 4 : 2); ++i)
-        if (bytes[i] != 0xff) return 0;
-    return 1;
+    return all_ff(t->data, (size_t)last * (t->dtype == FA_DTYPE_F32 ? 4 : 2));
 }
 
 /* A bias over [batch, heads_q, seqlen_q, seqlen_k], packed, broadcast along the axes whose bit is
@@ -468,14 +473,6 @@ static void expect_failure(fa_status st, fa_status expected, const char *call, i
         fprintf(stderr, "fuzz_attention: %s failed validation but wrote outputs\n", call);
         abort();
     }
-}
-
-static int all_ff(const void *data, size_t bytes)
-{
-    const uint8_t *b = data;
-    for (size_t i = 0; i < bytes; ++i)
-        if (b[i] != 0xff) return 0;
-    return 1;
 }
 
 static int modifier_grads_untouched(const problem *p)

@@ -26,20 +26,25 @@ static fa_status read_desc(const fa_attention_desc *desc, fa_attention_desc *ful
     return fa_sized_struct_read("desc", desc, offsetof(fa_attention_desc, varlen), sizeof *full, full);
 }
 
+/* Score modifiers on a path (feature: the flag that path needs; where: the path, for the
+ * message): the backend must have them; values in host memory are checked here, those in device
+ * memory are the backend's to check (without a host sync). */
+static fa_status check_modifiers(const fa_backend_iface *iface, const fa_problem *p, unsigned feature,
+                                 const char *where)
+{
+    if (!fa_problem_has_modifiers(p)) return FA_SUCCESS;
+    if (!(iface->features & feature))
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED,
+                            "desc: the %s backend does not implement score modifiers (softcap, alibi_slopes, "
+                            "sinks, bias)%s", iface->name, where);
+    return iface->features & FA_BACKEND_HOST_MEMORY ? fa_validate_modifier_values(p) : FA_SUCCESS;
+}
+
 /* What the validated problem needs from the backend beyond forward/backward. */
 static fa_status check_features(const fa_backend_iface *iface, const fa_problem *p)
 {
-    if (fa_problem_has_modifiers(p)) {
-        if (!(iface->features & FA_BACKEND_SCORE_MODIFIERS))
-            return fa_set_error(FA_ERROR_NOT_SUPPORTED,
-                                "desc: the %s backend does not implement score modifiers (softcap, alibi_slopes, "
-                                "sinks, bias) yet", iface->name);
-        /* Values in device memory are the backend's to check (without a host sync). */
-        if (iface->features & FA_BACKEND_HOST_MEMORY) {
-            fa_status st = fa_validate_modifier_values(p);
-            if (st) return st;
-        }
-    }
+    fa_status st = check_modifiers(iface, p, FA_BACKEND_SCORE_MODIFIERS, " yet");
+    if (st) return st;
     if (fa_problem_has_positions(p) && !(iface->features & FA_BACKEND_POSITION_OFFSETS))
         return fa_set_error(FA_ERROR_NOT_SUPPORTED,
                             "desc->q_offset, k_offset, seqlen_*_global: the %s backend does not implement block "
@@ -112,15 +117,8 @@ static fa_status check_kvcache_features(const fa_backend_iface *iface, const fa_
     if (!iface->forward_kvcache)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "fa_forward_kvcache: the %s backend does not implement the KV-cache "
                             "path yet", iface->name);
-    if (fa_problem_has_modifiers(&p->attn)) {
-        if (!(iface->features & FA_BACKEND_KVCACHE_MODIFIERS))
-            return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc: the %s backend does not implement score modifiers "
-                                "(softcap, alibi_slopes, sinks, bias) on the KV-cache path", iface->name);
-        if (iface->features & FA_BACKEND_HOST_MEMORY) {
-            fa_status st = fa_validate_modifier_values(&p->attn);
-            if (st) return st;
-        }
-    }
+    fa_status st = check_modifiers(iface, &p->attn, FA_BACKEND_KVCACHE_MODIFIERS, " on the KV-cache path");
+    if (st) return st;
     /* Tables in device memory are the backend's to check (without a host sync). */
     return iface->features & FA_BACKEND_HOST_MEMORY ? fa_validate_kvcache_tables(p) : FA_SUCCESS;
 }

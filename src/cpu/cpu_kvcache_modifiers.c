@@ -8,7 +8,6 @@
  * failure (out of memory) writes nothing to the cache or the outputs.
  * Cost: the gather copies the keys and values once per call and the GQA group is not packed, so
  * this is slower per step than the decode path without modifiers (docs/INFERENCE.md says so). */
-#include <math.h>
 #include <string.h>
 
 #include "../common/alloc.h"
@@ -79,7 +78,7 @@ fa_status fa_cpu_forward_kvcache_modified(void *state, const fa_kv_problem *kp)
         if (keys == 0) { /* no key: zeros, lse -inf (or the sink alone) */
             memset(out_b, 0, out_elements * es);
             for (int64_t h = 0; h < p->heads_q; ++h)
-                for (int64_t i = 0; i < p->seqlen_q; ++i) lse_b[h * p->seqlen_q + i] = p->sinks ? p->sinks[h] : -INFINITY;
+                for (int64_t i = 0; i < p->seqlen_q; ++i) lse_b[h * p->seqlen_q + i] = fa_cpu_sink(p, h);
             continue;
         }
         gather_keys(kp, &p->k, &kp->k_new, b, k);

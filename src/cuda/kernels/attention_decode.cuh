@@ -21,8 +21,6 @@ namespace fa_decode {
 
 using fa_generic::kThreads;
 
-__device__ __forceinline__ bool failed(const fa_gpu_params &p) { return fa_gpu_failed(p); }
-
 __device__ __forceinline__ void record(const fa_gpu_params &p, fa_gpu_status_code code, int array, int64_t sequence,
                                        int64_t index, int64_t value, int64_t limit)
 {
@@ -54,7 +52,7 @@ __device__ __forceinline__ bool offsets_valid(const fa_gpu_params &p, int array,
 __global__ void __launch_bounds__(kThreads) check_varlen(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
-    if (threadIdx.x != 0 || failed(p)) return;
+    if (threadIdx.x != 0 || fa_gpu_failed(p)) return;
     if (offsets_valid(p, 0, p.cu_seqlens_q, p.dropout_rows, p.seqlen_q))
         (void)offsets_valid(p, 1, p.cu_seqlens_k, p.dropout_cols, p.seqlen_k);
 }
@@ -64,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) check_varlen(const fa_gpu_params p)
 __global__ void __launch_bounds__(kThreads) check_kvcache(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
-    if (threadIdx.x != 0 || failed(p)) return;
+    if (threadIdx.x != 0 || fa_gpu_failed(p)) return;
     for (int64_t b = 0; b < p.batch; ++b) {
         const int64_t cached = p.cache_seqlens[b], total = cached + p.seqlen_new;
         if (cached < 0) return record(p, FA_GPU_STATUS_KV_NEGATIVE, 0, b, b, cached, 0);
@@ -91,7 +89,7 @@ __device__ __forceinline__ int64_t float_bits(float x)
 __global__ void __launch_bounds__(kThreads) check_modifier_values(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
-    if (threadIdx.x != 0 || failed(p)) return;
+    if (threadIdx.x != 0 || fa_gpu_failed(p)) return;
     const int64_t batches = p.varlen_batch ? p.varlen_batch : p.batch;
     const int64_t slopes = p.alibi_slopes ? (p.alibi_stride_batch ? batches : 1) * p.heads_q : 0;
     for (int64_t x = 0; x < slopes; ++x)
@@ -112,7 +110,7 @@ __device__ __forceinline__ int64_t key_offset(const fa_gpu_params &p, const fa_g
 __global__ void __launch_bounds__(kThreads) append(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
-    if (failed(p)) return;
+    if (fa_gpu_failed(p)) return;
     const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int64_t j = p.cache_seqlens[b] + t;
     const int64_t k_dst = key_offset(p, p.k, b, j, h), v_dst = key_offset(p, p.v, b, j, h);
@@ -161,7 +159,7 @@ template <int BUCKET, int TILE>
 __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
-    if (failed(p)) return;
+    if (fa_gpu_failed(p)) return;
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
     FA_DYNAMIC_SMEM(float, smem);
@@ -252,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
 __global__ void __launch_bounds__(kThreads) merge(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
-    if (failed(p)) return;
+    if (fa_gpu_failed(p)) return;
     const int W = FA_WARP_SIZE, lane = threadIdx.x % W;
     const int64_t rows = packed_rows(p), group = p.heads_q / p.heads_kv, d = p.head_dim;
     const int64_t total = p.batch * p.heads_kv * rows, warps = static_cast<int64_t>(gridDim.x) * FA_GENERIC_WARPS;
@@ -260,7 +258,8 @@ __global__ void __launch_bounds__(kThreads) merge(const fa_gpu_params p)
     for (int64_t n = blockIdx.x * FA_GENERIC_WARPS + threadIdx.x / W; n < total; n += warps) {
         const int64_t r = n % rows, hk = n / rows % p.heads_kv, b = n / (rows * p.heads_kv);
         /* The sink (-inf without) takes part in the max and the sum like one more chunk without values. */
-        const float sink = fa_sink_log2(p, hk * group + r % group);
+        const int64_t i = r / group, h = hk * group + r % group;
+        const float sink = fa_sink_log2(p, h);
         float top = sink, sum = 0.0f;
         for (int64_t c = 0; c < p.kv_chunks; ++c) top = fmaxf(top, part_m[partial_row(p, b, hk, c, r)]);
         if (sink != -INFINITY) sum = fa_exp2(sink - top);
@@ -269,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) merge(const fa_gpu_params p)
             if (part_m[row] != -INFINITY) sum += fa_exp2(part_m[row] - top) * part_l[row];
         }
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        const int64_t i = r / group, h = hk * group + r % group, out_base = fa_row_offset(p.out, b, i, h);
+        const int64_t out_base = fa_row_offset(p.out, b, i, h);
         for (int64_t x = lane; x < d; x += W) {
             float acc = 0.0f;
             for (int64_t c = 0; top != -INFINITY && c < p.kv_chunks; ++c) {
