@@ -5,16 +5,25 @@
 # in python/tests against the INSTALLED package from outside the source tree.
 # The wheel is built without the GPU plugins: the main build already compiles them (~8 min on the
 # 2-core CI machine) and nothing here can run them. Prints the time of each phase.
-#   FA_PY_CI_DIR=dir   work folder (default: a new temporary folder)
+# The venv is ~5.6 GB: pip runs without its cache (which would double that) and a temporary work
+# folder is removed on exit, so repeated runs on one machine do not fill its disk.
+#   FA_PY_CI_DIR=dir   work folder, kept (default: a new temporary folder, removed on exit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-work=${FA_PY_CI_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/flashattn-py.XXXXXX")}
+if [ -n "${FA_PY_CI_DIR:-}" ]; then
+  work=$FA_PY_CI_DIR
+else
+  work=$(mktemp -d "${TMPDIR:-/tmp}/flashattn-py.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+fi
+export PIP_NO_CACHE_DIR=1
 venv=$work/venv
 phase_start=$(date +%s)
 phase() { local now; now=$(date +%s); echo "ci-python: $1 in $((now - phase_start)) s"; phase_start=$now; }
 
 rm -rf "$venv" "$work/wheel"
+df -h "$work" | awk 'NR == 2 { print "ci-python: " $4 " free on " $6 " before the install" }'
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q numpy pytest torch
