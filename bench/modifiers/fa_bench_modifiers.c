@@ -4,7 +4,10 @@
  * sinks forward <= 1.10x the plain forward; the bias forward reads the bias at full memory speed:
  * its extra time against (bias bytes) / (the read bandwidth of a sum over the same f32 bias
  * array on the same threads, timed in the same rounds), for f32, f16 and bf16 biases.
- *   fa-bench-modifiers [--n 2048] [--d 64] [--heads 8] [--rounds 5] [--threads 2] */
+ *   fa-bench-modifiers [--n 2048] [--d 64] [--heads 8] [--rounds 5] [--threads 2] [--only VARIANT]
+ * --only runs one variant (its name as printed, e.g. softcap) and prints nothing: for counting its
+ * cycles under `perf stat -e cycles:u` (two round counts' difference: that many forwards), which a
+ * loaded machine disturbs less than the wall clock. */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,13 +54,21 @@ static double array_sum(const float *x, size_t n, int threads)
 int main(int argc, char **argv)
 {
     int64_t n = 2048, d = 64, heads = 8;
-    int rounds = 5, threads = 2;
+    int rounds = 5, threads = 2, only = -1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--n")) n = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--d")) d = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--heads")) heads = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--only")) {
+            for (int x = 0; x < VARIANTS; ++x)
+                if (!strcmp(argv[i + 1], names[x])) only = x;
+            if (only < 0) {
+                fprintf(stderr, "--only: unknown variant %s\n", argv[i + 1]);
+                return 1;
+            }
+        }
     }
     fa_context *ctx;
     if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) || fa_context_set_num_threads(ctx, threads)) {
@@ -95,6 +106,7 @@ int main(int argc, char **argv)
     double *times = calloc((size_t)(VARIANTS * rounds), sizeof *times);
     for (int r = 0; r < rounds + 1; ++r) /* round 0 warms up */
         for (int x = 0; x < VARIANTS; ++x) {
+            if (only >= 0 && x != only) continue;
             fa_attention_desc desc;
             fa_attention_desc_init(&desc);
             desc.causal = 0;
@@ -112,6 +124,7 @@ int main(int argc, char **argv)
             }
             if (r) times[x * rounds + r - 1] = now() - t0;
         }
+    if (only >= 0) return 0;
     printf("# CPU forward, N = %lld, d = %lld, heads = %lld, batch 1, f32, %d threads, median of %d rounds\n",
            (long long)n, (long long)d, (long long)heads, threads, rounds);
     printf("# %s\n", fa_context_info(ctx));

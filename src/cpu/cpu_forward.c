@@ -109,6 +109,7 @@ typedef struct forward_task_ctx {
     int64_t br, b, h, hk;
     int fold;           /* exp(scale * s - m): the scale folded into the exponential (scale > 0) */
     int modified;       /* softcap, ALiBi or bias: explicit scores (no folding) */
+    int fusable;        /* modified, and a fully visible tile takes its modifiers in the product (gemm_scores) */
     float scale_in_exp;
     int64_t j0;         /* the key tile: keys j0.. */
     const float *k;     /* K_j; V_j is in nan_tile (P multiplies V_j or its NaN-free copy) */
@@ -169,9 +170,14 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     int64_t ldv;
     const float *v = fa_cpu_nan_values(&c->nan_tile, key0, d, &ldv);
     /* S^T = K Q^T. A fully visible tile with the scale folded into the exponential keeps its raw
-     * scores: their per-query max comes from the product's registers (no pass over S^T). */
-    if (vis == FA_TILE_FULL && c->fold) {
-        kern->gemm_max(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, w->tile_max);
+     * scores, and a fully visible modified tile gets its modifiers in the product's registers:
+     * either way the per-query max comes from the registers (no pass over S^T before the exponential). */
+    if (vis == FA_TILE_FULL && (c->fold || c->fusable)) {
+        if (c->modified) {
+            fa_cpu_gemm_modified(p, kern, c->b, c->h, &rows, key0, keys, k, c->ldk, t->qt + r0, br, w->st, br, w->tile_max);
+        } else {
+            kern->gemm_max(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, w->tile_max);
+        }
         fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max,
                                       w->shift, w->alpha, w->tile_sum);
     } else {
@@ -208,6 +214,7 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
     forward_task_ctx c = {.p = p, .kern = kern, .br = br, .b = b, .h = h,
                           .hk = h / (p->heads_q / p->heads_kv), .modified = fa_cpu_scores_modified(p)};
     c.fold = p->scale > 0.0f && !c.modified;
+    c.fusable = c.modified && fa_cpu_scores_fusable(p);
     c.scale_in_exp = c.fold ? p->scale : 1.0f;
     int64_t tiles = 0, key_lo = INT64_MAX, key_hi = 0;
     for (; tiles < f->group && i0 + tiles * br < p->seqlen_q; ++tiles) {

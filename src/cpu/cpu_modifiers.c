@@ -47,22 +47,41 @@ static void add_bias(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b,
     }
 }
 
+/* The slope of (b, h) and the ALiBi distance's origin of the tile (rows, keys from j0). */
+static float alibi_slope(const fa_problem *p, int64_t b, int64_t h)
+{
+    return p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
+}
+static int64_t alibi_first(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0)
+{
+    return fa_diagonal_key(rows->i0, p->diag_offset) - j0;
+}
+
 void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h,
                           const fa_cpu_rows *rows, int64_t j0, int64_t cols, float scale, float *st, int64_t ld,
                           float *cap_grad, float *col_max)
 {
-    const int64_t n = rows->count, diag0 = fa_diagonal_key(rows->i0, p->diag_offset);
-    const float slope = p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
+    const int64_t n = rows->count, first = alibi_first(p, rows, j0);
+    const float slope = alibi_slope(p, b, h);
     const int has_bias = p->bias.data != NULL, alibi = p->alibi_slopes != NULL;
     /* The first modifier multiplies by the scale, the last takes the max. The one tanh of the
      * forward and the backward (kernels.h): the ISA's, chosen by the CPU only. */
     if (p->softcap > 0.0f) /* with ALiBi fused */
-        kern->softcap_cols(st, ld, cols, n, scale, p->softcap, slope, diag0 - j0, cap_grad, has_bias ? NULL : col_max);
+        kern->softcap_cols(st, ld, cols, n, scale, p->softcap, slope, first, cap_grad, has_bias ? NULL : col_max);
     else if (alibi)
-        kern->alibi_cols(st, ld, cols, n, scale, slope, diag0 - j0, has_bias ? NULL : col_max);
+        kern->alibi_cols(st, ld, cols, n, scale, slope, first, has_bias ? NULL : col_max);
     if (p->softcap > 0.0f || alibi) scale = 1.0f;
     if (has_bias) add_bias(p, kern, b, h, rows, j0, cols, scale, st, ld);
     if (has_bias && col_max) kern->col_max(st, ld, cols, n, col_max);
+}
+
+void fa_cpu_gemm_modified(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h,
+                          const fa_cpu_rows *rows, int64_t j0, int64_t cols, const float *k, int64_t ldk,
+                          const float *qt, int64_t ldq, float *st, int64_t ld, float *col_max)
+{
+    const fa_cpu_score_mods mods = {.scale = p->scale, .cap = p->softcap, .alibi = p->alibi_slopes != NULL,
+                                    .slope = alibi_slope(p, b, h), .first = alibi_first(p, rows, j0)};
+    kern->gemm_scores(cols, rows->count, p->head_dim, k, ldk, 1, qt, ldq, st, ld, &mods, col_max);
 }
 
 fa_status fa_cpu_sink_gradients(const fa_problem *p)

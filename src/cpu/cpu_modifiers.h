@@ -28,6 +28,19 @@ void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64
                           const fa_cpu_rows *rows, int64_t j0, int64_t cols, float scale, float *st, int64_t ld,
                           float *cap_grad, float *col_max);
 
+/* 1 when fa_cpu_gemm_modified can give a fully visible tile its scores: softcap and ALiBi, no
+ * bias (the bias's tile is read in its own pass, add_bias: transposing it slice by slice beside
+ * the product, for gemm_scores to add in the registers, made its read twice as slow). */
+static inline int fa_cpu_scores_fusable(const fa_problem *p) { return !p->bias.data; }
+
+/* The fully visible tile of rows x keys [j0, j0 + cols) of (b, h), softcapped and/or with ALiBi:
+ * st = the scores of K_j (rows of ldk) against Q^T (ldq), modified in the product's registers by
+ * gemm_scores (kernels.h), exactly fa_cpu_modify_scores' bits on raw q.k, and col_max
+ * [rows->count] their per-query max: one pass over S^T fewer. */
+void fa_cpu_gemm_modified(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h,
+                          const fa_cpu_rows *rows, int64_t j0, int64_t cols, const float *k, int64_t ldk,
+                          const float *qt, int64_t ldq, float *st, int64_t ld, float *col_max);
+
 /* dsinks[h] = -sum over (b, i) of exp(sink_h - lse) * D_i (D = rowsum(dO o O)), summed in a fixed
  * order in double, for the whole (dense or packed) problem. */
 fa_status fa_cpu_sink_gradients(const fa_problem *p);

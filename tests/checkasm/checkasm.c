@@ -4,7 +4,7 @@
  * the whole forward and backward with the ISA forced through FLASHATTN_CPU_ISA against the same
  * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped.
  *   test_checkasm [--function=PATTERN] [--isa=NAME] [--seed=N] [--bench]
- * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, decode_scores,
+ * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, gemm_scores, decode_scores,
  * decode_values, col_max, exp_cols, softcap_cols, alibi_cols, add_cols, transpose, f16_to_f32,
  * bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
  * (printed, default 12345); --bench: after the checks, each kernel's time per call on the
@@ -119,6 +119,62 @@ static void test_gemm_max(void **state)
                          (long long)n, (long long)k, (long long)j, got[j], want[j]);
         assert_true(got[n] == 99.0f);
         free(a); free(b); free(c_gemm); free(c_max); free(want); free(got);
+    }
+}
+
+/* gemm_scores on odd sizes and padded leading dimensions, with the softcap (caps 30 and 0.5), with
+ * and without ALiBi, and ALiBi alone: C bit for bit as the same ISA's gemm followed by softcap_cols
+ * or alibi_cols (what the backward recomputes the forward's scores with), the column max bit for
+ * bit as col_max of that C, nothing written outside C's extent or past col_max[n); and within the
+ * softcap's tolerance of the reference (its tanh is libm's). Raw -inf scores (infinite inputs)
+ * stay -inf as the passes keep them. */
+static void test_gemm_scores(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
+    static const int64_t sizes[] = {1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33, 47, 64, 65};
+    enum { S = sizeof sizes / sizeof sizes[0] };
+    for (int trial = 0; trial < 240; ++trial) {
+        const int64_t m = sizes[trial % S], n = sizes[(trial * 7 + 3) % S], k = sizes[(trial * 5 + 1) % S];
+        const int64_t lda = k + 3, ldb = n + 5, ldc = n + 2;
+        const int mode = trial % 3; /* 0 softcap, 1 softcap + ALiBi, 2 ALiBi */
+        const fa_cpu_score_mods mods = {.scale = trial & 4 ? 0.7f : 1.0f, .cap = mode == 2 ? 0.0f : trial & 8 ? 0.5f : 30.0f,
+                                        .alibi = mode != 0, .slope = 0.125f, .first = m - n / 2};
+        float *a = malloc((size_t)(m * lda) * 4), *b = malloc((size_t)(k * ldb) * 4);
+        float *c_pass = malloc((size_t)(m * ldc) * 4), *c_isa = malloc((size_t)(m * ldc) * 4), *c_ref = malloc((size_t)(m * ldc) * 4);
+        float *want = malloc((size_t)(n + 1) * 4), *got = malloc((size_t)(n + 1) * 4), *got_ref = malloc((size_t)(n + 1) * 4);
+        assert_non_null(a); assert_non_null(b); assert_non_null(c_pass); assert_non_null(c_isa); assert_non_null(c_ref);
+        assert_non_null(want); assert_non_null(got); assert_non_null(got_ref);
+        const float range = mods.cap > 0.0f ? 4.0f * mods.cap : 4.0f;
+        for (int64_t x = 0; x < m * lda; ++x) a[x] = uniform(-1, 1) * sqrtf(range / (float)k) * 2.0f;
+        for (int64_t x = 0; x < k * ldb; ++x) b[x] = uniform(-1, 1) * sqrtf(range / (float)k) * 2.0f;
+        if (trial % 5 == 2) a[0] = -INFINITY, b[0] = 1.0f; /* a raw -inf in C's first row, if nothing else is infinite there */
+        for (int64_t x = 0; x < m * ldc; ++x) c_pass[x] = c_isa[x] = c_ref[x] = 1234.5f;
+        got[n] = 99.0f;
+        isa->gemm(m, n, k, a, lda, 1, b, ldb, c_pass, ldc, NULL, 0);
+        if (mods.cap > 0.0f)
+            isa->softcap_cols(c_pass, ldc, m, n, mods.scale, mods.cap, mods.alibi ? mods.slope : 0.0f, mods.first, NULL, NULL);
+        else
+            isa->alibi_cols(c_pass, ldc, m, n, mods.scale, mods.slope, mods.first, NULL);
+        isa->col_max(c_pass, ldc, m, n, want);
+        isa->gemm_scores(m, n, k, a, lda, 1, b, ldb, c_isa, ldc, &mods, got);
+        ref->gemm_scores(m, n, k, a, lda, 1, b, ldb, c_ref, ldc, &mods, got_ref);
+        for (int64_t x = 0; x < m * ldc; ++x)
+            if (memcmp(&c_isa[x], &c_pass[x], 4) != 0)
+                fail_msg("gemm_scores %s mode %d m=%lld n=%lld k=%lld: C(%lld, %lld) = %.9g, the passes give %.9g", isa->isa,
+                         mode, (long long)m, (long long)n, (long long)k, (long long)(x / ldc), (long long)(x % ldc), c_isa[x],
+                         c_pass[x]);
+        for (int64_t j = 0; j < n; ++j)
+            if (memcmp(&got[j], &want[j], 4) != 0)
+                fail_msg("gemm_scores %s m=%lld n=%lld k=%lld: max[%lld] = %.9g, col_max %.9g", isa->isa, (long long)m,
+                         (long long)n, (long long)k, (long long)j, got[j], want[j]);
+        assert_true(got[n] == 99.0f);
+        for (int64_t x = 0; x < m * ldc; ++x) { /* the ISA's products and tanh against the reference's */
+            const float tol = 1e-5f * (mods.cap + fabsf(c_ref[x]) + 1.0f);
+            if (!isfinite(c_ref[x]) || x % ldc >= n ? memcmp(&c_isa[x], &c_ref[x], 4) != 0 : !(fabsf(c_isa[x] - c_ref[x]) <= tol))
+                fail_msg("gemm_scores %s vs ref mode %d: C(%lld, %lld) = %.9g vs %.9g", isa->isa, mode,
+                         (long long)(x / ldc), (long long)(x % ldc), c_isa[x], c_ref[x]);
+        }
+        free(a); free(b); free(c_pass); free(c_isa); free(c_ref); free(want); free(got); free(got_ref);
     }
 }
 
@@ -687,6 +743,7 @@ static const struct { const char *name; CMUnitTestFunction run; } kernel_tests[]
     {"gemm", test_gemm},
     {"gemm_nt", test_gemm_nt},
     {"gemm_max", test_gemm_max},
+    {"gemm_scores", test_gemm_scores},
     {"decode_scores", test_decode_scores},
     {"decode_values", test_decode_values},
     {"col_max", test_col_max},

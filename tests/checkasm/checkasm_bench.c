@@ -44,6 +44,17 @@ static void run_exp_cols(const fa_cpu_kernels *k, const buffers *m, const bench_
 { k->exp_cols(m->c, c->br, c->bc, c->br, 0.125f, m->vec0, m->vec2); }
 static void run_softcap(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->softcap_cols(m->c, c->br, c->bc, c->br, 0.125f, 30.0f, 0.0f, 0, NULL, m->vec1); }
+/* gemm_scores: the softcap (with ALiBi) in the product's registers. */
+static void run_scores_softcap(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{
+    const fa_cpu_score_mods mods = {.scale = 0.125f, .cap = 30.0f};
+    k->gemm_scores(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, &mods, m->vec1);
+}
+static void run_scores_alibi(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{
+    const fa_cpu_score_mods mods = {.scale = 0.125f, .cap = 30.0f, .alibi = 1, .slope = 0.25f, .first = 7};
+    k->gemm_scores(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, &mods, m->vec1);
+}
 static void run_gemm_nt(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->gemm_nt(c->bc, c->br, c->d, m->a, c->d, m->b, c->d, m->c, c->br); }
 /* The decode's tile: 32 keys of 8 kv heads (d 128) against 4 query rows each, in place. */
@@ -79,6 +90,12 @@ static const bench_case cases[] = {
     TILE_PAIR_CASES(64, 1024, 64),
     TILE_PAIR_CASES(128, 512, 128),
     {"softcap_cols", "S = cap tanh(scale S / cap), row max (fwd)", 64, 1024, 64, run_softcap, 0},
+    {"gemm_scores", "gemm_max with the softcap in the registers (fwd, full tiles)", 64, 1024, 64, run_scores_softcap,
+     PRODUCT(64, 1024, 64)},
+    {"gemm_scores", "gemm_max with softcap and ALiBi in the registers", 64, 1024, 64, run_scores_alibi,
+     PRODUCT(64, 1024, 64)},
+    {"gemm_scores", "gemm_max with the softcap in the registers (fwd, full tiles)", 128, 512, 128, run_scores_softcap,
+     PRODUCT(128, 512, 128)},
     {"gemm_nt", "decode S^T = K q^T, 4 queries", 4, 512, 128, run_gemm_nt, PRODUCT(4, 512, 128)},
     /* br: the cache's bits per element */
     {"decode_scores", "decode S^T, 32 keys x 8 heads x 4 rows, f32 cache", 32, 32, 128, run_decode_scores, PRODUCT(32, 32, 128)},

@@ -37,6 +37,12 @@
  *   alibi_cols: x[i*ld + j] = x[i*ld + j] * scale - slope * |(first - i) + j| (the ALiBi bias of key
  *             row i and query column j; -inf stays -inf, whatever the scale's sign), with col_max as softcap_cols'. The same
  *             bits on every ISA (each step one IEEE operation, no fusing).
+ *   gemm_scores: gemm_max with the score modifiers of `mods` applied to C in the registers, before
+ *             the max and the store (the forward's fully visible tiles: no pass over S^T before the
+ *             exponential): C = A B, then softcap_cols (mods->cap > 0, with the ALiBi term when
+ *             mods->alibi), else alibi_cols (mods->alibi), with mods->scale, slope and first;
+ *             col_max of the results. The same bits as the same ISA's gemm followed by that pass
+ *             (what the backward runs): each element takes the same operations in the same order.
  *   add_cols: x[i*ld + j] = x[i*ld + j] * scale + add[i*ld_add + j] (the bias of a transposed block;
  *             -inf stays -inf whatever add holds). The same bits on every ISA.
  *   transpose: dst[c*ld_dst + r] = src[r*ld_src + c] for r < rows, c < cols (ld_src may be 0: every
@@ -71,6 +77,15 @@
 
 #include "flashattn.h"
 
+/* What gemm_scores applies to each score (fa_cpu_score_mods_init, cpu_modifiers.h, fills it). */
+typedef struct fa_cpu_score_mods {
+    float scale; /* of q.k, applied by the first modifier */
+    float cap;   /* > 0: softcap */
+    int alibi;   /* 1: the ALiBi term -slope * |(first - i) + j| */
+    float slope;
+    int64_t first;
+} fa_cpu_score_mods;
+
 /* The ISA tables name their fields (designated initialisers): a kernel added here cannot shift the others. */
 typedef struct fa_cpu_kernels {
     const char *isa; /* "ref", "avx2", "avx512", "neon" */
@@ -91,6 +106,8 @@ typedef struct fa_cpu_kernels {
                     float *c, int64_t ldc);
     void (*gemm_max)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                      int64_t ldb, float *c, int64_t ldc, float *col_max);
+    void (*gemm_scores)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                        int64_t ldb, float *c, int64_t ldc, const fa_cpu_score_mods *mods, float *col_max);
     double (*fma_chains)(int64_t iterations, float *sink);
     void (*decode_scores)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, fa_dtype dtype,
                           int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st, int64_t ldst);

@@ -4,7 +4,7 @@
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
  *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VDIV, VMAX, VMIN,
  *   VABS(x), VCOPYSIGN(m, s) (|m| with the sign of s), VSELECT_GE(a, b, y, n) = a >= b ? y : n and
- *   VSELECT_EQ(a, b, y, n) = a == b ? y : n (ordered: false for NaN), optionally VRECIP(x) (1 / x),
+ *   VSELECT_EQ(a, b, y, n) = a == b ? y : n (ordered: false for NaN), optionally VSELECT_EQ_DIV(a, b, y, n, d) = a == b ? y : n / d,
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
  *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp, see KNAME(exp)) and GEMM_KC
  *   (k blocking of gemm, see KNAME(gemm_any)),
@@ -27,10 +27,101 @@
 
 #define FA_INLINE static inline __attribute__((always_inline))
 
-/* One register tile: C[mr x 2W] (+)= A[mr x k] B[k x 2W]; masked: B and C columns limited by m0, m1. */
+/* a == b ? y : n / d. An ISA with masked arithmetic may define it as one masked division. */
+#ifndef VSELECT_EQ_DIV
+#define VSELECT_EQ_DIV(a, b, y, n, d) VSELECT_EQ(a, b, y, VDIV(n, d))
+#endif
+
+/* cap * tanh(x), see tanh_poly.h: the odd rational p(x) / q(x) on x clamped to +-FA_TANH_ONE,
+ * where it is 1, as one quotient num / den: den = q / cap, the cap folded into q's coefficients
+ * once per call (KNAME(tanh_den_for)), so a capped score costs no multiplication beyond tanh's
+ * own; one division, not a reciprocal and its Newton step (on Zen 4 the divider works beside the
+ * FMA pipes, which the products keep busy). The clamp's constant is min's and max's first
+ * operand: x86 returns the second when either is NaN, so a NaN x comes out as it went in. */
+typedef struct KNAME(tanh_den) {
+    VEC b0, b2, b4, b6;
+} KNAME(tanh_den);
+FA_INLINE KNAME(tanh_den) KNAME(tanh_den_for)(float cap)
+{
+    return (KNAME(tanh_den)){VSET1(FA_TANH_B0 / cap), VSET1(FA_TANH_B2 / cap), VSET1(FA_TANH_B4 / cap),
+                             VSET1(FA_TANH_B6 / cap)};
+}
+FA_INLINE void KNAME(capped_tanh)(VEC x, const KNAME(tanh_den) *b, VEC *num, VEC *den)
+{
+    const VEC xc = VMAX(VSET1(-FA_TANH_ONE), VMIN(VSET1(FA_TANH_ONE), x)), z = VMUL(xc, xc);
+    VEC p = VSET1(FA_TANH_A13);
+    p = VFMA(p, z, VSET1(FA_TANH_A11));
+    p = VFMA(p, z, VSET1(FA_TANH_A9));
+    p = VFMA(p, z, VSET1(FA_TANH_A7));
+    p = VFMA(p, z, VSET1(FA_TANH_A5));
+    p = VFMA(p, z, VSET1(FA_TANH_A3));
+    p = VFMA(p, z, VSET1(FA_TANH_A1));
+    VEC q = b->b6;
+    q = VFMA(q, z, b->b4);
+    q = VFMA(q, z, b->b2);
+    *den = VFMA(q, z, b->b0);
+    *num = VMUL(xc, p);
+}
+
+static const float KNAME(lane_index)[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+/* The key-to-query distance (first - i) + j of the W columns from j, an exact integer in float. */
+FA_INLINE VEC KNAME(distance)(int64_t first, int64_t i, int64_t j)
+{
+    return VADD(VSET1((float)(first - i)), VADD(VLOAD(KNAME(lane_index)), VSET1((float)j)));
+}
+
+/* The score modifiers of one vector of raw scores s, each the one home of its bits: softcap_cols,
+ * alibi_cols and gemm_scores' register epilogue all call them. -inf (masked) stays. */
+FA_INLINE VEC KNAME(softcap_value)(VEC s, VEC num, VEC den, const int alibi, VEC minus_slope, VEC distance)
+{
+    /* ALiBi after the cap, as alibi_cols with scale 1 would add it (softcap_cols with slope 0
+     * adds -0: exact, so leaving it out gives the same bits) */
+    if (!alibi) return VSELECT_EQ_DIV(s, VSET1(-INFINITY), s, num, den);
+    return VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VDIV(num, den), VMUL(minus_slope, VABS(distance))));
+}
+FA_INLINE VEC KNAME(alibi_value)(VEC s, VEC scale, VEC minus_slope, VEC distance)
+{
+    return VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VMUL(s, scale), VMUL(minus_slope, VABS(distance))));
+}
+
+/* gemm_scores' epilogue: the modifiers of mods on the raw scores of a register tile (rows i0 + r,
+ * columns j0 and j0 + W). The modes are tested once per tile, not per vector, and the two column
+ * vectors of a row go through each step together (two independent chains for the pipes). */
+FA_INLINE void KNAME(modify_tile)(VEC *acc0, VEC *acc1, const int mr, const fa_cpu_score_mods *mods, int64_t i0,
+                                  int64_t j0)
+{
+    const VEC minus_slope = VSET1(-mods->slope);
+    if (mods->cap > 0.0f) {
+        const VEC factor = VSET1(mods->scale / mods->cap);
+        const KNAME(tanh_den) b = KNAME(tanh_den_for)(mods->cap);
+        for (int r = 0; r < mr; ++r) {
+            VEC num0, den0, num1, den1;
+            KNAME(capped_tanh)(VMUL(acc0[r], factor), &b, &num0, &den0);
+            KNAME(capped_tanh)(VMUL(acc1[r], factor), &b, &num1, &den1);
+            if (mods->alibi) {
+                acc0[r] = KNAME(softcap_value)(acc0[r], num0, den0, 1, minus_slope, KNAME(distance)(mods->first, i0 + r, j0));
+                acc1[r] = KNAME(softcap_value)(acc1[r], num1, den1, 1, minus_slope, KNAME(distance)(mods->first, i0 + r, j0 + W));
+            } else {
+                acc0[r] = KNAME(softcap_value)(acc0[r], num0, den0, 0, minus_slope, VZERO());
+                acc1[r] = KNAME(softcap_value)(acc1[r], num1, den1, 0, minus_slope, VZERO());
+            }
+        }
+    } else if (mods->alibi) {
+        const VEC scale = VSET1(mods->scale);
+        for (int r = 0; r < mr; ++r) {
+            acc0[r] = KNAME(alibi_value)(acc0[r], scale, minus_slope, KNAME(distance)(mods->first, i0 + r, j0));
+            acc1[r] = KNAME(alibi_value)(acc1[r], scale, minus_slope, KNAME(distance)(mods->first, i0 + r, j0 + W));
+        }
+    }
+}
+
+/* One register tile: C[mr x 2W] (+)= A[mr x k] B[k x 2W]; masked: B and C columns limited by m0, m1.
+ * mods (gemm_scores; NULL = none): the tile is rows i0.., columns j0.. of C. */
 FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t ldb,
                            float *c, int64_t ldc, const float *row_scale, int accumulate, const int mr,
-                           const int masked, MASK_T m0, MASK_T m1, float *col_max)
+                           const int masked, MASK_T m0, MASK_T m1, float *col_max, const fa_cpu_score_mods *mods,
+                           int64_t i0, int64_t j0)
 {
     VEC acc0[MR], acc1[MR];
     for (int r = 0; r < mr; ++r) {
@@ -50,6 +141,7 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
         ap += csa;
         bp += ldb;
     }
+    if (mods) KNAME(modify_tile)(acc0, acc1, mr, mods, i0, j0); /* gemm_scores */
     if (col_max) { /* gemm_max: the tile's column max merged into col_max[0, 2W) */
         VEC max0 = masked ? VMLOAD(col_max, m0) : VLOAD(col_max), max1 = masked ? VMLOAD(col_max + W, m1) : VLOAD(col_max + W);
         for (int r = 0; r < mr; ++r) {
@@ -85,12 +177,13 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
  * leftover rows in tiles of 8, 4, 2, 1. */
 FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                             int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate,
-                            const int masked, MASK_T m0, MASK_T m1, float *col_max)
+                            const int masked, MASK_T m0, MASK_T m1, float *col_max, const fa_cpu_score_mods *mods,
+                            int64_t j0)
 {
     int64_t i = 0;
 #define FA_TILE_AT(rows)                                                                                        \
     KNAME(tile)(k, a + i * rsa, rsa, csa, b, ldb, c + i * ldc, ldc, row_scale ? row_scale + i : NULL, accumulate, \
-                rows, masked, m0, m1, col_max)
+                rows, masked, m0, m1, col_max, mods, i, j0)
     for (; i + MR <= m; i += MR) FA_TILE_AT(MR);
 #if MR > 8
     if (i + 8 <= m) { FA_TILE_AT(8); i += 8; }
@@ -109,22 +202,23 @@ FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, i
  * NULL, or gemm_max's output (each tile merges its maximum). */
 FA_INLINE void KNAME(panels)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
                              const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
-                             int accumulate, float *col_max)
+                             int accumulate, float *col_max, const fa_cpu_score_mods *mods)
 {
     int64_t j = 0;
     for (; j + 2 * W <= n; j += 2 * W)
         KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W),
-                     col_max ? col_max + j : NULL);
+                     col_max ? col_max + j : NULL, mods, j);
     if (j < n) {
         const int64_t left = n - j;
         KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 1,
-                     VMASK(left < W ? left : W), VMASK(left > W ? left - W : 0), col_max ? col_max + j : NULL);
+                     VMASK(left < W ? left : W), VMASK(left > W ? left - W : 0), col_max ? col_max + j : NULL,
+                     mods, j);
     }
 }
 
 FA_INLINE void KNAME(gemm_any)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
                                const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
-                               int accumulate, float *col_max)
+                               int accumulate, float *col_max, const fa_cpu_score_mods *mods)
 {
     if (col_max)
         for (int64_t j = 0; j < n; ++j) col_max[j] = -INFINITY;
@@ -135,23 +229,31 @@ FA_INLINE void KNAME(gemm_any)(int64_t m, int64_t n, int64_t k, const float *a, 
     if (k > GEMM_KC && !col_max) {
         for (int64_t p0 = 0; p0 < k; p0 += GEMM_KC)
             KNAME(panels)(m, n, k - p0 < GEMM_KC ? k - p0 : GEMM_KC, a + p0 * csa, rsa, csa, b + p0 * ldb, ldb, c, ldc,
-                          p0 ? NULL : row_scale, p0 ? 1 : accumulate, NULL);
+                          p0 ? NULL : row_scale, p0 ? 1 : accumulate, NULL, NULL);
         return;
     }
 #endif
-    KNAME(panels)(m, n, k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate, col_max);
+    KNAME(panels)(m, n, k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate, col_max, mods);
 }
 
 static void KNAME(gemm)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                         int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate)
 {
-    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate, NULL);
+    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate, NULL, NULL);
 }
 
 static void KNAME(gemm_max)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
                             const float *b, int64_t ldb, float *c, int64_t ldc, float *col_max)
 {
-    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0, col_max);
+    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0, col_max, NULL);
+}
+
+static void KNAME(gemm_scores)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
+                               const float *b, int64_t ldb, float *c, int64_t ldc, const fa_cpu_score_mods *mods,
+                               float *col_max)
+{
+    const fa_cpu_score_mods local = *mods; /* a copy the stores to c cannot alias: its fields stay in registers */
+    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0, col_max, &local);
 }
 
 /* One block of C = A B^T: C[mi x nj], each element's products in the lanes of its own vector
@@ -273,40 +375,13 @@ static void KNAME(exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, fl
     }
 }
 
-/* 1 / x: an ISA whose reciprocal estimate is specified bit for bit (AVX-512's rcp14) may define
- * it as the estimate refined by Newton's step (a division costs about 10 times more). */
-#ifndef VRECIP
-#define VRECIP(x) VDIV(VSET1(1.0f), x)
-#endif
-
-/* tanh, see tanh_poly.h: the odd rational p(x) / q(x) on x clamped to +-FA_TANH_ONE, where it is
- * 1. The clamp's constant is min's and max's first operand: x86 returns the second when either
- * is NaN, so a NaN x comes out as it went in. */
-FA_INLINE VEC KNAME(tanh)(VEC x)
-{
-    const VEC xc = VMAX(VSET1(-FA_TANH_ONE), VMIN(VSET1(FA_TANH_ONE), x)), z = VMUL(xc, xc);
-    VEC p = VSET1(FA_TANH_A13);
-    p = VFMA(p, z, VSET1(FA_TANH_A11));
-    p = VFMA(p, z, VSET1(FA_TANH_A9));
-    p = VFMA(p, z, VSET1(FA_TANH_A7));
-    p = VFMA(p, z, VSET1(FA_TANH_A5));
-    p = VFMA(p, z, VSET1(FA_TANH_A3));
-    p = VFMA(p, z, VSET1(FA_TANH_A1));
-    VEC q = VSET1(FA_TANH_B6);
-    q = VFMA(q, z, VSET1(FA_TANH_B4));
-    q = VFMA(q, z, VSET1(FA_TANH_B2));
-    q = VFMA(q, z, VSET1(FA_TANH_B0));
-    return VMUL(VMUL(xc, p), VRECIP(q));
-}
-
 FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const int masked, MASK_T m, VEC factor,
-                                  VEC cap, VEC minus_slope, VEC offset)
+                                  const KNAME(tanh_den) *b, VEC inv_cap, VEC minus_slope, VEC distance)
 {
     const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
-    const VEC t = KNAME(tanh)(VMUL(s, factor));
-    /* ALiBi (slope 0: + -0, exact) after the cap, as alibi_cols with scale 1 would add it */
-    const VEC capped = VADD(VMUL(cap, t), VMUL(minus_slope, VABS(offset)));
-    const VEC y = VSELECT_EQ(s, VSET1(-INFINITY), s, capped); /* masked stays masked */
+    VEC num, den;
+    KNAME(capped_tanh)(VMUL(s, factor), b, &num, &den);
+    const VEC y = KNAME(softcap_value)(s, num, den, 1, minus_slope, distance);
     if (masked) VMSTORE(x, m, y);
     else VSTORE(x, y);
     if (col_max) {
@@ -315,6 +390,7 @@ FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const i
         else VSTORE(col_max, best);
     }
     if (!grad) return;
+    const VEC t = VMUL(VDIV(num, den), inv_cap); /* tanh, for the chain rule only (scores never use it) */
     const VEC g = VFNMA(t, t, VSET1(1.0f));
     if (masked) VMSTORE(grad, m, g);
     else VSTORE(grad, g);
@@ -323,17 +399,15 @@ FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const i
 static void KNAME(softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float cap, float slope,
                                 int64_t first, float *grad, float *col_max)
 {
-    static const float lane_index[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const VEC factor = VSET1(scale / cap), vcap = VSET1(cap), minus_slope = VSET1(-slope), lanes = VLOAD(lane_index);
+    const VEC factor = VSET1(scale / cap), inv_cap = VSET1(1.0f / cap), minus_slope = VSET1(-slope);
+    const KNAME(tanh_den) b = KNAME(tanh_den_for)(cap);
     for (int64_t j = 0; col_max && j < cols; ++j) col_max[j] = -INFINITY;
     for (int64_t i = 0; i < rows; ++i) {
         float *row = x + i * ld, *grow = grad ? grad + i * ld : NULL;
-        const float offset = (float)(first - i);
         for (int64_t j = 0; j < cols; j += W) {
             const int masked = cols - j < W;
-            const VEC distance = VADD(VSET1(offset), VADD(lanes, VSET1((float)j)));
             KNAME(softcap_vec)(row + j, grow ? grow + j : NULL, col_max ? col_max + j : NULL, masked,
-                               VMASK(masked ? cols - j : W), factor, vcap, minus_slope, distance);
+                               VMASK(masked ? cols - j : W), factor, &b, inv_cap, minus_slope, KNAME(distance)(first, i, j));
         }
     }
 }
@@ -344,18 +418,15 @@ static void KNAME(softcap_cols)(float *x, int64_t ld, int64_t rows, int64_t cols
 static void KNAME(alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
                               float *col_max)
 {
-    static const float lane_index[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const VEC vscale = VSET1(scale), minus_slope = VSET1(-slope), lanes = VLOAD(lane_index);
+    const VEC vscale = VSET1(scale), minus_slope = VSET1(-slope);
     for (int64_t j = 0; col_max && j < cols; ++j) col_max[j] = -INFINITY;
     for (int64_t i = 0; i < rows; ++i) {
         float *row = x + i * ld;
-        const float offset = (float)(first - i);
         for (int64_t j = 0; j < cols; j += W) {
             const int masked = cols - j < W;
             const MASK_T m = VMASK(masked ? cols - j : W);
-            const VEC dist = VABS(VADD(VSET1(offset), VADD(lanes, VSET1((float)j))));
             const VEC x0 = masked ? VMLOAD(row + j, m) : VLOAD(row + j);
-            const VEC s = VSELECT_EQ(x0, VSET1(-INFINITY), x0, VADD(VMUL(x0, vscale), VMUL(minus_slope, dist)));
+            const VEC s = KNAME(alibi_value)(x0, vscale, minus_slope, KNAME(distance)(first, i, j));
             if (masked) VMSTORE(row + j, m, s);
             else VSTORE(row + j, s);
             if (!col_max) continue;
@@ -370,7 +441,7 @@ static void KNAME(alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, 
 static void KNAME(add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add,
                             int64_t ld_add)
 {
-    const VEC vscale = VSET1(scale), minus_inf = VSET1(-INFINITY);
+    const VEC vscale = VSET1(scale);
     for (int64_t i = 0; i < rows; ++i) {
         float *row = x + i * ld;
         const float *arow = add + i * ld_add;
@@ -379,7 +450,7 @@ static void KNAME(add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, fl
             const MASK_T m = VMASK(masked ? cols - j : W);
             const VEC s = masked ? VMLOAD(row + j, m) : VLOAD(row + j);
             const VEC a = masked ? VMLOAD(arow + j, m) : VLOAD(arow + j);
-            const VEC y = VSELECT_EQ(s, minus_inf, s, VADD(VMUL(s, vscale), a)); /* masked stays masked */
+            const VEC y = VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VMUL(s, vscale), a)); /* masked stays masked */
             if (masked) VMSTORE(row + j, m, y);
             else VSTORE(row + j, y);
         }
@@ -670,6 +741,6 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
     {                                                                                                     \
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .add_cols = KNAME(add_cols), .transpose = KNAME(transpose),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
-        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .fma_chains = KNAME(fma_chains), \
+        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .gemm_scores = KNAME(gemm_scores), .fma_chains = KNAME(fma_chains), \
         .decode_scores = KNAME(decode_scores), .decode_values = KNAME(decode_values), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
     }

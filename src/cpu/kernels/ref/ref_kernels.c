@@ -116,6 +116,18 @@ static void ref_gemm_max(int64_t m, int64_t n, int64_t k, const float *a, int64_
     ref_col_max(c, ldc, m, n, col_max);
 }
 
+/* The pass itself after the product (the vector kernels fuse it into gemm's registers). */
+static void ref_gemm_scores(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                            int64_t ldb, float *c, int64_t ldc, const fa_cpu_score_mods *mods, float *col_max)
+{
+    ref_gemm(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0);
+    if (mods->cap > 0.0f)
+        ref_softcap_cols(c, ldc, m, n, mods->scale, mods->cap, mods->alibi ? mods->slope : 0.0f, mods->first, NULL, NULL);
+    else if (mods->alibi)
+        ref_alibi_cols(c, ldc, m, n, mods->scale, mods->slope, mods->first, NULL);
+    ref_col_max(c, ldc, m, n, col_max);
+}
+
 /* The FMA-peak probe for the reference kernels: 16 scalar chains of multiply-add in plain C, as
  * the compiler builds the reference gemm (baseline ISA: it may vectorise them, as it may the gemm). */
 static double ref_fma_chains(int64_t iterations, float *sink)
@@ -192,6 +204,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .f32_to_f16 = ref_f32_to_f16,
     .gemm_nt = ref_gemm_nt,
     .gemm_max = ref_gemm_max,
+    .gemm_scores = ref_gemm_scores,
     .fma_chains = ref_fma_chains,
     .decode_scores = ref_decode_scores,
     .decode_values = ref_decode_values,

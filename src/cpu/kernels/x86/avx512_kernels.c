@@ -26,14 +26,8 @@
 #define VCOPYSIGN(m, s)                                                                                       \
     _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(m), _mm512_castps_si512(s),            \
                                                   _mm512_set1_epi32(0x7fffffff), 0xe4)) /* c ? m : s, bitwise */
-/* rcp14 is specified exactly (relative error < 2^-14), so one Newton step r (2 - x r) gives the
- * same bits on every AVX-512 CPU, within 2 ulp of 1 / x. */
-#define VRECIP(x) avx512_recip(x)
-static inline __m512 avx512_recip(__m512 x)
-{
-    const __m512 r = _mm512_rcp14_ps(x);
-    return _mm512_mul_ps(r, _mm512_fnmadd_ps(x, r, _mm512_set1_ps(2.0f)));
-}
+/* the division where a != b (unordered: NaN divides too, as VSELECT_EQ's n) */
+#define VSELECT_EQ_DIV(a, b, y, n, d) _mm512_mask_div_ps(y, _mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ), n, d)
 #define VSELECT_GE(a, b, y, n) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GE_OQ), n, y)
 #define VSELECT_EQ(a, b, y, n) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ), n, y)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
