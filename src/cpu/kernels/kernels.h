@@ -26,7 +26,8 @@
  *   softcap_cols: x[i*ld + j] = cap * tanh(x[i*ld + j] * (scale / cap)) + (-slope * |(first - i) + j|)
  *             (cap > 0; scale / cap one float; the ALiBi term as alibi_cols', slope 0 adds -0:
  *             softcap and ALiBi in one pass), -inf left as it is (masked stays masked); grad (NULL = not wanted, same
- *             layout) = 1 - tanh^2 of the same tanh value, what the backward's chain rule needs;
+ *             layout) = 1 - t^2, t = (cap * tanh) / cap as the score has it (within an ulp or two of
+ *             its tanh), what the backward's chain rule needs;
  *             col_max (NULL = not wanted) [cols] = max over i of the results, as col_max would
  *             give them. The forward and the backward both take their softcap from this kernel,
  *             so the backward recomputes the forward's P. tanh accuracy (tests/checkasm, dense

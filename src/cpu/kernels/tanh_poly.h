@@ -1,5 +1,6 @@
 /* tanh(x) for the vector kernels: the odd rational minimax approximation p(x) / q(x) of Eigen's
- * ptanh_float (degree 13 over degree 6): one reciprocal and 11 FMAs, about half the work of an
+ * ptanh_float (degree 13 over degree 6): one division and 11 FMAs (the vector kernels fold a
+ * softcap's cap into q's coefficients, vector_kernels.h), about half the work of an
  * exponential-based form. x is clamped to +-FA_TANH_ONE, where p / q is 1 to within 1 ulp
  * (tanh rounds to 1 in binary32 beyond 9.01). Below |x| = 2.4e-36 the product x p underflows: the result keeps the
  * sign and is within 1e-38 of x. */
