@@ -112,6 +112,7 @@ static fa_status check_local(fa_context *ctx, const fa_attention_desc *desc, con
                              const fa_tensor *v, const fa_tensor *out, ring *g)
 {
     const fa_ring_transport *t = g->t;
+    if (t->pending) return t->pending;
     if (fa_context_backend(ctx) != t->backend)
         return fa_private_set_error(ctx ? FA_ERROR_NOT_SUPPORTED : FA_ERROR_INVALID_VALUE,
                             "ctx: ring attention over %s needs a %s context (it exchanges that backend's memory)",

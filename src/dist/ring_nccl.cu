@@ -263,11 +263,6 @@ fa_status open_transport(fa_context *ctx, ncclComm_t comm, void *stream, nccl_tr
     t->pack = pack;
     t->unpack = unpack;
     if (!comm) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "comm: is NULL");
-    if (fa_context_backend(ctx) != FA_BACKEND_CUDA)
-        return fa_private_set_error(ctx ? FA_ERROR_NOT_SUPPORTED : FA_ERROR_INVALID_VALUE,
-                                    "ctx: ring attention over NCCL needs a cuda context (it exchanges device memory)");
-    fa_status st = fa_context_set_stream(ctx, stream);
-    if (st) return st;
     ncclResult_t r = ncclCommUserRank(comm, &t->rank);
     if (r == ncclSuccess) r = ncclCommCount(comm, &t->size);
     if (r != ncclSuccess) return nccl_failed(r, "comm");
@@ -279,16 +274,19 @@ fa_status open_transport(fa_context *ctx, ncclComm_t comm, void *stream, nccl_tr
         e = fa_gpu_event_create_with_flags(&n->exchanged[c], fa_gpu_event_disable_timing);
     if (e == fa_gpu_success) e = fa_gpu_event_create_with_flags(&n->done, fa_gpu_event_disable_timing);
     if (e == fa_gpu_success) e = fa_gpu_malloc_host((void **)&n->agree_host, MAX_AGREE * sizeof(int64_t));
-    if (e != fa_gpu_success) return gpu_failed(e, "NCCL ring: streams and events");
-    st = fa_malloc(ctx, MAX_AGREE * sizeof(int64_t), (void **)&n->agree_device);
+    if (e == fa_gpu_success) e = fa_gpu_malloc((void **)&n->agree_device, MAX_AGREE * sizeof(int64_t));
+    /* Without these the ranks cannot even agree: this rank returns, the others time out. */
+    if (e != fa_gpu_success) return gpu_failed(e, "NCCL ring: streams, events and the agreement's buffers");
     n->drained = 0;
-    return st;
+    /* The context's failures are agreed on (ring.c reports t->pending at the first agreement). */
+    if (fa_context_backend(ctx) == FA_BACKEND_CUDA) t->pending = fa_context_set_stream(ctx, stream);
+    return FA_SUCCESS;
 }
 
 void close_transport(nccl_transport *n)
 {
     if (!n->drained && n->compute_ready) drain(n, "NCCL ring: the end of the call");
-    if (n->agree_device) fa_free(n->ctx, n->agree_device);
+    if (n->agree_device) fa_gpu_free(n->agree_device);
     if (n->agree_host) fa_gpu_free_host(n->agree_host);
     if (n->done) fa_gpu_event_destroy(n->done);
     for (int c = 0; c < FA_RING_CHANNELS; ++c)

@@ -23,6 +23,9 @@ typedef struct fa_ring_transport {
     int narrow_dtypes;     /* 1 when f16/bf16 tensors are supported (widened on the way) */
     int rank, size;
     void *self;            /* the transport's own state, first argument of every operation */
+    /* A failure of this rank found while opening the transport (its message recorded), which the
+     * ring reports at its first agreement, so that the other ranks return too. */
+    fa_status pending;
 
     /* Sends count elements of elem_bytes (4: f32, 2: f16/bf16 bits) from send to the right
      * neighbour and receives as many from the left into recv, on a channel with nothing in

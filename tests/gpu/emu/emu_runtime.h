@@ -122,6 +122,7 @@ typedef enum emuError_t {
     emuErrorInsufficientDriver = 35,
     emuErrorInvalidConfiguration = 9,
     emuErrorLaunchFailure = 719,
+    emuErrorNotReady = 600, /* an event query: never, as everything completes at once */
 } emuError_t;
 typedef enum emuMemcpyKind { emuMemcpyHostToDevice = 1, emuMemcpyDeviceToHost = 2, emuMemcpyDeviceToDevice = 3 } emuMemcpyKind;
 typedef enum emuDeviceAttr { emuDevAttrMaxSharedMemoryPerBlock = 8, emuDevAttrMaxSharedMemoryPerBlockOptin = 97 } emuDeviceAttr;
@@ -274,7 +275,7 @@ inline emuError_t emuStreamSynchronize(fa_gpu_stream stream)
  * stream waiting for it never waits. A stream is a distinct non-null handle, nothing more. */
 typedef struct emu_event_state { int recorded; } *emuEvent_t;
 typedef emuEvent_t fa_gpu_event;
-enum { emuEventDisableTiming = 2, emuStreamNonBlocking = 1, emuErrorNotReady = 600 };
+enum { emuEventDisableTiming = 2, emuStreamNonBlocking = 1 };
 inline emuError_t emuStreamCreateWithFlags(fa_gpu_stream *stream, unsigned flags)
 {
     (void)flags;
@@ -337,6 +338,7 @@ inline const char *emuGetErrorName(emuError_t e)
     case emuErrorInsufficientDriver: return "emuErrorInsufficientDriver";
     case emuErrorInvalidConfiguration: return "emuErrorInvalidConfiguration";
     case emuErrorLaunchFailure: return "emuErrorLaunchFailure";
+    case emuErrorNotReady: return "emuErrorNotReady";
     }
     return "emuErrorUnknown";
 }
