@@ -77,7 +77,8 @@ void abort_comm(nccl_transport *n)
 }
 
 /* Blocks until the compute stream's work so far is complete, or the deadline passes, or NCCL
- * reports an error; the latter two abort the communicator. */
+ * reports an error (also one reported as the work completes); the latter two abort the
+ * communicator. */
 fa_status drain(nccl_transport *n, const char *what)
 {
     fa_gpu_error e = fa_gpu_event_record(n->done, n->compute);
@@ -85,14 +86,14 @@ fa_status drain(nccl_transport *n, const char *what)
     const double deadline = now_s() + n->timeout_s;
     for (;;) {
         e = fa_gpu_event_query(n->done);
-        if (e == fa_gpu_success) return FA_SUCCESS;
-        if (e != fa_gpu_error_not_ready) return gpu_failed(e, what);
+        if (e != fa_gpu_success && e != fa_gpu_error_not_ready) return gpu_failed(e, what);
         ncclResult_t async = ncclSuccess;
         if (!n->aborted && ncclCommGetAsyncError(n->comm, &async) == ncclSuccess && async != ncclSuccess &&
             async != ncclInProgress) {
             abort_comm(n);
             return nccl_failed(async, what);
         }
+        if (e == fa_gpu_success) return FA_SUCCESS;
         if (now_s() > deadline) {
             abort_comm(n);
             return fa_private_set_error(FA_ERROR_BACKEND_FAILURE, "%s: no progress within %g s (FLASHATTN_RING_TIMEOUT_S); "
@@ -168,7 +169,7 @@ void release(void *self, void *ptr)
 {
     nccl_transport *n = static_cast<nccl_transport *>(self);
     if (!ptr) return;
-    if (!n->drained) { /* the first release waits (bounded) for the work that may still use the buffers */
+    if (!n->drained && !n->aborted) { /* the first release waits (bounded) for the work that may still use the buffers */
         n->drained = 1;
         drain(n, "NCCL ring: the end of the call");
     }
@@ -285,7 +286,8 @@ fa_status open_transport(fa_context *ctx, ncclComm_t comm, void *stream, nccl_tr
 
 void close_transport(nccl_transport *n)
 {
-    if (!n->drained && n->compute_ready) drain(n, "NCCL ring: the end of the call");
+    /* After an abort the call's message stands (and cudaFree waits for the device anyway). */
+    if (!n->drained && !n->aborted && n->compute_ready) drain(n, "NCCL ring: the end of the call");
     if (n->agree_device) fa_gpu_free(n->agree_device);
     if (n->agree_host) fa_gpu_free_host(n->agree_host);
     if (n->done) fa_gpu_event_destroy(n->done);

@@ -11,6 +11,7 @@
 struct ncclComm {
     MPI_Comm comm;
     ncclResult_t async_error;
+    long fail_at_allreduce; /* fake_nccl_fail_after: allreduces left before the error; 0 = never */
 };
 
 enum { FAKE_TAG = 0x6663, MAX_GROUP = 64 };
@@ -23,6 +24,8 @@ static struct {
 static fake_nccl_counts counts;
 
 fake_nccl_counts fake_nccl_counts_now(void) { return counts; }
+
+void fake_nccl_fail_after(ncclComm_t comm, long allreduce) { comm->fail_at_allreduce = allreduce; }
 
 static ncclResult_t failed(ncclComm_t comm, int rc)
 {
@@ -179,5 +182,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
                         : op == ncclMin ? MPI_MIN : MPI_OP_NULL;
     if (!comm || type == MPI_DATATYPE_NULL || mpi_op == MPI_OP_NULL || count > 0x7fffffff) return ncclInvalidArgument;
     const void *in = sendbuff == recvbuff ? MPI_IN_PLACE : sendbuff;
-    return failed(comm, MPI_Allreduce(in, recvbuff, (int)count, type, mpi_op, comm->comm));
+    const ncclResult_t r = failed(comm, MPI_Allreduce(in, recvbuff, (int)count, type, mpi_op, comm->comm));
+    if (comm->fail_at_allreduce && --comm->fail_at_allreduce == 0) comm->async_error = ncclRemoteError;
+    return r;
 }

@@ -5,8 +5,10 @@
  * backend as the reference, and checks that fa_ring_forward_nccl / fa_ring_backward_nccl on its
  * zigzag rows (device memory) equal the reference's rows within f32 rounding, are bit-identical
  * across repeated calls, and use the exchanges the design says; then that a bad argument on one
- * rank makes every rank return an error and write no output. f32 only (the NCCL ring refuses
+ * rank makes every rank return an error and write no output, and that the waits are bounded (GPU
+ * work that never completes, an NCCL error: abort and FA_ERROR_BACKEND_FAILURE). f32 only (the NCCL ring refuses
  * f16/bf16). What this cannot show: docs/DISTRIBUTED.md, "A test double: NCCL over MPI". */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <mpi.h>
 
 #include "flashattn_dist_nccl.h"
@@ -200,6 +202,64 @@ static void run_failures(fa_context *cpu, ncclComm_t comm)
     free(fill);
 }
 
+static ncclComm_t new_comm(void)
+{
+    ncclUniqueId id;
+    if (rank == 0) ncclGetUniqueId(&id);
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, ranks, id, rank) != ncclSuccess) MPI_Abort(MPI_COMM_WORLD, 1);
+    return comm;
+}
+
+/* The bounded waits: (1) every rank's GPU work never completes (the emulator's events stay
+ * pending): every rank gives up after FLASHATTN_RING_TIMEOUT_S, aborts its communicator and
+ * returns FA_ERROR_BACKEND_FAILURE; (2) NCCL reports an error on rank 0 at a call's last
+ * agreement: rank 0 aborts and returns FA_ERROR_BACKEND_FAILURE. Each abort frees the
+ * communicator: *comm is a new one afterwards. */
+static void run_bounded_waits(ncclComm_t *comm)
+{
+    const int64_t l = 2 * CHUNK;
+    const size_t lq = (size_t)(BATCH * l * HQ * D), lk = (size_t)(BATCH * l * HK * D), ll = (size_t)(BATCH * HQ * l);
+    float *hq = random_floats(8, lq), *hk = random_floats(9, lk);
+    void *q = to_device(hq, lq * 4), *k = to_device(hk, lk * 4), *o = to_device(hq, lq * 4), *lse = to_device(hq, ll * 4);
+    fa_tensor tq = tensor(q, FA_DTYPE_F32, l, HQ), tk = tensor(k, FA_DTYPE_F32, l, HK), to = tensor(o, FA_DTYPE_F32, l, HQ);
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    desc.causal = 1;
+
+    long aborts = fake_nccl_counts_now().aborts;
+    setenv("FLASHATTN_RING_TIMEOUT_S", "0.2", 1);
+    setenv("FLASHATTN_EMU_EVENTS_PENDING", "1", 1);
+    fa_status st = fa_ring_forward_nccl(gpu, *comm, NULL, &desc, &tq, &tk, &tk, &to, lse);
+    unsetenv("FLASHATTN_EMU_EVENTS_PENDING");
+    unsetenv("FLASHATTN_RING_TIMEOUT_S");
+    CHECK(st == FA_ERROR_BACKEND_FAILURE && strstr(fa_last_error(), "no progress within 0.2 s"),
+          "GPU work that never completes: status %d, %s", (int)st, fa_last_error());
+    CHECK(fake_nccl_counts_now().aborts == aborts + 1, "GPU work that never completes: the comm was not aborted");
+    *comm = new_comm();
+
+    aborts = fake_nccl_counts_now().aborts;
+    if (rank == 0) fake_nccl_fail_after(*comm, 3); /* the call's third agreement: after the ring */
+    st = fa_ring_forward_nccl(gpu, *comm, NULL, &desc, &tq, &tk, &tk, &to, lse);
+    if (rank == 0) {
+        CHECK(st == FA_ERROR_BACKEND_FAILURE && strstr(fa_last_error(), "NCCL error: remote process exited"),
+              "NCCL async error on rank 0: status %d, %s", (int)st, fa_last_error());
+        CHECK(fake_nccl_counts_now().aborts == aborts + 1, "NCCL async error: rank 0 did not abort its comm");
+    } else {
+        CHECK(st == FA_SUCCESS, "rank %d after rank 0's NCCL error at the last agreement: %s", rank, fa_last_error());
+        ncclCommDestroy(*comm);
+    }
+    *comm = new_comm();
+    if (rank == 0)
+        printf("P=%d NCCL double bounded waits: GPU work that never completes -> every rank times out and aborts; "
+               "an NCCL async error -> that rank aborts\n", ranks);
+    void *owned[] = {q, k, o, lse};
+    for (size_t x = 0; x < sizeof owned / sizeof *owned; ++x) fa_free(gpu, owned[x]);
+    free(hq);
+    free(hk);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -213,11 +273,7 @@ int main(int argc, char **argv)
     }
     fa_context_set_num_threads(cpu, 1); /* P processes share the machine's cores */
     if (rank == 0) printf("block calls on: %s\n", fa_context_info(gpu));
-    ncclUniqueId id;
-    if (rank == 0) ncclGetUniqueId(&id);
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    ncclComm_t comm;
-    if (ncclCommInitRank(&comm, ranks, id, rank) != ncclSuccess) MPI_Abort(MPI_COMM_WORLD, 1);
+    ncclComm_t comm = new_comm();
 
     const int32_t seqlens_k[BATCH] = {2 * CHUNK * ranks - 11, 2 * CHUNK * ranks}; /* sequence 0 padded */
     static const float slopes[HQ] = {0.5f, 0.25f, 0.125f, 0.0625f};
@@ -240,6 +296,7 @@ int main(int argc, char **argv)
     if (!quick) run_case(cpu, comm, "window ALiBi softcap", &desc, &on_device);
     fa_free(gpu, (void *)on_device.alibi_slopes);
     run_failures(cpu, comm);
+    run_bounded_waits(&comm);
 
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -57,6 +57,9 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
 /* The double's own counters, for tests: calls in this process so far. */
 typedef struct fake_nccl_counts { long sends, recvs, groups, allreduces, aborts; } fake_nccl_counts;
 fake_nccl_counts fake_nccl_counts_now(void);
+/* Fault injection: the allreduce-th ncclAllReduce on comm from now (1 = the next) completes, then
+ * comm reports ncclRemoteError through ncclCommGetAsyncError, as after a peer's failure. */
+void fake_nccl_fail_after(ncclComm_t comm, long allreduce);
 
 #ifdef __cplusplus
 }
