@@ -18,6 +18,7 @@
 typedef hipError_t fa_gpu_error;
 typedef hipStream_t fa_gpu_stream;
 typedef hipDeviceProp_t fa_gpu_props;
+typedef hipEvent_t fa_gpu_event;
 /* LDS is 64 KiB on gfx908, gfx90a and gfx1030; HIP reports it directly (no opt-in step). */
 #  define FA_GPU_ATTR_SMEM_PER_BLOCK hipDeviceAttributeMaxSharedMemoryPerBlock
 #  define FA_GPU_ATTR_SMEM_OPTIN hipDeviceAttributeMaxSharedMemoryPerBlock
@@ -35,6 +36,7 @@ typedef hipDeviceProp_t fa_gpu_props;
 typedef cudaError_t fa_gpu_error;
 typedef cudaStream_t fa_gpu_stream;
 typedef cudaDeviceProp fa_gpu_props;
+typedef cudaEvent_t fa_gpu_event;
 #  define FA_GPU_ATTR_SMEM_PER_BLOCK cudaDevAttrMaxSharedMemoryPerBlock
 #  define FA_GPU_ATTR_SMEM_OPTIN cudaDevAttrMaxSharedMemoryPerBlockOptin
 #  define FA_GPU_FUNC_ATTR_MAX_DYNAMIC_SMEM cudaFuncAttributeMaxDynamicSharedMemorySize
@@ -81,4 +83,19 @@ static inline fa_gpu_error fa_gpu_launch(void (*kernel)(Params), dim3 grid, dim3
 #define fa_gpu_get_error_name FA_GPU(GetErrorName)
 #define fa_gpu_driver_get_version FA_GPU(DriverGetVersion)
 #define fa_gpu_runtime_get_version FA_GPU(RuntimeGetVersion)
+/* Streams, events, 2D copies and pinned host memory: used outside the plugin (src/dist/ring_nccl.cu). */
+#define fa_gpu_stream_create_with_flags FA_GPU(StreamCreateWithFlags)
+#define fa_gpu_stream_non_blocking FA_GPU(StreamNonBlocking)
+#define fa_gpu_stream_destroy FA_GPU(StreamDestroy)
+#define fa_gpu_stream_wait_event FA_GPU(StreamWaitEvent)
+#define fa_gpu_event_create_with_flags FA_GPU(EventCreateWithFlags)
+#define fa_gpu_event_disable_timing FA_GPU(EventDisableTiming)
+#define fa_gpu_event_destroy FA_GPU(EventDestroy)
+#define fa_gpu_event_record FA_GPU(EventRecord)
+#define fa_gpu_event_query FA_GPU(EventQuery)
+#define fa_gpu_error_not_ready FA_GPU(ErrorNotReady)
+#define fa_gpu_memcpy_2d_async FA_GPU(Memcpy2DAsync)
+#define fa_gpu_memcpy_d2d FA_GPU(MemcpyDeviceToDevice)
+#define fa_gpu_malloc_host FA_GPU(MallocHost)
+#define fa_gpu_free_host FA_GPU(FreeHost)
 #endif

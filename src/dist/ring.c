@@ -1,13 +1,14 @@
-/* Ring attention over MPI (flashattn_dist.h): the zigzag layout, the K/V ring with the next
- * block's exchange posted before the current block's compute, partial outputs merged by lse in
- * ring order, and the dK/dV accumulators that travel with K/V in the backward. Every rank agrees
- * on the status before and after the ring, so no rank is left waiting for a failed one.
+/* Ring attention, the algorithm (flashattn_dist.h, flashattn_dist_nccl.h): the zigzag layout,
+ * the K/V ring with the next block's exchange posted before the current block's compute, partial
+ * outputs merged by lse in ring order, and the dK/dV accumulators that travel with K/V in the
+ * backward. Every rank agrees on the status before and after the ring, so no rank is left waiting
+ * for a failed one. Messages and memory go through a transport (transport.h: MPI or NCCL).
  *
  * f16/bf16: K and V travel in the input dtype (half the bytes); every block is computed in f32 on
  * the widened values (exact), so the partial outputs, their merges, dq's sum and the dK/dV
  * accumulators stay f32 and only the final out, dq, dk, dv are rounded to the input dtype, once.
  * The CPU backend widens f16/bf16 tiles to f32 itself, so this is the arithmetic of one call. */
-#include "flashattn_dist.h"
+#include "transport.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -15,22 +16,17 @@
 
 #include "../common/dtype.h"
 #include "../common/error.h"
-#include "../common/half.h"
-
-enum { TAG_KV = 0x6661, TAG_DKV = 0x6662 };
 
 typedef struct ring {
-    MPI_Comm comm;               /* duplicate of the caller's, MPI_ERRORS_RETURN */
+    const fa_ring_transport *t;
     int rank, size;
     int64_t batch, chunk, hq, hk, d; /* chunk: C tokens; local rows 2C */
     fa_dtype dtype;              /* of every tensor; K/V travel in it */
-    MPI_Datatype mpi_dtype;      /* MPI_FLOAT, or MPI_UINT16_T for f16/bf16 (sent as bits) */
     fa_attention_desc desc;      /* the caller's, complete */
-    int32_t *valid_k;            /* [batch] valid keys of the current block, or NULL */
+    int32_t *valid_k;            /* [batch] valid keys of the current block (host memory), or NULL */
 } ring;
 
-/* Tensors with explicit strides (the caller's may be packed). */
-static fa_tensor strided(const fa_tensor *t)
+fa_tensor fa_ring_strided(const fa_tensor *t)
 {
     fa_tensor s = *t;
     if (!s.stride_batch && !s.stride_seq && !s.stride_head) {
@@ -39,6 +35,12 @@ static fa_tensor strided(const fa_tensor *t)
         s.stride_batch = s.seqlen * s.stride_seq;
     }
     return s;
+}
+
+void *fa_ring_element(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
+{
+    return (char *)t->data + (b * t->stride_batch + s * t->stride_seq + h * t->stride_head) *
+                                 (int64_t)fa_dtype_size(t->dtype);
 }
 
 /* Local rows [c * C, (c + 1) * C) of a strided tensor. */
@@ -50,22 +52,19 @@ static fa_tensor chunk_view(const fa_tensor *t, int64_t c, int64_t chunk)
     return v;
 }
 
-/* A packed f32 [batch, rows, heads, d] buffer as a tensor. */
+/* A packed [batch, rows, heads, d] buffer as a tensor. */
+static fa_tensor packed_as(void *data, fa_dtype dtype, int64_t batch, int64_t rows, int64_t heads, int64_t d)
+{
+    return (fa_tensor){data, dtype, batch, rows, heads, d, rows * heads * d, heads * d, d};
+}
+
 static fa_tensor packed(float *data, int64_t batch, int64_t rows, int64_t heads, int64_t d)
 {
-    return (fa_tensor){data, FA_DTYPE_F32, batch, rows, heads, d, rows * heads * d, heads * d, d};
+    return packed_as(data, FA_DTYPE_F32, batch, rows, heads, d);
 }
 
 /* Global chunk held at local chunk c (0 or 1) of rank r: zigzag. */
 static int64_t global_chunk(const ring *g, int r, int c) { return c == 0 ? r : 2 * (int64_t)g->size - 1 - r; }
-
-static fa_status mpi_failed(int code, const char *what)
-{
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(code, text, &len);
-    return fa_private_set_error(FA_ERROR_BACKEND_FAILURE, "%s: MPI error: %s", what, text);
-}
 
 static fa_status check_tensor(const char *name, const fa_tensor *t)
 {
@@ -86,7 +85,7 @@ static fa_status check_tensor(const char *name, const fa_tensor *t)
                                      __builtin_mul_overflow(t->seqlen, term, &term) ||
                                      __builtin_mul_overflow(t->batch, term, &term));
     if (!overflow) { /* the packed strides are computable now */
-        const fa_tensor e = strided(t);
+        const fa_tensor e = fa_ring_strided(t);
         const int64_t extent[3][2] = {{t->batch - 1, e.stride_batch}, {t->seqlen - 1, e.stride_seq},
                                       {t->heads - 1, e.stride_head}};
         for (int x = 0; x < 3; ++x)
@@ -112,9 +111,12 @@ static fa_status check_like(const char *name, const fa_tensor *t, const char *re
 static fa_status check_local(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
                              const fa_tensor *v, const fa_tensor *out, ring *g)
 {
-    if (fa_context_backend(ctx) != FA_BACKEND_CPU)
+    const fa_ring_transport *t = g->t;
+    if (t->pending) return t->pending;
+    if (fa_context_backend(ctx) != t->backend)
         return fa_private_set_error(ctx ? FA_ERROR_NOT_SUPPORTED : FA_ERROR_INVALID_VALUE,
-                            "ctx: ring attention needs a CPU context (the MPI path exchanges host memory)");
+                            "ctx: ring attention over %s needs a %s context (it exchanges that backend's memory)",
+                            t->name, fa_backend_name(t->backend));
     if (!desc) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "desc: is NULL");
     if (desc->struct_size < offsetof(fa_attention_desc, varlen) || desc->struct_size > sizeof g->desc)
         return fa_private_set_error(FA_ERROR_INVALID_VALUE, "desc->struct_size: %zu is not a known layout (use "
@@ -135,6 +137,9 @@ static fa_status check_local(fa_context *ctx, const fa_attention_desc *desc, con
         (st = check_like("out", out, "q", q)))
         return st;
     if (k->dtype != q->dtype) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "k: dtype differs from q");
+    if (q->dtype != FA_DTYPE_F32 && !t->narrow_dtypes)
+        return fa_private_set_error(FA_ERROR_NOT_SUPPORTED, "q: ring attention over %s takes f32 tensors (f16/bf16 "
+                            "are not built for it yet)", t->name);
     if (q->seqlen % 2)
         return fa_private_set_error(FA_ERROR_INVALID_VALUE, "q: seqlen %" PRId64 " is odd (the zigzag layout holds two "
                             "chunks of equal length per rank)", q->seqlen);
@@ -147,7 +152,6 @@ static fa_status check_local(fa_context *ctx, const fa_attention_desc *desc, con
     g->hk = k->heads;
     g->d = q->head_dim;
     g->dtype = q->dtype;
-    g->mpi_dtype = q->dtype == FA_DTYPE_F32 ? MPI_FLOAT : MPI_UINT16_T;
     const int64_t total = 2 * g->chunk * g->size;
     for (int64_t b = 0; dd->seqlens_k && b < g->batch; ++b)
         if (dd->seqlens_k[b] < 0 || dd->seqlens_k[b] > total)
@@ -159,7 +163,7 @@ static fa_status check_local(fa_context *ctx, const fa_attention_desc *desc, con
     int64_t count = 2;
     for (int x = 0; x < 4; ++x) {
         if (factors[x] > 0x7fffffff / count)
-            return fa_private_set_error(FA_ERROR_NOT_SUPPORTED, "k: a block of K and V exceeds 2^31 elements (one MPI message)");
+            return fa_private_set_error(FA_ERROR_NOT_SUPPORTED, "k: a block of K and V exceeds 2^31 elements (one message)");
         count *= factors[x];
     }
     g->valid_k = dd->seqlens_k ? malloc((size_t)g->batch * sizeof *g->valid_k) : NULL;
@@ -172,14 +176,14 @@ static fa_status check_local(fa_context *ctx, const fa_attention_desc *desc, con
 static fa_status agree(ring *g, fa_status st, const int64_t *sig, int count)
 {
     enum { MAX_SIG = 24 };
-    int64_t in[1 + 2 * MAX_SIG], red[1 + 2 * MAX_SIG];
-    in[0] = st ? -(((int64_t)st << 32) | (int64_t)g->rank) : 0; /* MIN of -code = MAX of code */
+    int64_t red[1 + 2 * MAX_SIG];
+    red[0] = st ? -(((int64_t)st << 32) | (int64_t)g->rank) : 0; /* MIN of -code = MAX of code */
     for (int x = 0; x < count; ++x) {
-        in[1 + x] = sig[x];
-        in[1 + count + x] = -sig[x];
+        red[1 + x] = sig[x];
+        red[1 + count + x] = -sig[x];
     }
-    const int rc = MPI_Allreduce(in, red, 1 + 2 * count, MPI_INT64_T, MPI_MIN, g->comm);
-    if (rc != MPI_SUCCESS) return mpi_failed(rc, "MPI_Allreduce (status agreement)");
+    const fa_status comm = g->t->agree_min(g->t->self, red, 1 + 2 * count);
+    if (comm) return comm;
     if (st) return st; /* this rank's own message stands */
     if (red[0]) {
         const int64_t code = -red[0];
@@ -230,98 +234,42 @@ static int block_desc(ring *g, int src, int qc, int kc, fa_attention_desc *desc)
     return 1;
 }
 
-/* n elements from one dtype to another: a copy, or f16/bf16 widened to f32 (exact), or f32
- * rounded to f16/bf16 (the ring's only rounding, of its final outputs). */
-static void convert(fa_dtype from, const void *src, fa_dtype to, void *dst, int64_t n)
+/* Scratch of the context's memory: allocates *p unless an earlier allocation failed (ok). */
+static int grab(const ring *g, void *p, size_t bytes, int ok)
 {
-    const uint16_t *h = src;
-    const float *f = src;
-    float *wide = dst;
-    uint16_t *narrow = dst;
-    if (from == to) memcpy(dst, src, (size_t)n * fa_dtype_size(to));
-    else if (from == FA_DTYPE_F16) for (int64_t x = 0; x < n; ++x) wide[x] = fa_f16_to_f32(h[x]);
-    else if (from == FA_DTYPE_BF16) for (int64_t x = 0; x < n; ++x) wide[x] = fa_bf16_to_f32(h[x]);
-    else if (to == FA_DTYPE_F16) for (int64_t x = 0; x < n; ++x) narrow[x] = fa_f32_to_f16(f[x]);
-    else for (int64_t x = 0; x < n; ++x) narrow[x] = fa_f32_to_bf16(f[x]);
+    void **slot = (void **)p;
+    return ok && g->t->alloc(g->t->self, bytes, slot) == FA_SUCCESS;
 }
 
-static void *element(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
-{
-    return (char *)t->data + (b * t->stride_batch + s * t->stride_seq + h * t->stride_head) *
-                                 (int64_t)fa_dtype_size(t->dtype);
-}
-
-/* dst (packed [batch, rows, heads, d] of dtype to) = t's rows. */
-static void pack_rows(const fa_tensor *t, void *dst, fa_dtype to)
-{
-    const int64_t row = t->head_dim * (int64_t)fa_dtype_size(to);
-    for (int64_t b = 0; b < t->batch; ++b)
-        for (int64_t s = 0; s < t->seqlen; ++s)
-            for (int64_t h = 0; h < t->heads; ++h)
-                convert(t->dtype, element(t, b, s, h), to,
-                        (char *)dst + ((b * t->seqlen + s) * t->heads + h) * row, t->head_dim);
-}
-
-/* t's rows [c * C, (c + 1) * C) = src (packed f32 [batch, C, heads, d]), in t's dtype. */
-static void unpack_chunk(const float *src, int64_t c, int64_t chunk, const fa_tensor *t)
-{
-    for (int64_t b = 0; b < t->batch; ++b)
-        for (int64_t s = 0; s < chunk; ++s)
-            for (int64_t h = 0; h < t->heads; ++h)
-                convert(FA_DTYPE_F32, src + ((b * chunk + s) * t->heads + h) * t->head_dim, t->dtype,
-                        element(t, b, c * chunk + s, h), t->head_dim);
-}
-
-/* An f32 view of t: t itself when it is f32, else its rows widened into *copy (packed; NULL when
- * out of memory). The ring computes every block on f32 views. */
-static fa_tensor f32_view(const fa_tensor *t, float **copy)
+/* An f32 view of t: t itself when it is f32, else its rows widened into *copy (packed; data NULL
+ * when out of memory). The ring computes every block on f32 views. */
+static fa_tensor f32_view(const ring *g, const fa_tensor *t, float **copy)
 {
     if (t->dtype == FA_DTYPE_F32) return *t;
-    *copy = malloc((size_t)(t->batch * t->seqlen * t->heads * t->head_dim) * sizeof(float));
-    if (*copy) pack_rows(t, *copy, FA_DTYPE_F32);
+    if (!grab(g, copy, (size_t)(t->batch * t->seqlen * t->heads * t->head_dim) * sizeof(float), 1) ||
+        g->t->pack(g->t->self, t, *copy, FA_DTYPE_F32) != FA_SUCCESS)
+        return packed(NULL, t->batch, t->seqlen, t->heads, t->head_dim);
     return packed(*copy, t->batch, t->seqlen, t->heads, t->head_dim);
 }
 
-static int open_ring(MPI_Comm comm, ring *g)
-{
-    int initialised = 0;
-    MPI_Initialized(&initialised);
-    if (!initialised) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "comm: MPI is not initialised (call MPI_Init)");
-    if (comm == MPI_COMM_NULL) return fa_private_set_error(FA_ERROR_INVALID_VALUE, "comm: is MPI_COMM_NULL");
-    memset(g, 0, sizeof *g);
-    int rc = MPI_Comm_dup(comm, &g->comm);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(g->comm, &g->rank);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(g->comm, &g->size);
-    return rc == MPI_SUCCESS ? FA_SUCCESS : mpi_failed(rc, "comm");
-}
-
-static void close_ring(ring *g)
-{
-    free(g->valid_k);
-    if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
-}
+static void finish(ring *g) { free(g->valid_k); }
 
 /* Elements of a K/V block (K [batch, 2C, hk, d], then V). */
 static int64_t kv_elements(const ring *g) { return g->batch * 2 * g->chunk * g->hk * g->d * 2; }
 
-/* Posts the next step's K/V exchange: receive into next from the left, send cur to the right. */
-static int post_kv_exchange(const ring *g, void *next, void *cur, MPI_Request req[2])
+/* Posts the next step's K/V exchange: send cur to the right, receive next from the left. */
+static fa_status post_kv_exchange(const ring *g, void *next, const void *cur)
 {
-    const int left = (g->rank + g->size - 1) % g->size, right = (g->rank + 1) % g->size;
-    const int count = (int)kv_elements(g);
-    int rc = MPI_Irecv(next, count, g->mpi_dtype, left, TAG_KV, g->comm, &req[0]);
-    if (rc == MPI_SUCCESS) rc = MPI_Isend(cur, count, g->mpi_dtype, right, TAG_KV, g->comm, &req[1]);
-    return rc;
+    return g->t->post(g->t->self, FA_RING_KV, cur, next, kv_elements(g), (int)fa_dtype_size(g->dtype));
 }
 
-/* The received K/V block as f32: itself, or widened into wide (f16/bf16). Reading a buffer that
- * is being sent is allowed (MPI 3). */
+/* The received K/V block as f32: itself, or widened into wide (f16/bf16; NULL on failure). Reading
+ * a buffer that is being sent is allowed (MPI 3; NCCL reads it on its stream). */
 static float *kv_f32(const ring *g, void *kv, float *wide)
 {
     if (g->dtype == FA_DTYPE_F32) return kv;
-    convert(g->dtype, kv, FA_DTYPE_F32, wide, kv_elements(g));
-    return wide;
+    const fa_tensor flat = packed_as(kv, g->dtype, 1, 1, 1, kv_elements(g));
+    return g->t->pack(g->t->self, &flat, wide, FA_DTYPE_F32) == FA_SUCCESS ? wide : NULL;
 }
 
 /* K and V of key chunk kc of a packed f32 K/V block. */
@@ -331,6 +279,15 @@ static void kv_chunk(const ring *g, float *kv, int kc, fa_tensor *k, fa_tensor *
     const fa_tensor whole_v = packed(kv + g->batch * 2 * g->chunk * g->hk * g->d, g->batch, 2 * g->chunk, g->hk, g->d);
     *k = chunk_view(&whole_k, kc, g->chunk);
     *v = chunk_view(&whole_v, kc, g->chunk);
+}
+
+/* Packs this rank's K then V into a ring buffer of the input dtype. */
+static fa_status pack_kv(const ring *g, const fa_tensor *k, const fa_tensor *v, void *kv)
+{
+    const fa_tensor sk = fa_ring_strided(k), sv = fa_ring_strided(v);
+    const size_t half = (size_t)kv_elements(g) / 2 * fa_dtype_size(g->dtype);
+    fa_status st = g->t->pack(g->t->self, &sk, kv, g->dtype);
+    return st ? st : g->t->pack(g->t->self, &sv, (char *)kv + half, g->dtype);
 }
 
 /* Forward scratch: the K/V ring buffers and, per local query chunk, the merged result so far,
@@ -343,15 +300,13 @@ typedef struct forward_buffers {
 
 static fa_status ring_forward_steps(ring *g, fa_context *ctx, const fa_tensor *q, forward_buffers *w, int *have)
 {
-    fa_status st = FA_SUCCESS;
+    fa_status st = FA_SUCCESS, comm;
     for (int s = 0; s < g->size; ++s) {
         const int cur = s & 1, src = (g->rank - s + g->size) % g->size;
-        MPI_Request req[2];
-        int rc = MPI_SUCCESS;
         /* The next block's exchange first, so that it overlaps this block's compute. */
-        if (s + 1 < g->size && (rc = post_kv_exchange(g, w->kv[1 - cur], w->kv[cur], req)) != MPI_SUCCESS)
-            return mpi_failed(rc, "MPI_Isend/Irecv (K/V ring)");
-        float *kv = kv_f32(g, w->kv[cur], w->kv_wide);
+        if (s + 1 < g->size && (comm = post_kv_exchange(g, w->kv[1 - cur], w->kv[cur])) != FA_SUCCESS) return comm;
+        float *kv = st ? NULL : kv_f32(g, w->kv[cur], w->kv_wide);
+        if (!st && !kv) st = fa_private_set_error(FA_ERROR_BACKEND_FAILURE, "fa_ring_forward: widening a K/V block");
         for (int qc = 0; qc < 2 && !st; ++qc) {
             const fa_tensor bq = chunk_view(q, qc, g->chunk);
             for (int kc = 0; kc < 2 && !st; ++kc) {
@@ -379,96 +334,113 @@ static fa_status ring_forward_steps(ring *g, fa_context *ctx, const fa_tensor *q
             }
         }
         /* A failed block still takes part in the exchange: the other ranks are waiting on it. */
-        if (s + 1 < g->size && (rc = MPI_Waitall(2, req, MPI_STATUSES_IGNORE)) != MPI_SUCCESS)
-            return mpi_failed(rc, "MPI_Waitall (K/V ring)");
+        if (s + 1 < g->size && (comm = g->t->wait(g->t->self, FA_RING_KV)) != FA_SUCCESS) return comm;
     }
     return st;
 }
 
-fa_status fa_ring_forward(fa_context *ctx, MPI_Comm comm, const fa_attention_desc *desc, const fa_tensor *q,
-                          const fa_tensor *k, const fa_tensor *v, fa_tensor *out, float *lse)
+static void start(const fa_ring_transport *t, ring *g)
+{
+    memset(g, 0, sizeof *g);
+    g->t = t;
+    g->rank = t->rank;
+    g->size = t->size;
+}
+
+fa_status fa_ring_run_forward(const fa_ring_transport *t, fa_context *ctx, const fa_attention_desc *desc,
+                              const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, fa_tensor *out, float *lse)
 {
     ring g;
-    fa_status st = open_ring(comm, &g);
-    if (st) return st;
-    st = check_local(ctx, desc, q, k, v, out, &g);
+    start(t, &g);
+    fa_status st = check_local(ctx, desc, q, k, v, out, &g);
     int64_t sig[24];
     const int count = signature(&g, sig);
     st = agree(&g, st, sig, count);
     forward_buffers w = {0};
     int have[2] = {0, 0};
     float *q_wide = NULL;
-    fa_tensor so;
     if (!st) {
         const size_t kv_bytes = (size_t)kv_elements(&g) * fa_dtype_size(g.dtype);
         const size_t o_floats = (size_t)(g.batch * g.chunk * g.hq * g.d), l_floats = (size_t)(g.batch * g.hq * g.chunk);
-        int ok = (w.kv[0] = malloc(kv_bytes)) && (w.kv[1] = malloc(kv_bytes));
-        if (g.dtype != FA_DTYPE_F32) ok = (w.kv_wide = malloc((size_t)kv_elements(&g) * sizeof(float))) && ok;
+        int ok = grab(&g, &w.kv[0], kv_bytes, 1);
+        ok = grab(&g, &w.kv[1], kv_bytes, ok);
+        if (g.dtype != FA_DTYPE_F32) ok = grab(&g, &w.kv_wide, (size_t)kv_elements(&g) * sizeof(float), ok);
         for (int qc = 0; qc < 2; ++qc)
-            for (int x = 0; x < 3; ++x)
-                ok = (w.out[qc][x] = malloc(o_floats * sizeof(float))) && (w.lse[qc][x] = malloc(l_floats * sizeof(float))) &&
-                     ok;
-        const fa_tensor sq = strided(q);
-        const fa_tensor wq = f32_view(&sq, &q_wide);
+            for (int x = 0; x < 3; ++x) {
+                ok = grab(&g, &w.out[qc][x], o_floats * sizeof(float), ok);
+                ok = grab(&g, &w.lse[qc][x], l_floats * sizeof(float), ok);
+            }
+        const fa_tensor sq = fa_ring_strided(q);
+        const fa_tensor wq = ok ? f32_view(&g, &sq, &q_wide) : sq;
         ok = ok && wq.data;
         if (!ok) st = fa_private_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_ring_forward: ring buffers");
-        so = strided(out);
-        if (!st) {
-            const fa_tensor sk = strided(k), sv = strided(v);
-            pack_rows(&sk, w.kv[0], g.dtype);
-            pack_rows(&sv, (char *)w.kv[0] + kv_bytes / 2, g.dtype);
-        }
+        if (!st) st = pack_kv(&g, k, v, w.kv[0]);
         /* Every rank enters the ring only when every rank could allocate. */
         st = agree(&g, st, sig, count);
         if (!st) st = agree(&g, ring_forward_steps(&g, ctx, &wq, &w, have), sig, count);
     }
     if (!st) { /* every rank succeeded: now, and only now, the outputs */
-        for (int qc = 0; qc < 2; ++qc) {
-            unpack_chunk(w.out[qc][0], qc, g.chunk, &so);
-            for (int64_t bh = 0; lse && bh < g.batch * g.hq; ++bh)
-                memcpy(lse + bh * 2 * g.chunk + qc * g.chunk, w.lse[qc][0] + bh * g.chunk, (size_t)g.chunk * sizeof *lse);
+        const fa_tensor so = fa_ring_strided(out);
+        const size_t c_bytes = (size_t)g.chunk * sizeof *lse;
+        for (int qc = 0; qc < 2 && !st; ++qc) {
+            st = t->unpack(t->self, w.out[qc][0], qc, g.chunk, &so);
+            if (!st && lse)
+                st = t->copy_rows(t->self, lse + qc * g.chunk, 2 * c_bytes, w.lse[qc][0], c_bytes, c_bytes,
+                                  (size_t)(g.batch * g.hq));
         }
     }
-    free(w.kv[0]);
-    free(w.kv[1]);
-    free(w.kv_wide);
-    free(q_wide);
+    t->release(t->self, w.kv[0]);
+    t->release(t->self, w.kv[1]);
+    t->release(t->self, w.kv_wide);
+    t->release(t->self, q_wide);
     for (int qc = 0; qc < 2; ++qc)
         for (int x = 0; x < 3; ++x) {
-            free(w.out[qc][x]);
-            free(w.lse[qc][x]);
+            t->release(t->self, w.out[qc][x]);
+            t->release(t->self, w.lse[qc][x]);
         }
-    close_ring(&g);
+    finish(&g);
     return st;
 }
 
 /* Backward scratch: the K/V ring buffers, this step's dK/dV contribution (packed like a K/V
- * block), the accumulators in flight (received; two being sent), one block's gradients, the local
- * dq sums and the lse of each local query chunk. */
+ * block), the accumulator received and the one being sent, one block's gradients, the local dq
+ * sums and the lse of each local query chunk. */
 typedef struct backward_buffers {
     void *kv[2];    /* in the input dtype */
     float *kv_wide; /* the current block widened to f32 (f16/bf16 only) */
-    float *contrib, *dkv_in, *dkv_out[2];   /* f32, whatever the input dtype */
+    float *contrib, *dkv_in, *dkv_out;   /* f32, whatever the input dtype */
     float *dq_part, *dk_part, *dv_part, *dq[2], *lse[2];
 } backward_buffers;
+
+/* This block's gradients added to the sums, in fixed orders: dq over the ring's steps, the
+ * contribution over query chunks (key chunk kc of the K/V block layout). */
+static fa_status add_block_gradients(const ring *g, backward_buffers *w, int qc, int kc)
+{
+    const fa_ring_transport *t = g->t;
+    const int64_t k_floats = g->batch * 2 * g->chunk * g->hk * g->d, q_floats = g->batch * g->chunk * g->hq * g->d;
+    const int64_t chunk_k = g->chunk * g->hk * g->d, row_k = 2 * chunk_k; /* floats per batch of a block */
+    float *dk_sum = w->contrib + kc * chunk_k, *dv_sum = w->contrib + k_floats + kc * chunk_k;
+    fa_status st = t->add_rows(t->self, w->dq[qc], 0, w->dq[qc], 0, w->dq_part, 0, q_floats, 1);
+    if (!st) st = t->add_rows(t->self, dk_sum, row_k, dk_sum, row_k, w->dk_part, chunk_k, chunk_k, g->batch);
+    if (!st) st = t->add_rows(t->self, dv_sum, row_k, dv_sum, row_k, w->dv_part, chunk_k, chunk_k, g->batch);
+    return st;
+}
 
 static fa_status ring_backward_steps(ring *g, fa_context *ctx, const fa_tensor *q, const fa_tensor *out,
                                      const fa_tensor *dout, backward_buffers *w)
 {
-    const int left = (g->rank + g->size - 1) % g->size, right = (g->rank + 1) % g->size;
-    const int64_t k_floats = g->batch * 2 * g->chunk * g->hk * g->d, q_floats = g->batch * g->chunk * g->hq * g->d;
-    const int kv_count = (int)(2 * k_floats);
-    const int64_t chunk_k = g->chunk * g->hk * g->d, row_k = 2 * chunk_k; /* floats per batch of a block */
-    MPI_Request dkv_recv = MPI_REQUEST_NULL, dkv_send[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    fa_status st = FA_SUCCESS;
-    int rc = MPI_SUCCESS;
-    for (int s = 0; s < g->size && rc == MPI_SUCCESS; ++s) {
+    const fa_ring_transport *t = g->t;
+    const int64_t kv_count = kv_elements(g);
+    const size_t kv_floats_bytes = (size_t)kv_count * sizeof(float);
+    fa_status st = FA_SUCCESS, comm;
+    for (int s = 0; s < g->size; ++s) {
         const int cur = s & 1, src = (g->rank - s + g->size) % g->size;
-        MPI_Request req[2];
         /* The next K/V block first, so that it overlaps this block's compute. */
-        if (s + 1 < g->size && (rc = post_kv_exchange(g, w->kv[1 - cur], w->kv[cur], req)) != MPI_SUCCESS) break;
-        memset(w->contrib, 0, (size_t)kv_count * sizeof *w->contrib);
-        float *kv = kv_f32(g, w->kv[cur], w->kv_wide);
+        if (s + 1 < g->size && (comm = post_kv_exchange(g, w->kv[1 - cur], w->kv[cur])) != FA_SUCCESS) return comm;
+        fa_status local = t->zero(t->self, w->contrib, kv_floats_bytes);
+        if (!st) st = local;
+        float *kv = st ? NULL : kv_f32(g, w->kv[cur], w->kv_wide);
+        if (!st && !kv) st = fa_private_set_error(FA_ERROR_BACKEND_FAILURE, "fa_ring_backward: widening a K/V block");
         for (int qc = 0; qc < 2 && !st; ++qc) {
             const fa_tensor bq = chunk_view(q, qc, g->chunk), bo = chunk_view(out, qc, g->chunk);
             const fa_tensor bdo = chunk_view(dout, qc, g->chunk);
@@ -481,43 +453,33 @@ static fa_status ring_backward_steps(ring *g, fa_context *ctx, const fa_tensor *
                 fa_tensor dk = packed(w->dk_part, g->batch, g->chunk, g->hk, g->d);
                 fa_tensor dv = packed(w->dv_part, g->batch, g->chunk, g->hk, g->d);
                 st = fa_backward(ctx, &desc, &bq, &bk, &bv, &bo, &bdo, w->lse[qc], &dq, &dk, &dv);
-                if (st) break;
-                /* Fixed orders: dq over the ring's steps, the contribution over query chunks. */
-                for (int64_t x = 0; x < q_floats; ++x) w->dq[qc][x] += w->dq_part[x];
-                for (int64_t b = 0; b < g->batch; ++b)
-                    for (int64_t x = 0; x < chunk_k; ++x) {
-                        w->contrib[b * row_k + kc * chunk_k + x] += w->dk_part[b * chunk_k + x];
-                        w->contrib[k_floats + b * row_k + kc * chunk_k + x] += w->dv_part[b * chunk_k + x];
-                    }
+                if (!st) st = add_block_gradients(g, w, qc, kc);
             }
         }
-        /* The block's accumulator: what the ranks before added, then this rank's contribution. */
-        float *acc = w->dkv_out[cur];
-        if (dkv_send[cur] != MPI_REQUEST_NULL && (rc = MPI_Wait(&dkv_send[cur], MPI_STATUS_IGNORE)) != MPI_SUCCESS) break;
+        /* The block's accumulator: what the ranks before added, then this rank's contribution
+         * (a failed rank sends whatever it has: the final agreement discards the result). */
         if (s == 0) {
-            memcpy(acc, w->contrib, (size_t)kv_count * sizeof *acc);
+            local = t->copy_rows(t->self, w->dkv_out, kv_floats_bytes, w->contrib, kv_floats_bytes, kv_floats_bytes, 1);
         } else {
-            if ((rc = MPI_Wait(&dkv_recv, MPI_STATUS_IGNORE)) != MPI_SUCCESS) break;
-            for (int x = 0; x < kv_count; ++x) acc[x] = w->dkv_in[x] + w->contrib[x];
+            if ((comm = t->wait(t->self, FA_RING_DKV)) != FA_SUCCESS) return comm;
+            local = t->add_rows(t->self, w->dkv_out, 0, w->dkv_in, 0, w->contrib, 0, kv_count, 1);
         }
+        if (!st) st = local;
         /* To the next rank; after the last step that is the block's owner. */
-        rc = MPI_Isend(acc, kv_count, MPI_FLOAT, right, TAG_DKV, g->comm, &dkv_send[cur]);
-        if (rc == MPI_SUCCESS) rc = MPI_Irecv(w->dkv_in, kv_count, MPI_FLOAT, left, TAG_DKV, g->comm, &dkv_recv);
-        if (rc == MPI_SUCCESS && s + 1 < g->size) rc = MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
+        if ((comm = t->post(t->self, FA_RING_DKV, w->dkv_out, w->dkv_in, kv_count, 4)) != FA_SUCCESS) return comm;
+        if (s + 1 < g->size && (comm = t->wait(t->self, FA_RING_KV)) != FA_SUCCESS) return comm;
     }
-    if (rc == MPI_SUCCESS) rc = MPI_Wait(&dkv_recv, MPI_STATUS_IGNORE); /* this rank's own dK/dV, complete */
-    if (rc == MPI_SUCCESS) rc = MPI_Waitall(2, dkv_send, MPI_STATUSES_IGNORE);
-    return rc != MPI_SUCCESS ? mpi_failed(rc, "MPI (dK/dV ring)") : st;
+    comm = t->wait(t->self, FA_RING_DKV); /* this rank's own dK/dV, complete */
+    return comm ? comm : st;
 }
 
-fa_status fa_ring_backward(fa_context *ctx, MPI_Comm comm, const fa_attention_desc *desc, const fa_tensor *q,
-                           const fa_tensor *k, const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout,
-                           const float *lse, fa_tensor *dq, fa_tensor *dk, fa_tensor *dv)
+fa_status fa_ring_run_backward(const fa_ring_transport *t, fa_context *ctx, const fa_attention_desc *desc,
+                               const fa_tensor *q, const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                               const fa_tensor *dout, const float *lse, fa_tensor *dq, fa_tensor *dk, fa_tensor *dv)
 {
     ring g;
-    fa_status st = open_ring(comm, &g);
-    if (st) return st;
-    st = check_local(ctx, desc, q, k, v, out, &g);
+    start(t, &g);
+    fa_status st = check_local(ctx, desc, q, k, v, out, &g);
     if (!st && !lse) st = fa_private_set_error(FA_ERROR_INVALID_VALUE, "lse: is NULL (backward needs the forward's lse)");
     if (!st && (st = check_like("dout", dout, "q", q)) == FA_SUCCESS && (st = check_like("dq", dq, "q", q)) == FA_SUCCESS &&
         (st = check_like("dk", dk, "k", k)) == FA_SUCCESS)
@@ -531,42 +493,43 @@ fa_status fa_ring_backward(fa_context *ctx, MPI_Comm comm, const fa_attention_de
         const size_t kv_floats = (size_t)kv_elements(&g), kv_bytes = kv_floats * fa_dtype_size(g.dtype);
         const size_t q_floats = (size_t)(g.batch * g.chunk * g.hq * g.d), k_floats = (size_t)(g.batch * g.chunk * g.hk * g.d);
         const size_t l_floats = (size_t)(g.batch * g.hq * g.chunk);
-        float **kv_sized[] = {&w.contrib, &w.dkv_in, &w.dkv_out[0], &w.dkv_out[1]};
-        int ok = (w.kv[0] = malloc(kv_bytes)) && (w.kv[1] = malloc(kv_bytes));
-        if (g.dtype != FA_DTYPE_F32) ok = (w.kv_wide = malloc(kv_floats * sizeof(float))) && ok;
-        for (size_t x = 0; x < sizeof kv_sized / sizeof *kv_sized; ++x)
-            ok = (*kv_sized[x] = malloc(kv_floats * sizeof(float))) && ok;
-        ok = (w.dq_part = malloc(q_floats * sizeof(float))) && ok;
-        ok = (w.dk_part = malloc(k_floats * sizeof(float))) && ok;
-        ok = (w.dv_part = malloc(k_floats * sizeof(float))) && ok;
+        float **kv_sized[] = {&w.contrib, &w.dkv_in, &w.dkv_out};
+        int ok = grab(&g, &w.kv[0], kv_bytes, 1);
+        ok = grab(&g, &w.kv[1], kv_bytes, ok);
+        if (g.dtype != FA_DTYPE_F32) ok = grab(&g, &w.kv_wide, kv_floats * sizeof(float), ok);
+        for (size_t x = 0; x < sizeof kv_sized / sizeof *kv_sized; ++x) ok = grab(&g, kv_sized[x], kv_floats * sizeof(float), ok);
+        ok = grab(&g, &w.dq_part, q_floats * sizeof(float), ok);
+        ok = grab(&g, &w.dk_part, k_floats * sizeof(float), ok);
+        ok = grab(&g, &w.dv_part, k_floats * sizeof(float), ok);
         for (int qc = 0; qc < 2; ++qc) {
-            ok = (w.dq[qc] = calloc(q_floats, sizeof(float))) && ok;
-            ok = (w.lse[qc] = malloc(l_floats * sizeof(float))) && ok;
+            ok = grab(&g, &w.dq[qc], q_floats * sizeof(float), ok) && t->zero(t->self, w.dq[qc], q_floats * sizeof(float)) == FA_SUCCESS;
+            ok = grab(&g, &w.lse[qc], l_floats * sizeof(float), ok);
         }
-        const fa_tensor sq = strided(q), so = strided(out), sdo = strided(dout);
-        const fa_tensor wq = f32_view(&sq, &wide[0]), wo = f32_view(&so, &wide[1]), wdo = f32_view(&sdo, &wide[2]);
+        const fa_tensor sq = fa_ring_strided(q), so = fa_ring_strided(out), sdo = fa_ring_strided(dout);
+        fa_tensor wq = sq, wo = so, wdo = sdo;
+        if (ok) {
+            wq = f32_view(&g, &sq, &wide[0]);
+            wo = f32_view(&g, &so, &wide[1]);
+            wdo = f32_view(&g, &sdo, &wide[2]);
+        }
         ok = ok && wq.data && wo.data && wdo.data;
         if (!ok) st = fa_private_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_ring_backward: ring buffers");
-        if (!st) {
-            const fa_tensor sk = strided(k), sv = strided(v);
-            pack_rows(&sk, w.kv[0], g.dtype);
-            pack_rows(&sv, (char *)w.kv[0] + kv_bytes / 2, g.dtype);
-            for (int qc = 0; qc < 2; ++qc) /* each chunk's lse rows, contiguous as fa_backward reads them */
-                for (int64_t bh = 0; bh < g.batch * g.hq; ++bh)
-                    memcpy(w.lse[qc] + bh * g.chunk, lse + bh * 2 * g.chunk + qc * g.chunk, (size_t)g.chunk * sizeof(float));
-        }
+        if (!st) st = pack_kv(&g, k, v, w.kv[0]);
+        const size_t c_bytes = (size_t)g.chunk * sizeof(float);
+        for (int qc = 0; qc < 2 && !st; ++qc) /* each chunk's lse rows, contiguous as fa_backward reads them */
+            st = t->copy_rows(t->self, w.lse[qc], c_bytes, lse + qc * g.chunk, 2 * c_bytes, c_bytes, (size_t)(g.batch * g.hq));
         st = agree(&g, st, sig, count);
         if (!st) st = agree(&g, ring_backward_steps(&g, ctx, &wq, &wo, &wdo, &w), sig, count);
     }
     if (!st) { /* every rank succeeded: the outputs, rounded to their dtype here and only here */
-        const fa_tensor sdq = strided(dq), sdk = strided(dk), sdv = strided(dv);
-        for (int qc = 0; qc < 2; ++qc) unpack_chunk(w.dq[qc], qc, g.chunk, &sdq);
-        unpack_chunk(w.dkv_in, 0, 2 * g.chunk, &sdk); /* this rank's dK then dV, complete */
-        unpack_chunk(w.dkv_in + kv_elements(&g) / 2, 0, 2 * g.chunk, &sdv);
+        const fa_tensor sdq = fa_ring_strided(dq), sdk = fa_ring_strided(dk), sdv = fa_ring_strided(dv);
+        for (int qc = 0; qc < 2 && !st; ++qc) st = t->unpack(t->self, w.dq[qc], qc, g.chunk, &sdq);
+        if (!st) st = t->unpack(t->self, w.dkv_in, 0, 2 * g.chunk, &sdk); /* this rank's dK then dV, complete */
+        if (!st) st = t->unpack(t->self, w.dkv_in + kv_elements(&g) / 2, 0, 2 * g.chunk, &sdv);
     }
-    void *owned[] = {w.kv[0], w.kv[1], w.kv_wide, w.contrib, w.dkv_in, w.dkv_out[0], w.dkv_out[1], w.dq_part,
+    void *owned[] = {w.kv[0], w.kv[1], w.kv_wide, w.contrib, w.dkv_in, w.dkv_out, w.dq_part,
                      w.dk_part, w.dv_part, w.dq[0], w.dq[1], w.lse[0], w.lse[1], wide[0], wide[1], wide[2]};
-    for (size_t x = 0; x < sizeof owned / sizeof *owned; ++x) free(owned[x]);
-    close_ring(&g);
+    for (size_t x = 0; x < sizeof owned / sizeof *owned; ++x) t->release(t->self, owned[x]);
+    finish(&g);
     return st;
 }

@@ -122,6 +122,7 @@ typedef enum emuError_t {
     emuErrorInsufficientDriver = 35,
     emuErrorInvalidConfiguration = 9,
     emuErrorLaunchFailure = 719,
+    emuErrorNotReady = 600, /* an event query: never, as everything completes at once */
 } emuError_t;
 typedef enum emuMemcpyKind { emuMemcpyHostToDevice = 1, emuMemcpyDeviceToHost = 2, emuMemcpyDeviceToDevice = 3 } emuMemcpyKind;
 typedef enum emuDeviceAttr { emuDevAttrMaxSharedMemoryPerBlock = 8, emuDevAttrMaxSharedMemoryPerBlockOptin = 97 } emuDeviceAttr;
@@ -269,6 +270,65 @@ inline emuError_t emuStreamSynchronize(fa_gpu_stream stream)
     emu_fault_pending() = false;
     return emu_record(emuErrorLaunchFailure);
 }
+/* Streams and events for host code that orders work across streams (src/dist/ring_nccl.cu): every
+ * operation completes when it is enqueued, so an event is complete as soon as it is recorded and a
+ * stream waiting for it never waits. A stream is a distinct non-null handle, nothing more. */
+typedef struct emu_event_state { int recorded; } *emuEvent_t;
+typedef emuEvent_t fa_gpu_event;
+enum { emuEventDisableTiming = 2, emuStreamNonBlocking = 1 };
+inline emuError_t emuStreamCreateWithFlags(fa_gpu_stream *stream, unsigned flags)
+{
+    (void)flags;
+    *stream = malloc(1);
+    return *stream ? emuSuccess : emu_record(emuErrorMemoryAllocation);
+}
+inline emuError_t emuStreamDestroy(fa_gpu_stream stream)
+{
+    free(stream);
+    return emuSuccess;
+}
+inline emuError_t emuEventCreateWithFlags(emuEvent_t *event, unsigned flags)
+{
+    (void)flags;
+    *event = (emuEvent_t)calloc(1, sizeof **event);
+    return *event ? emuSuccess : emu_record(emuErrorMemoryAllocation);
+}
+inline emuError_t emuEventDestroy(emuEvent_t event)
+{
+    free(event);
+    return emuSuccess;
+}
+inline emuError_t emuEventRecord(emuEvent_t event, fa_gpu_stream stream)
+{
+    (void)stream;
+    if (!event) return emu_record(emuErrorInvalidValue);
+    event->recorded = 1;
+    return emuSuccess;
+}
+/* FLASHATTN_EMU_EVENTS_PENDING=1 makes every event stay not ready, as behind a kernel that never
+ * finishes (a peer that never posts its half of an exchange): for the callers' bounded waits. */
+inline emuError_t emuEventQuery(emuEvent_t event)
+{
+    if (!event) return emu_record(emuErrorInvalidValue);
+    const char *pending = getenv("FLASHATTN_EMU_EVENTS_PENDING");
+    return pending && !strcmp(pending, "1") ? emuErrorNotReady : emuSuccess;
+}
+inline emuError_t emuStreamWaitEvent(fa_gpu_stream stream, emuEvent_t event, unsigned flags)
+{
+    (void)stream; (void)flags;
+    return event ? emuSuccess : emu_record(emuErrorInvalidValue);
+}
+inline emuError_t emuMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                                   emuMemcpyKind kind, fa_gpu_stream stream)
+{
+    (void)kind; (void)stream;
+    if (width > dpitch || width > spitch) return emu_record(emuErrorInvalidValue);
+    for (size_t r = 0; r < height; ++r) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return emuSuccess;
+}
+inline emuError_t emuMallocHost(void **ptr, size_t bytes) { return emuMalloc(ptr, bytes); }
+inline emuError_t emuFreeHost(void *ptr) { return emuFree(ptr); }
+
 inline emuError_t emuGetLastError(void)
 {
     const emuError_t e = emu_runtime().last_error;
@@ -285,6 +345,7 @@ inline const char *emuGetErrorName(emuError_t e)
     case emuErrorInsufficientDriver: return "emuErrorInsufficientDriver";
     case emuErrorInvalidConfiguration: return "emuErrorInvalidConfiguration";
     case emuErrorLaunchFailure: return "emuErrorLaunchFailure";
+    case emuErrorNotReady: return "emuErrorNotReady";
     }
     return "emuErrorUnknown";
 }
