@@ -110,6 +110,7 @@ void fa_cpu_kvcache_append(const fa_kv_problem *kp)
  * head's rows, the softmax vectors, the NaN marks, the merge's row and the rows' key ranges. K and
  * V are read in place by the decode kernels (f16/bf16 widened in registers). */
 typedef struct decode_scratch {
+    int64_t q_unit; /* the unit whose query rows q holds (-1: none yet): a thread's chunks of one unit load them once */
     float *q, *st, *tile_max, *shift, *alpha, *tile_sum, *acc;
     unsigned char *poisoned;
     fa_key_range *ranges;
@@ -126,6 +127,7 @@ static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
 {
     const int64_t d = p->head_dim, cols = p->heads_kv * DECODE_ROWS;
     float *f = (float *)base;
+    w->q_unit = -1;
     w->q = f; f += cols * d;
     w->st = f; f += DECODE_KEYS * cols;
     w->tile_max = f; f += cols;
@@ -311,12 +313,13 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
         if (w->ranges[r].lo > all_lo) all_lo = w->ranges[r].lo;
         if (w->ranges[r].hi < all_hi) all_hi = w->ranges[r].hi;
     }
-    for (int64_t hk = 0; hk < p->heads_kv; ++hk)
+    for (int64_t hk = 0; w->q_unit != u && hk < p->heads_kv; ++hk)
         for (int64_t r = 0; r < rows; ++r) {
             int64_t i, h;
             tile_row(plan, hk, r0 + r, &i, &h);
             fa_cpu_load_rows(&p->q, b, i, h, 1, w->q + (hk * rows + r) * d, d);
         }
+    w->q_unit = u;
     const int64_t stream = kp->block_table || all_hi - all_lo < 4 * DECODE_STREAM_MIN ? 0 : (all_hi - all_lo) / 4;
     if (!stream) {
         run_tiles(kp, kern, b, rows, lo, hi, w, out);
