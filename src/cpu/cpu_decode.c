@@ -36,7 +36,7 @@
 #define DECODE_ROWS 64        /* query rows per tile and kv head */
 #define DECODE_KEYS 64        /* keys per online-softmax step (S^T of every kv head stays in L1) */
 #define DECODE_TASKS 128      /* tasks a split aims at: 4 per thread on 32 threads */
-#define DECODE_STREAM_MIN 8   /* keys per stream at least (DECODE_KEYS / 4: one full tile) */
+#define DECODE_STREAM_MIN 8   /* keys per stream at least: shorter spans are read as runs */
 #define DECODE_MIN_CHUNK 256  /* keys: shorter chunks cost more in merging than they share */
 
 typedef struct decode_plan {
