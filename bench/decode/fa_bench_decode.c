@@ -1,6 +1,6 @@
 /* fa-bench-decode: the KV-cache decode path and packed variable-length batches on the CPU, with
  * their yardsticks measured in the same run:
- *  - decode (fa_forward_kvcache, batch 1, heads_q 32, heads_kv 8, d 128, one new token appended per
+ *  - decode (fa_forward_kvcache, batch 1, heads_q 32, heads_kv 8, d 128, f32/f16/bf16 cache, one token appended per
  *    step): bytes of K and V read per step / step time, as a fraction of the read bandwidth of a
  *    large-array sum on the same threads, and tokens/s of one attention layer (and of 32 layers,
  *    the attention part of a llama.cpp-style tokens/s figure);
@@ -32,9 +32,9 @@ static double now(void) { return bench_seconds(); }
         }                                                                                          \
     } while (0)
 
-/* count elements of dtype (f32 or f16), normal values of magnitude 2^-5..1 (f16: sign, exponent 10..14, random
- * mantissa): no subnormal, whose conversion or arithmetic can be slow, and nothing outside the
- * range real activations have. */
+/* count elements of dtype (f32, f16 or bf16), normal values of magnitude 2^-5..1 (f16: sign, exponent 10..14,
+ * random mantissa; f32 the same values, bf16 their top halves): no subnormal, whose conversion or arithmetic
+ * can be slow, and nothing outside the range real activations have. */
 static void *alloc_values(size_t count, fa_dtype dtype)
 {
     const size_t es = dtype == FA_DTYPE_F32 ? 4 : 2;
@@ -49,9 +49,13 @@ static void *alloc_values(size_t count, fa_dtype dtype)
         s ^= s >> 7;
         s ^= s << 17;
         const uint16_t h = (uint16_t)((s >> 63) << 15 | (10 + (s >> 40) % 5) << 10 | (s & 0x3ff));
-        if (dtype == FA_DTYPE_F32) {
+        if (dtype != FA_DTYPE_F16) {
             const float f = (float)ldexp((double)(1024 + (h & 0x3ff)), (int)((h >> 10) & 31) - 25) * ((h >> 15) ? -1 : 1);
-            memcpy(p + i * 4, &f, 4);
+            uint32_t bits;
+            memcpy(&bits, &f, 4);
+            const uint16_t top = (uint16_t)(bits >> 16);
+            if (dtype == FA_DTYPE_F32) memcpy(p + i * 4, &f, 4);
+            else memcpy(p + i * 2, &top, 2);
         } else {
             memcpy(p + i * 2, &h, 2);
         }
@@ -158,7 +162,7 @@ static void bench_decode(fa_context *ctx, fa_dtype dtype, int64_t keys, sum_arg 
     const double rate = 2.0 * (double)cache_bytes / t / 1e9;
     printf("decode  %-4s cache %6lld  %8.3f ms  K+V %7.1f MB  %6.2f GB/s  array sum %6.2f GB/s  ratio %.2f  "
            "%7.0f tokens/s per layer (%6.1f for 32 layers)\n",
-           dtype == FA_DTYPE_F32 ? "f32" : "f16", (long long)keys, t * 1e3, 2.0 * (double)cache_bytes / 1e6, rate,
+           dtype == FA_DTYPE_F32 ? "f32" : dtype == FA_DTYPE_F16 ? "f16" : "bf16", (long long)keys, t * 1e3, 2.0 * (double)cache_bytes / 1e6, rate,
            bandwidth, rate / bandwidth, 1.0 / t, 1.0 / t / 32.0);
     free(kc);
     free(vc);
@@ -291,9 +295,10 @@ int main(int argc, char **argv)
         float *x = alloc_values(sum.n, FA_DTYPE_F32);
         sum.x = x;
         static const int64_t cache_lengths[] = {4096, 16384, 32768};
-        for (int dt = 0; dt < 2; ++dt)
+        static const fa_dtype dtypes[] = {FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16};
+        for (int dt = 0; dt < 3; ++dt)
             for (int i = 0; i < (quick ? 1 : 3); ++i)
-                bench_decode(ctx, dt ? FA_DTYPE_F16 : FA_DTYPE_F32, cache_lengths[i], &sum, rounds, min_time);
+                bench_decode(ctx, dtypes[dt], cache_lengths[i], &sum, rounds, min_time);
         free(x);
     }
     if (varlen) bench_varlen(ctx, quick ? 3 : 8, rounds, min_time);

@@ -226,9 +226,11 @@ static void *cache_fill(int64_t count, fa_dtype dtype)
     return data;
 }
 
-/* The shapes of a decode kernel trial: padded key and head strides of the cache. */
+/* The shapes of a decode kernel trial: padded key and head strides of the cache; keys as one run
+ * (ld_quad = 4 ld_key) or, every other trial, as four streams (ld_key the streams' padded distance,
+ * ld_quad the row stride). extent: elements of the cache the keys span. */
 typedef struct decode_shape {
-    int64_t n, heads, rows, d, ld_key, ld_head;
+    int64_t n, heads, rows, d, ld_key, ld_quad, ld_head, extent;
     fa_dtype dtype;
 } decode_shape;
 
@@ -245,7 +247,14 @@ static decode_shape decode_trial(int trial)
     s.d = dims[(trial * 5 + 2) % 9];
     s.dtype = (fa_dtype)(trial % 3);
     s.ld_head = s.d + (trial / 2) % 3;
-    s.ld_key = s.heads * s.ld_head + trial % 5;
+    const int64_t row = s.heads * s.ld_head + trial % 5;
+    s.ld_key = trial % 2 ? (s.n + 3) / 4 * row + trial % 7 : row;
+    s.ld_quad = trial % 2 ? row : 4 * row;
+    s.extent = 0;
+    for (int64_t x = 0; x < s.n; ++x) {
+        const int64_t end = fa_decode_key_offset(x, s.ld_key, s.ld_quad) + row;
+        if (end > s.extent) s.extent = end;
+    }
     return s;
 }
 
@@ -257,14 +266,14 @@ static void test_decode_scores(void **state)
     for (int trial = 0; trial < 360; ++trial) {
         const decode_shape s = decode_trial(trial);
         const int64_t ldq_head = s.rows * s.d + 2, cols = s.heads * s.rows, ldst = cols + 3;
-        void *k = cache_fill(s.n * s.ld_key, s.dtype);
+        void *k = cache_fill(s.extent, s.dtype);
         float *q = malloc((size_t)(s.heads * ldq_head) * 4), *want = malloc((size_t)(s.n * ldst) * 4);
         float *got = malloc((size_t)(s.n * ldst) * 4);
         assert_non_null(q); assert_non_null(want); assert_non_null(got);
         for (int64_t x = 0; x < s.heads * ldq_head; ++x) q[x] = uniform(-1, 1);
         for (int64_t x = 0; x < s.n * ldst; ++x) want[x] = got[x] = 1234.5f;
-        ref->decode_scores(s.n, s.heads, s.rows, s.d, k, s.dtype, s.ld_key, s.ld_head, q, ldq_head, want, ldst);
-        isa->decode_scores(s.n, s.heads, s.rows, s.d, k, s.dtype, s.ld_key, s.ld_head, q, ldq_head, got, ldst);
+        ref->decode_scores(s.n, s.heads, s.rows, s.d, k, s.dtype, s.ld_key, s.ld_quad, s.ld_head, q, ldq_head, want, ldst);
+        isa->decode_scores(s.n, s.heads, s.rows, s.d, k, s.dtype, s.ld_key, s.ld_quad, s.ld_head, q, ldq_head, got, ldst);
         for (int64_t x = 0; x < s.n * ldst; ++x) {
             if (x % ldst >= cols) {
                 if (got[x] != 1234.5f) fail_msg("decode_scores %s: wrote outside S^T at %lld", isa->isa, (long long)x);
@@ -288,7 +297,7 @@ static void test_decode_values(void **state)
     for (int trial = 0; trial < 360; ++trial) {
         const decode_shape s = decode_trial(trial);
         const int64_t cols = s.heads * s.rows, ldp = cols + 1, ldo_head = s.rows * s.d + 3;
-        void *v = cache_fill(s.n * s.ld_key, s.dtype);
+        void *v = cache_fill(s.extent, s.dtype);
         float *pr = malloc((size_t)(s.n * ldp) * 4), *alpha = malloc((size_t)cols * 4);
         float *want = malloc((size_t)(s.heads * ldo_head) * 4), *got = malloc((size_t)(s.heads * ldo_head) * 4);
         assert_non_null(pr); assert_non_null(alpha); assert_non_null(want); assert_non_null(got);
@@ -296,8 +305,8 @@ static void test_decode_values(void **state)
         for (int64_t x = 0; x < cols; ++x) alpha[x] = uniform(0, 1);
         for (int64_t x = 0; x < s.heads * ldo_head; ++x) want[x] = got[x] = x % ldo_head < s.rows * s.d ? uniform(-1, 1) : 1234.5f;
         const float *scale = trial % 4 == 3 ? NULL : alpha;
-        ref->decode_values(s.n, s.heads, s.rows, s.d, pr, ldp, v, s.dtype, s.ld_key, s.ld_head, want, ldo_head, scale);
-        isa->decode_values(s.n, s.heads, s.rows, s.d, pr, ldp, v, s.dtype, s.ld_key, s.ld_head, got, ldo_head, scale);
+        ref->decode_values(s.n, s.heads, s.rows, s.d, pr, ldp, v, s.dtype, s.ld_key, s.ld_quad, s.ld_head, want, ldo_head, scale);
+        isa->decode_values(s.n, s.heads, s.rows, s.d, pr, ldp, v, s.dtype, s.ld_key, s.ld_quad, s.ld_head, got, ldo_head, scale);
         for (int64_t x = 0; x < s.heads * ldo_head; ++x) {
             if (x % ldo_head >= s.rows * s.d) {
                 if (got[x] != 1234.5f) fail_msg("decode_values %s: wrote outside O at %lld", isa->isa, (long long)x);

@@ -62,13 +62,13 @@ static void run_decode_scores(const fa_cpu_kernels *k, const buffers *m, const b
 {
     const int f16 = c->br == 16;
     k->decode_scores(32, 8, 4, 128, f16 ? (const void *)m->half : m->a, f16 ? FA_DTYPE_F16 : FA_DTYPE_F32, 8 * 128,
-                     128, m->b, 4 * 128, m->c, 32);
+                     4 * 8 * 128, 128, m->b, 4 * 128, m->c, 32);
 }
 static void run_decode_values(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 {
     const int f16 = c->br == 16;
     k->decode_values(32, 8, 4, 128, m->c, 32, f16 ? (const void *)m->half : m->a, f16 ? FA_DTYPE_F16 : FA_DTYPE_F32,
-                     8 * 128, 128, m->d, 4 * 128, m->vec0);
+                     8 * 128, 4 * 8 * 128, 128, m->d, 4 * 128, m->vec0);
 }
 static void run_f16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { (void)c; k->f16_to_f32(m->half, m->a, 65536); }

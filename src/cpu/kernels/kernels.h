@@ -60,10 +60,15 @@
  *   decode_scores: the decode's S^T for the packed query rows of a GQA group, read straight from
  *             the cache: st[x*ldst + h*rows + r] = sum over p < d of K(x,h)[p] * q[h*ldq_head + r*d + p]
  *             for keys x < n, kv heads h < heads, rows r < rows, where K(x,h) is the row at element
- *             offset x*ld_key + h*ld_head of k, of `dtype` (f16/bf16 widened in registers, no copy).
- *             The ISA kernels keep one accumulator per (row, key) of a block of W dot products and
- *             reduce the block with one transpose-and-add tree (not one horizontal sum each); key
- *             blocks run outermost, heads inside, so the cache is read front to back.
+ *             offset fa_decode_key_offset(x, ld_key, ld_quad) + h*ld_head of k, of `dtype`
+ *             (f16/bf16 widened in registers, no copy). Keys come in quads: key x is key x % 4 of
+ *             quad x / 4. ld_quad = 4 * ld_key is a plain run of keys; ld_key = a far distance and
+ *             ld_quad = one key's stride reads four separate runs side by side, four streams
+ *             running front to back, which a core's prefetchers follow far better than one run
+ *             read four keys (rows 2 KiB apart) at a time. The ISA kernels keep one accumulator per
+ *             (row, key) of a block of W dot products and reduce the block with one
+ *             transpose-and-add tree (not one horizontal sum each); key blocks run outermost,
+ *             heads inside.
  *   decode_values: O = diag(alpha) O + P V for every kv head, V read straight from the cache:
  *             o[h*ldo_head + r*d + c] = alpha[h*rows + r] * o[..] + sum over x < n (increasing) of
  *             p[x*ldp + h*rows + r] * V(x,h)[c], V(x,h) as K(x,h) above; alpha NULL = 1.
@@ -86,6 +91,12 @@ typedef struct fa_cpu_score_mods {
     float slope;
     int64_t first;
 } fa_cpu_score_mods;
+
+/* Element offset of key x of a decode kernel's keys (decode_scores above): key x % 4 of quad x / 4. */
+static inline int64_t fa_decode_key_offset(int64_t x, int64_t ld_key, int64_t ld_quad)
+{
+    return x % 4 * ld_key + x / 4 * ld_quad;
+}
 
 /* The ISA tables name their fields (designated initialisers): a kernel added here cannot shift the others. */
 typedef struct fa_cpu_kernels {
@@ -111,10 +122,11 @@ typedef struct fa_cpu_kernels {
                         int64_t ldb, float *c, int64_t ldc, const fa_cpu_score_mods *mods, float *col_max);
     double (*fma_chains)(int64_t iterations, float *sink);
     void (*decode_scores)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, fa_dtype dtype,
-                          int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st, int64_t ldst);
+                          int64_t ld_key, int64_t ld_quad, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
+                          int64_t ldst);
     void (*decode_values)(int64_t n, int64_t heads, int64_t rows, int64_t d, const float *p, int64_t ldp,
-                          const void *v, fa_dtype dtype, int64_t ld_key, int64_t ld_head, float *o, int64_t ldo_head,
-                          const float *alpha);
+                          const void *v, fa_dtype dtype, int64_t ld_key, int64_t ld_quad, int64_t ld_head, float *o,
+                          int64_t ldo_head, const float *alpha);
     /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
     int64_t mr, nr, tile_step;
 } fa_cpu_kernels;

@@ -530,13 +530,15 @@ FA_INLINE const void *KNAME(cache_row)(const void *base, int64_t offset, const i
 
 /* Keys that span DECODE_PREFETCH_BYTES of every head's rows (at least one), or 0 for no software
  * prefetch. Measured on Zen 4 (one thread, 32768 keys x 8 heads, d 128, interleaved variants on a
- * loaded machine): for f16 rows (256 bytes) no prefetch 35.6 ms, 16 KiB ahead into L1 30.5 ms,
- * 64 KiB ahead into L2 25.3-26.3 ms; for f32 rows (512 bytes, runs the hardware prefetchers
- * follow) every software prefetch was slower (29.2 ms without, 30.0-33.2 ms with). */
-FA_INLINE int64_t KNAME(prefetch_keys_ahead)(int64_t heads, int64_t d, const int dt)
+ * loaded machine), keys read as one run: for f16 rows (256 bytes) no prefetch 35.6 ms, 16 KiB
+ * ahead into L1 30.5 ms, 64 KiB ahead into L2 25.3-26.3 ms; for f32 rows (512 bytes, runs the
+ * hardware prefetchers follow) every software prefetch was slower (29.2 ms without, 30.0-33.2 ms
+ * with). Four streams (ld_quad != 4 ld_key) are left to the hardware prefetchers, which follow
+ * them (bench/results/decode-cpu.md); the prefetches only took miss buffers from them. */
+FA_INLINE int64_t KNAME(prefetch_keys_ahead)(int64_t heads, int64_t d, int64_t ld_key, int64_t ld_quad, const int dt)
 {
     const int64_t row = d * (dt == FA_DTYPE_F32 ? 4 : 2), bytes = heads * row;
-    if (DECODE_PREFETCH_BYTES == 0 || row >= DECODE_PREFETCH_ROW_BYTES) return 0;
+    if (DECODE_PREFETCH_BYTES == 0 || row >= DECODE_PREFETCH_ROW_BYTES || ld_quad != 4 * ld_key) return 0;
     return bytes >= DECODE_PREFETCH_BYTES ? 1 : DECODE_PREFETCH_BYTES / bytes;
 }
 
@@ -545,25 +547,26 @@ FA_INLINE int64_t KNAME(prefetch_keys_ahead)(int64_t heads, int64_t d, const int
  * keys of the cache, which the next call reads (or nothing useful, harmlessly: prefetches never
  * fault, and the address is computed as an integer, never dereferenced). */
 FA_INLINE void KNAME(prefetch_keys)(const void *base, int64_t x, int64_t count, int64_t heads, int64_t d,
-                                    int64_t ld_key, int64_t ld_head, const int dt)
+                                    int64_t ld_key, int64_t ld_quad, int64_t ld_head, const int dt)
 {
     const int64_t es = dt == FA_DTYPE_F32 ? 4 : 2;
     for (int64_t key = x; key < x + count; ++key)
         for (int64_t h = 0; h < heads; ++h) {
-            const uintptr_t row = (uintptr_t)base + (uintptr_t)((key * ld_key + h * ld_head) * es);
+            const int64_t offset = fa_decode_key_offset(key, ld_key, ld_quad) + h * ld_head;
+            const uintptr_t row = (uintptr_t)base + (uintptr_t)(offset * es);
             for (int64_t byte = 0; byte < d * es; byte += 64) __builtin_prefetch((const void *)(row + (uintptr_t)byte), 0, DECODE_PREFETCH_LOCALITY);
         }
 }
 
-/* rb query rows x nk <= W/rb keys of one head: W accumulators (acc[r * W/rb + x]), one per dot
- * product, reduced together by VSUM_TRANSPOSED; the tail of d (past the last full vector) is
- * added after it, in increasing p. Missing keys repeat key 0 and are not stored. */
-FA_INLINE void KNAME(score_block)(int64_t nk, int64_t d, const void *k, int64_t ld_key, const int dt, const float *q,
-                                  float *st, int64_t ldst, const int rb)
+/* rb query rows x nk <= W/rb keys (from key x0) of one head: W accumulators (acc[r * W/rb + x]),
+ * one per dot product, reduced together by VSUM_TRANSPOSED; the tail of d (past the last full
+ * vector) is added after it, in increasing p. Missing keys repeat key x0 and are not stored. */
+FA_INLINE void KNAME(score_block)(int64_t nk, int64_t d, const void *k, int64_t x0, int64_t ld_key, int64_t ld_quad,
+                                  const int dt, const float *q, float *st, int64_t ldst, const int rb)
 {
     const int nkb = W / rb;
     const void *key[W];
-    for (int x = 0; x < nkb; ++x) key[x] = KNAME(cache_row)(k, (x < nk ? x : 0) * ld_key, dt);
+    for (int x = 0; x < nkb; ++x) key[x] = KNAME(cache_row)(k, fa_decode_key_offset(x0 + (x < nk ? x : 0), ld_key, ld_quad), dt);
     VEC acc[W];
     for (int i = 0; i < W; ++i) acc[i] = VZERO();
     int64_t p = 0;
@@ -594,17 +597,17 @@ FA_INLINE void KNAME(score_block)(int64_t nk, int64_t d, const void *k, int64_t 
  * cache), each head's rows in blocks of 4; the rows left over (2, 1) then take blocks of W/2, W
  * keys. */
 FA_INLINE void KNAME(scores_of)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, const int dt,
-                                int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
-                                int64_t ldst)
+                                int64_t ld_key, int64_t ld_quad, int64_t ld_head, const float *q, int64_t ldq_head,
+                                float *st, int64_t ldst)
 {
-    const int64_t full = rows / 4 * 4, ahead = KNAME(prefetch_keys_ahead)(heads, d, dt);
+    const int64_t full = rows / 4 * 4, ahead = KNAME(prefetch_keys_ahead)(heads, d, ld_key, ld_quad, dt);
     for (int64_t x0 = 0; x0 < n; x0 += W) {
         const int64_t keys = n - x0 < W ? n - x0 : W;
 #define FA_SCORES_AT(rb, x, nk)                                                                                 \
-    KNAME(score_block)(nk, d, KNAME(cache_row)(k, (x0 + (x)) * ld_key + h * ld_head, dt), ld_key, dt,           \
+    KNAME(score_block)(nk, d, KNAME(cache_row)(k, h * ld_head, dt), x0 + (x), ld_key, ld_quad, dt,             \
                        q + h * ldq_head + r * d, st + (x0 + (x)) * ldst + h * rows + r, ldst, rb)
         for (int64_t x = 0; full && x < keys; x += W / 4) {
-            if (ahead) KNAME(prefetch_keys)(k, x0 + x + ahead, W / 4, heads, d, ld_key, ld_head, dt);
+            if (ahead) KNAME(prefetch_keys)(k, x0 + x + ahead, W / 4, heads, d, ld_key, ld_quad, ld_head, dt);
             for (int64_t h = 0; h < heads; ++h)
                 for (int64_t r = 0; r < full; r += 4) FA_SCORES_AT(4, x, keys - x < W / 4 ? keys - x : W / 4);
         }
@@ -621,19 +624,22 @@ FA_INLINE void KNAME(scores_of)(int64_t n, int64_t heads, int64_t rows, int64_t 
 }
 
 static void KNAME(decode_scores)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, fa_dtype dtype,
-                                 int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
-                                 int64_t ldst)
+                                 int64_t ld_key, int64_t ld_quad, int64_t ld_head, const float *q, int64_t ldq_head,
+                                 float *st, int64_t ldst)
 {
-    if (dtype == FA_DTYPE_F16) KNAME(scores_of)(n, heads, rows, d, k, FA_DTYPE_F16, ld_key, ld_head, q, ldq_head, st, ldst);
-    else if (dtype == FA_DTYPE_BF16) KNAME(scores_of)(n, heads, rows, d, k, FA_DTYPE_BF16, ld_key, ld_head, q, ldq_head, st, ldst);
-    else KNAME(scores_of)(n, heads, rows, d, k, FA_DTYPE_F32, ld_key, ld_head, q, ldq_head, st, ldst);
+#define FA_SCORES_OF(dt) KNAME(scores_of)(n, heads, rows, d, k, dt, ld_key, ld_quad, ld_head, q, ldq_head, st, ldst)
+    if (dtype == FA_DTYPE_F16) FA_SCORES_OF(FA_DTYPE_F16);
+    else if (dtype == FA_DTYPE_BF16) FA_SCORES_OF(FA_DTYPE_BF16);
+    else FA_SCORES_OF(FA_DTYPE_F32);
+#undef FA_SCORES_OF
 }
 
 /* rb rows x cb vectors of columns of one head's O over nk keys: O scaled by alpha (first key
  * block only, scale != NULL), then one FMA per key in increasing order; each V vector is loaded
  * (and widened) once for all rb rows. */
-FA_INLINE void KNAME(value_block)(int64_t nk, int64_t d, const float *p, int64_t ldp, const void *v, int64_t ld_key,
-                                  const int dt, float *o, const float *scale, const int rb, const int cb)
+FA_INLINE void KNAME(value_block)(int64_t nk, int64_t d, const float *p, int64_t ldp, const void *v, int64_t x0,
+                                  int64_t ld_key, int64_t ld_quad, const int dt, float *o, const float *scale, const int rb,
+                                  const int cb)
 {
     VEC acc[4][PV_CB];
     for (int r = 0; r < rb; ++r)
@@ -642,7 +648,7 @@ FA_INLINE void KNAME(value_block)(int64_t nk, int64_t d, const float *p, int64_t
             if (scale) acc[r][c] = VMUL(acc[r][c], VSET1(scale[r]));
         }
     for (int64_t x = 0; x < nk; ++x) {
-        const void *vx = KNAME(cache_row)(v, x * ld_key, dt);
+        const void *vx = KNAME(cache_row)(v, fa_decode_key_offset(x0 + x, ld_key, ld_quad), dt);
         VEC vv[PV_CB];
         for (int c = 0; c < cb; ++c) vv[c] = KNAME(cache_load)(vx, c * W, dt);
         for (int r = 0; r < rb; ++r) {
@@ -655,36 +661,38 @@ FA_INLINE void KNAME(value_block)(int64_t nk, int64_t d, const float *p, int64_t
 }
 
 /* The columns past the last full vector, one element at a time in the same order. */
-static void KNAME(value_tail)(int64_t nk, int64_t d, int64_t c0, const float *p, int64_t ldp, const void *v,
-                              int64_t ld_key, fa_dtype dtype, float *o, int64_t rows, const float *scale)
+static void KNAME(value_tail)(int64_t nk, int64_t d, int64_t c0, const float *p, int64_t ldp, const void *v, int64_t x0,
+                              int64_t ld_key, int64_t ld_quad, fa_dtype dtype, float *o, int64_t rows, const float *scale)
 {
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = c0; c < d; ++c) {
             float acc = o[r * d + c];
             if (scale) acc *= scale[r];
             for (int64_t x = 0; x < nk; ++x)
-                acc = fmaf(p[x * ldp + r], KNAME(cache_element)(KNAME(cache_row)(v, x * ld_key, dtype), c, dtype), acc);
+                acc = fmaf(p[x * ldp + r],
+                           KNAME(cache_element)(KNAME(cache_row)(v, fa_decode_key_offset(x0 + x, ld_key, ld_quad), dtype), c, dtype),
+                           acc);
             o[r * d + c] = acc;
         }
 }
 
 #ifndef DECODE_VALUE_KEYS
-#define DECODE_VALUE_KEYS 8 /* keys per block of decode_values: each block reads every head's V rows in one run */
+#define DECODE_VALUE_KEYS 4 /* keys per block of decode_values: one quad (one key of each stream) */
 #endif
 
 /* Key blocks outermost (read front to back, as decode_scores), then heads, rows in blocks of
  * 4, 2, 1 and columns in blocks of PV_CB vectors, single vectors and scalars. */
 FA_INLINE void KNAME(values_of)(int64_t n, int64_t heads, int64_t rows, int64_t d, const float *p, int64_t ldp,
-                                const void *v, const int dt, int64_t ld_key, int64_t ld_head, float *o,
+                                const void *v, const int dt, int64_t ld_key, int64_t ld_quad, int64_t ld_head, float *o,
                                 int64_t ldo_head, const float *alpha)
 {
-    const int64_t ahead = KNAME(prefetch_keys_ahead)(heads, d, dt);
+    const int64_t ahead = KNAME(prefetch_keys_ahead)(heads, d, ld_key, ld_quad, dt);
     for (int64_t x0 = 0; x0 < n; x0 += DECODE_VALUE_KEYS) {
         const int64_t keys = n - x0 < DECODE_VALUE_KEYS ? n - x0 : DECODE_VALUE_KEYS;
         const float *px = p + x0 * ldp;
-        if (ahead) KNAME(prefetch_keys)(v, x0 + ahead, DECODE_VALUE_KEYS, heads, d, ld_key, ld_head, dt);
+        if (ahead) KNAME(prefetch_keys)(v, x0 + ahead, DECODE_VALUE_KEYS, heads, d, ld_key, ld_quad, ld_head, dt);
         for (int64_t h = 0; h < heads; ++h) {
-            const void *vh = KNAME(cache_row)(v, x0 * ld_key + h * ld_head, dt);
+            const void *vh = KNAME(cache_row)(v, h * ld_head, dt);
             float *oh = o + h * ldo_head;
             const float *scale = x0 == 0 && alpha ? alpha + h * rows : NULL;
             int64_t r = 0;
@@ -693,12 +701,12 @@ FA_INLINE void KNAME(values_of)(int64_t n, int64_t heads, int64_t rows, int64_t 
         const float *sr = scale ? scale + r : NULL;                                                                \
         int64_t c = 0;                                                                                             \
         for (; c + PV_CB * W <= d; c += PV_CB * W)                                                                 \
-            KNAME(value_block)(keys, d, px + h * rows + r, ldp, KNAME(cache_row)(vh, c, dt), ld_key, dt,            \
+            KNAME(value_block)(keys, d, px + h * rows + r, ldp, KNAME(cache_row)(vh, c, dt), x0, ld_key, ld_quad, dt, \
                                oh + r * d + c, sr, rb, PV_CB);                                                     \
         for (; c + W <= d; c += W)                                                                                 \
-            KNAME(value_block)(keys, d, px + h * rows + r, ldp, KNAME(cache_row)(vh, c, dt), ld_key, dt,            \
+            KNAME(value_block)(keys, d, px + h * rows + r, ldp, KNAME(cache_row)(vh, c, dt), x0, ld_key, ld_quad, dt, \
                                oh + r * d + c, sr, rb, 1);                                                         \
-        if (c < d) KNAME(value_tail)(keys, d, c, px + h * rows + r, ldp, vh, ld_key, dt, oh + r * d, rb, sr);      \
+        if (c < d) KNAME(value_tail)(keys, d, c, px + h * rows + r, ldp, vh, x0, ld_key, ld_quad, dt, oh + r * d, rb, sr); \
     } while (0)
             for (; r + 4 <= rows; r += 4) FA_VALUES_AT(4);
             if (r + 2 <= rows) { FA_VALUES_AT(2); r += 2; }
@@ -709,12 +717,14 @@ FA_INLINE void KNAME(values_of)(int64_t n, int64_t heads, int64_t rows, int64_t 
 }
 
 static void KNAME(decode_values)(int64_t n, int64_t heads, int64_t rows, int64_t d, const float *p, int64_t ldp,
-                                 const void *v, fa_dtype dtype, int64_t ld_key, int64_t ld_head, float *o,
+                                 const void *v, fa_dtype dtype, int64_t ld_key, int64_t ld_quad, int64_t ld_head, float *o,
                                  int64_t ldo_head, const float *alpha)
 {
-    if (dtype == FA_DTYPE_F16) KNAME(values_of)(n, heads, rows, d, p, ldp, v, FA_DTYPE_F16, ld_key, ld_head, o, ldo_head, alpha);
-    else if (dtype == FA_DTYPE_BF16) KNAME(values_of)(n, heads, rows, d, p, ldp, v, FA_DTYPE_BF16, ld_key, ld_head, o, ldo_head, alpha);
-    else KNAME(values_of)(n, heads, rows, d, p, ldp, v, FA_DTYPE_F32, ld_key, ld_head, o, ldo_head, alpha);
+#define FA_VALUES_OF(dt) KNAME(values_of)(n, heads, rows, d, p, ldp, v, dt, ld_key, ld_quad, ld_head, o, ldo_head, alpha)
+    if (dtype == FA_DTYPE_F16) FA_VALUES_OF(FA_DTYPE_F16);
+    else if (dtype == FA_DTYPE_BF16) FA_VALUES_OF(FA_DTYPE_BF16);
+    else FA_VALUES_OF(FA_DTYPE_F32);
+#undef FA_VALUES_OF
 }
 
 /* The FMA-peak probe (fma_peak.h): 2*MR register-only chains, as many as the gemm tile's

@@ -155,13 +155,13 @@ static float ref_cache_element(const void *row, int64_t e, fa_dtype dtype)
 }
 
 static void ref_decode_scores(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, fa_dtype dtype,
-                              int64_t ld_key, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
-                              int64_t ldst)
+                              int64_t ld_key, int64_t ld_quad, int64_t ld_head, const float *q, int64_t ldq_head,
+                              float *st, int64_t ldst)
 {
     const size_t es = fa_dtype_size(dtype);
     for (int64_t x = 0; x < n; ++x)
         for (int64_t h = 0; h < heads; ++h) {
-            const void *key = (const char *)k + (size_t)(x * ld_key + h * ld_head) * es;
+            const void *key = (const char *)k + (size_t)(fa_decode_key_offset(x, ld_key, ld_quad) + h * ld_head) * es;
             for (int64_t r = 0; r < rows; ++r) {
                 const float *qr = q + h * ldq_head + r * d;
                 float acc = 0.0f;
@@ -172,8 +172,8 @@ static void ref_decode_scores(int64_t n, int64_t heads, int64_t rows, int64_t d,
 }
 
 static void ref_decode_values(int64_t n, int64_t heads, int64_t rows, int64_t d, const float *p, int64_t ldp,
-                              const void *v, fa_dtype dtype, int64_t ld_key, int64_t ld_head, float *o,
-                              int64_t ldo_head, const float *alpha)
+                              const void *v, fa_dtype dtype, int64_t ld_key, int64_t ld_quad, int64_t ld_head,
+                              float *o, int64_t ldo_head, const float *alpha)
 {
     const size_t es = fa_dtype_size(dtype);
     for (int64_t h = 0; h < heads; ++h)
@@ -184,7 +184,8 @@ static void ref_decode_values(int64_t n, int64_t heads, int64_t rows, int64_t d,
                 float acc = orow[c] * scale;
                 for (int64_t x = 0; x < n; ++x)
                     acc += p[x * ldp + h * rows + r] *
-                           ref_cache_element((const char *)v + (size_t)(x * ld_key + h * ld_head) * es, c, dtype);
+                           ref_cache_element((const char *)v + (size_t)(fa_decode_key_offset(x, ld_key, ld_quad) + h * ld_head) * es,
+                                             c, dtype);
                 orow[c] = acc;
             }
         }
