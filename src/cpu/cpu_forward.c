@@ -314,25 +314,25 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t group = query_group(p, q_tiles, threads), heads = p->batch * p->heads_q;
     const forward_schedule plan = forward_schedule_make(heads, q_tiles, group, threads);
-    int out_of_memory = 0;
+    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim}; /* the pointers are set per thread */
+    size_t share;
+    void *team = fa_cpu_scratch_make_team(forward_scratch_layout, &shape, threads, &share);
+    if (!team)
+        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are not written)");
     const fa_cpu_nan_inputs nan = fa_cpu_find_nan_inputs(p, threads);
     const forward_ctx f = {.p = p, .kern = s->kernels, .nan = &nan, .br = br, .bc = bc};
 
 #pragma omp parallel num_threads(threads)
     {
-        forward_scratch w = {.group = group, .br = br, .bc = bc, .d = p->head_dim};
-        void *block = fa_cpu_scratch_make(forward_scratch_layout, &w);
-        if (fa_cpu_team_ready(block != NULL, &out_of_memory)) {
+        forward_scratch w = shape;
+        fa_cpu_scratch_take(forward_scratch_layout, &w, team, share, fa_cpu_thread_num());
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < plan.tasks; ++t) {
-                int64_t bh, tile0;
-                const int64_t count = forward_schedule_task(&plan, t, &bh, &tile0);
-                if (count) forward_task(&f, bh / p->heads_q, bh % p->heads_q, tile0 * br, count, &w);
-            }
+        for (int64_t t = 0; t < plan.tasks; ++t) {
+            int64_t bh, tile0;
+            const int64_t count = forward_schedule_task(&plan, t, &bh, &tile0);
+            if (count) forward_task(&f, bh / p->heads_q, bh % p->heads_q, tile0 * br, count, &w);
         }
-        fa_host_free(block);
     }
-    if (out_of_memory)
-        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are not written)");
+    fa_host_free(team);
     return FA_SUCCESS;
 }

@@ -248,3 +248,12 @@ int fa_cpu_thread_count(int requested)
     return 1;
 #endif
 }
+
+int fa_cpu_thread_num(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
