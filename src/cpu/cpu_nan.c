@@ -23,34 +23,39 @@ static fa_key_range keys_of(const fa_problem *p, int64_t b, int64_t i)
     return fa_visible_keys_at(fa_diagonal_key(i, p->diag_offset), valid_k, p->causal, p->window_left, p->window_right);
 }
 
-fa_cpu_nan_inputs fa_cpu_find_nan_inputs(const fa_problem *p, int threads)
+/* The keys any query row of batch b sees lie in [*lo, *hi) (ranges only move right as i grows);
+ * returns 0 when no row sees a key. */
+static int visible_key_span(const fa_problem *p, int64_t b, int64_t *lo, int64_t *hi)
 {
-    int q = 0, k = 0, v = 0;
-    for (int64_t b = 0; b < p->batch; ++b) {
-        /* Ranges only move right as i grows: the keys any row sees lie in [lo, hi). */
-        int64_t lo = INT64_MAX, hi = 0, first = -1, last = -1;
-        for (int64_t i = 0; i < p->seqlen_q; ++i) {
-            const fa_key_range r = keys_of(p, b, i);
-            if (r.hi <= r.lo) continue;
-            if (first < 0) { first = i; lo = r.lo; }
-            last = i;
-            if (r.hi > hi) hi = r.hi;
-        }
-        if (first < 0) continue;
-        const int64_t q_rows = (last - first + 1) * p->heads_q, k_rows = (hi - lo) * p->heads_kv;
-        /* One parallel region for Q, K and V: small problems pay for each fork and join. */
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : q, k, v)
-        for (int64_t x = 0; x < q_rows + k_rows; ++x) {
-            if (x < q_rows) {
-                q |= row_has_nan(&p->q, b, first + x / p->heads_q, x % p->heads_q);
-                continue;
-            }
-            const int64_t y = x - q_rows;
-            k |= row_has_nan(&p->k, b, lo + y / p->heads_kv, y % p->heads_kv);
-            v |= row_has_nan(&p->v, b, lo + y / p->heads_kv, y % p->heads_kv);
-        }
+    *lo = INT64_MAX;
+    *hi = 0;
+    for (int64_t i = 0; i < p->seqlen_q; ++i) {
+        const fa_key_range r = keys_of(p, b, i);
+        if (r.hi <= r.lo) continue;
+        if (r.lo < *lo) *lo = r.lo;
+        if (r.hi > *hi) *hi = r.hi;
     }
-    return (fa_cpu_nan_inputs){q, k, v};
+    return *hi > *lo;
+}
+
+fa_cpu_nan_inputs fa_cpu_nan_inputs_of_head(const fa_problem *p, int64_t b, int64_t hk, int *known)
+{
+    int *state = known + b * p->heads_kv + hk, value;
+#pragma omp atomic read
+    value = *state;
+    if (!value) { /* the first task to ask scans; a racing one scans too and stores the same value */
+        int k = 0, v = 0;
+        int64_t lo, hi;
+        if (visible_key_span(p, b, &lo, &hi))
+            for (int64_t x = lo; x < hi; ++x) {
+                k |= row_has_nan(&p->k, b, x, hk);
+                v |= row_has_nan(&p->v, b, x, hk);
+            }
+        value = 1 + k + 2 * v;
+#pragma omp atomic write
+        *state = value;
+    }
+    return (fa_cpu_nan_inputs){.q = 1, .k = (value - 1) & 1, .v = (value - 1) >> 1};
 }
 
 static int key_visible(const fa_problem *p, fa_key_range range, int64_t i, int64_t j)

@@ -1,8 +1,10 @@
 /* NaN inputs on the CPU forward. The kernels' max and exponential clamp NaN away (x86 max returns
  * its second operand when one is NaN; exp clamps its argument), so a NaN score would vanish
- * silently. The forward first asks whether q, k or v hold a NaN at all, reading only the rows it
- * would read anyway (query rows that see a key, keys inside some query's visible span); only
- * then do its tiles check their rows, so NaN-free calls pay one read of their inputs.
+ * silently. Each query row is checked when its tile starts; for K and V a task first asks
+ * whether its (batch, kv head) holds a NaN at all, reading only the keys inside some query's
+ * visible span, once per head (the first task to ask scans, inside the parallel region: no
+ * thread waits for another); only then do its key tiles check their rows, so NaN-free calls
+ * pay one read of their inputs.
  *
  * The forward meets the rule at four points, each one call here: a query tile starts
  * (fa_cpu_nan_rows_begin), a key tile is loaded (fa_cpu_nan_tile_begin, and fa_cpu_nan_values
@@ -17,10 +19,13 @@
 #include "cpu_tile.h"
 
 typedef struct fa_cpu_nan_inputs {
-    int q, k, v; /* 1 when that tensor holds a NaN among the rows the forward reads */
+    int q, k, v; /* 1 when that tensor may hold a NaN among the rows the task reads */
 } fa_cpu_nan_inputs;
 
-fa_cpu_nan_inputs fa_cpu_find_nan_inputs(const fa_problem *p, int threads);
+/* For a task of (b, kv head hk): k and v from a scan of the head's visible keys, remembered in
+ * known[b * heads_kv + hk] (batch x heads_kv ints, zero before the call; shared by the team,
+ * read and written atomically); q = 1 (rows are checked one by one as their tiles start). */
+fa_cpu_nan_inputs fa_cpu_nan_inputs_of_head(const fa_problem *p, int64_t b, int64_t hk, int *known);
 
 /* Query rows of (b, h): poison[r] = 1 where row r sees a key and its q row holds a NaN, else 0. */
 void fa_cpu_nan_rows_begin(const fa_cpu_nan_inputs *in, const fa_problem *p, int64_t b, int64_t h,
