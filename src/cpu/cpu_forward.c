@@ -60,17 +60,14 @@ static void forward_scratch_layout(fa_cpu_scratch *s, void *scratch)
     for (int64_t g = 0; g < w->group; ++g) w->tiles[g].ranges = fa_cpu_scratch_ranges(s, br);
 }
 
-/* What every task of one forward call reads: the problem, the kernels, which (batch, kv head)
- * pairs have had their K and V scanned for NaN (fa_cpu_nan_inputs_of_head) and the tile sizes. */
+/* What every task of one forward call reads: the problem, the kernels and the tile sizes. */
 typedef struct forward_ctx {
     const fa_problem *p;
     const fa_cpu_kernels *kern;
-    int *nan_known;
     int64_t br, bc;
 } forward_ctx;
 
-static void query_tile_begin(const forward_ctx *f, const fa_cpu_nan_inputs *nan, int64_t b, int64_t h, int64_t i0,
-                             query_tile *t)
+static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t i0, query_tile *t)
 {
     const fa_problem *p = f->p;
     const int64_t br = f->br, rows_n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
@@ -81,9 +78,11 @@ static void query_tile_begin(const forward_ctx *f, const fa_cpu_nan_inputs *nan,
         t->m[r] = sink;
         t->l[r] = sink == -INFINITY ? 0.0f : 1.0f;
     }
-    fa_cpu_nan_rows_begin(nan, p, b, h, &t->rows, t->poison);
     memset(t->o, 0, (size_t)(rows_n * p->head_dim) * sizeof(float));
-    if (t->rows.key_hi > t->rows.key_lo) fa_cpu_load_transposed(&p->q, f->kern, b, i0, h, rows_n, t->qt, br);
+    for (int64_t r = 0; r < rows_n; ++r) t->poison[r] = 0.0f;
+    if (t->rows.key_hi <= t->rows.key_lo) return; /* no row sees a key: Q_i is never read */
+    fa_cpu_load_transposed(&p->q, f->kern, b, i0, h, rows_n, t->qt, br);
+    fa_cpu_nan_rows_begin(&t->rows, t->qt, br, p->head_dim, t->poison);
 }
 
 /* O_i = diag(1/l) O_i, the log-sum-exp, NaN poisoning, and the store. */
@@ -209,12 +208,11 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
     forward_task_ctx c = {.p = p, .kern = kern, .br = br, .b = b, .h = h,
                           .hk = h / (p->heads_q / p->heads_kv), .modified = fa_cpu_scores_modified(p)};
     c.fold = p->scale > 0.0f && !c.modified;
-    const fa_cpu_nan_inputs nan = fa_cpu_nan_inputs_of_head(p, b, c.hk, f->nan_known);
     c.scale_in_exp = c.fold ? p->scale : 1.0f;
     int64_t tiles = 0, key_lo = INT64_MAX, key_hi = 0;
     for (; tiles < count && i0 + tiles * br < p->seqlen_q; ++tiles) {
         query_tile *t = &w->tiles[tiles];
-        query_tile_begin(f, &nan, b, h, i0 + tiles * br, t);
+        query_tile_begin(f, b, h, i0 + tiles * br, t);
         if (t->rows.key_hi <= t->rows.key_lo) continue;
         if (t->rows.key_lo < key_lo) key_lo = t->rows.key_lo;
         if (t->rows.key_hi > key_hi) key_hi = t->rows.key_hi;
@@ -236,7 +234,7 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
                 int64_t ldv;
                 c.k = fa_cpu_view_rows(&p->k, kern, b, j0, c.hk, cols, w->k, &c.ldk);
                 const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, c.hk, cols, w->v, &ldv);
-                fa_cpu_nan_tile_begin(&c.nan_tile, &nan, p, b, c.hk, j0, cols, v, ldv, w->v_clean);
+                fa_cpu_nan_tile_begin(&c.nan_tile, p, b, c.hk, j0, cols, c.k, c.ldk, v, ldv, w->v_clean);
             }
             rows_step(&c, w, t, 0, t->rows.count, lo, lo + keys);
         }
@@ -319,13 +317,9 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim}; /* the pointers are set per thread */
     size_t share;
     void *team = fa_cpu_scratch_make_team(forward_scratch_layout, &shape, threads, &share);
-    int *nan_known = fa_host_calloc((size_t)(p->batch * p->heads_kv), sizeof(int));
-    if (!team || !nan_known) {
-        fa_host_free(team);
-        fa_host_free(nan_known);
+    if (!team)
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are not written)");
-    }
-    const forward_ctx f = {.p = p, .kern = s->kernels, .nan_known = nan_known, .br = br, .bc = bc};
+    const forward_ctx f = {.p = p, .kern = s->kernels, .br = br, .bc = bc};
 
 #pragma omp parallel num_threads(threads)
     {
@@ -339,6 +333,5 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
         }
     }
     fa_host_free(team);
-    fa_host_free(nan_known);
     return FA_SUCCESS;
 }
