@@ -60,13 +60,11 @@ static void forward_scratch_layout(fa_cpu_scratch *s, void *scratch)
     for (int64_t g = 0; g < w->group; ++g) w->tiles[g].ranges = fa_cpu_scratch_ranges(s, br);
 }
 
-/* What every task of one forward call reads: the problem, the kernels, where NaN inputs are, the
- * tile sizes and the query tiles per task. */
+/* What every task of one forward call reads: the problem, the kernels and the tile sizes. */
 typedef struct forward_ctx {
     const fa_problem *p;
     const fa_cpu_kernels *kern;
-    const fa_cpu_nan_inputs *nan;
-    int64_t br, bc, group;
+    int64_t br, bc;
 } forward_ctx;
 
 static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t i0, query_tile *t)
@@ -80,9 +78,11 @@ static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t
         t->m[r] = sink;
         t->l[r] = sink == -INFINITY ? 0.0f : 1.0f;
     }
-    fa_cpu_nan_rows_begin(f->nan, p, b, h, &t->rows, t->poison);
     memset(t->o, 0, (size_t)(rows_n * p->head_dim) * sizeof(float));
-    if (t->rows.key_hi > t->rows.key_lo) fa_cpu_load_transposed(&p->q, f->kern, b, i0, h, rows_n, t->qt, br);
+    for (int64_t r = 0; r < rows_n; ++r) t->poison[r] = 0.0f;
+    if (t->rows.key_hi <= t->rows.key_lo) return; /* no row sees a key: Q_i is never read */
+    fa_cpu_load_transposed(&p->q, f->kern, b, i0, h, rows_n, t->qt, br);
+    fa_cpu_nan_rows_begin(&t->rows, t->qt, br, p->head_dim, t->poison);
 }
 
 /* O_i = diag(1/l) O_i, the log-sum-exp, NaN poisoning, and the store. */
@@ -201,12 +201,12 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     fa_cpu_nan_step(&c->nan_tile, p, &rows, key0, keys, t->poison + r0, t->o + r0 * d);
 }
 
-/* One task: `group` consecutive query tiles of (b, h) from i0. Each key tile K_j, V_j is loaded
- * once for the whole group (the K/V traffic from memory drops by the group size), then every
- * query tile runs one online-softmax step on the keys of K_j it can see. Key tiles lie on a
- * grid of multiples of Bc, so how the keys of a row are split into tiles (and so the rounding)
- * does not depend on the group size. */
-static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0, forward_scratch *w)
+/* One task: up to `count` (<= the scratch's group) consecutive query tiles of (b, h) from i0.
+ * Each key tile K_j, V_j is loaded once for the whole group (the K/V traffic from memory drops
+ * by the group size), then every query tile runs one online-softmax step on the keys of K_j it
+ * can see. Key tiles lie on a grid of multiples of Bc, so how the keys of a row are split into
+ * tiles (and so the rounding) does not depend on the group size. */
+static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0, int64_t count, forward_scratch *w)
 {
     const fa_problem *p = f->p;
     const fa_cpu_kernels *kern = f->kern;
@@ -217,7 +217,7 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
     c.fusable = c.modified && fa_cpu_scores_fusable(p);
     c.scale_in_exp = c.fold ? p->scale : 1.0f;
     int64_t tiles = 0, key_lo = INT64_MAX, key_hi = 0;
-    for (; tiles < f->group && i0 + tiles * br < p->seqlen_q; ++tiles) {
+    for (; tiles < count && i0 + tiles * br < p->seqlen_q; ++tiles) {
         query_tile *t = &w->tiles[tiles];
         query_tile_begin(f, b, h, i0 + tiles * br, t);
         if (t->rows.key_hi <= t->rows.key_lo) continue;
@@ -241,7 +241,7 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
                 int64_t ldv;
                 c.k = fa_cpu_view_rows(&p->k, kern, b, j0, c.hk, cols, w->k, &c.ldk);
                 const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, c.hk, cols, w->v, &ldv);
-                fa_cpu_nan_tile_begin(&c.nan_tile, f->nan, p, b, c.hk, j0, cols, v, ldv, w->v_clean);
+                fa_cpu_nan_tile_begin(&c.nan_tile, p, b, c.hk, j0, cols, c.k, c.ldk, v, ldv, w->v_clean);
             }
             rows_step(&c, w, t, 0, t->rows.count, lo, lo + keys);
         }
@@ -257,6 +257,45 @@ static int64_t query_group(const fa_problem *p, int64_t q_tiles, int threads)
     int64_t group = FA_CPU_MAX_QUERY_GROUP;
     while (group > 1 && heads * ((q_tiles + group - 1) / group) < 4 * (int64_t)threads) group /= 2;
     return group;
+}
+
+/* The forward's tasks for the dynamic schedule: `heads x blocks` blocks of `group` query tiles,
+ * later query blocks first (under a causal mask they see more keys: longest first), of which the
+ * last `split` are cut into TAIL_PARTS parts. The threads finish together only if the last
+ * tasks are short: a thread that is slowed down (another job on its core) would otherwise keep
+ * the others waiting for up to a whole block. A part loads K and V again, so only the last
+ * blocks are cut (one per thread: at most `threads` extra K/V loads per call). Which rows a task
+ * computes never changes their arithmetic (see forward_task), so results stay bit-identical. */
+enum { TAIL_PARTS = 2 };
+typedef struct forward_schedule {
+    int64_t heads, blocks, group, q_tiles, whole, split, tasks;
+} forward_schedule;
+
+static forward_schedule forward_schedule_make(int64_t heads, int64_t q_tiles, int64_t group, int threads)
+{
+    forward_schedule s = {.heads = heads, .blocks = (q_tiles + group - 1) / group, .group = group, .q_tiles = q_tiles};
+    const int64_t blocks_all = heads * s.blocks;
+    s.split = threads > 1 && group > 1 ? (threads < blocks_all ? threads : blocks_all) : 0;
+    s.whole = blocks_all - s.split;
+    s.tasks = s.whole + s.split * TAIL_PARTS;
+    return s;
+}
+
+/* Task t: query tiles [*tile0, *tile0 + return value) of head bh = b * heads_q + h (*bh); the
+ * count may be 0 (a part past the end of a short last block). */
+static int64_t forward_schedule_task(const forward_schedule *s, int64_t t, int64_t *bh, int64_t *tile0)
+{
+    const int64_t block = t < s->whole ? t : s->whole + (t - s->whole) / TAIL_PARTS;
+    const int64_t qb = s->blocks - 1 - block / s->heads;
+    int64_t first = qb * s->group, last = first + s->group < s->q_tiles ? first + s->group : s->q_tiles;
+    if (t >= s->whole) {
+        const int64_t part = (t - s->whole) % TAIL_PARTS, size = (s->group + TAIL_PARTS - 1) / TAIL_PARTS;
+        first += part * size;
+        if (first + size < last) last = first + size;
+    }
+    *bh = block % s->heads;
+    *tile0 = first;
+    return last > first ? last - first : 0;
 }
 
 /* Small problems (few heads, short sequences): query tiles halved (down to the register tile)
@@ -280,29 +319,26 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     br = small_problem_rows(p, s->kernels, br);
     const int64_t q_tiles = (p->seqlen_q + br - 1) / br;
     const int threads = fa_cpu_thread_count(s->num_threads);
-    const int64_t group = query_group(p, q_tiles, threads);
-    const int64_t blocks = (q_tiles + group - 1) / group, heads = p->batch * p->heads_q;
-    const int64_t tasks = heads * blocks;
-    int out_of_memory = 0;
-    const fa_cpu_nan_inputs nan = fa_cpu_find_nan_inputs(p, threads);
-    const forward_ctx f = {.p = p, .kern = s->kernels, .nan = &nan, .br = br, .bc = bc, .group = group};
+    const int64_t group = query_group(p, q_tiles, threads), heads = p->batch * p->heads_q;
+    const forward_schedule plan = forward_schedule_make(heads, q_tiles, group, threads);
+    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim}; /* the pointers are set per thread */
+    size_t share;
+    void *team = fa_cpu_scratch_make_team(forward_scratch_layout, &shape, threads, &share);
+    if (!team)
+        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are not written)");
+    const forward_ctx f = {.p = p, .kern = s->kernels, .br = br, .bc = bc};
 
 #pragma omp parallel num_threads(threads)
     {
-        forward_scratch w = {.group = group, .br = br, .bc = bc, .d = p->head_dim};
-        void *block = fa_cpu_scratch_make(forward_scratch_layout, &w);
-        /* Under a causal mask later query tiles see more keys: hand them out first (longest task
-         * first) and dynamically, so the threads finish together. */
-        if (fa_cpu_team_ready(block != NULL, &out_of_memory)) {
+        forward_scratch w = shape;
+        fa_cpu_scratch_take(forward_scratch_layout, &w, team, share, fa_cpu_thread_num());
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < tasks; ++t) {
-                const int64_t qb = blocks - 1 - t / heads, bh = t % heads;
-                forward_task(&f, bh / p->heads_q, bh % p->heads_q, qb * group * br, &w);
-            }
+        for (int64_t t = 0; t < plan.tasks; ++t) {
+            int64_t bh, tile0;
+            const int64_t count = forward_schedule_task(&plan, t, &bh, &tile0);
+            if (count) forward_task(&f, bh / p->heads_q, bh % p->heads_q, tile0 * br, count, &w);
         }
-        fa_host_free(block);
     }
-    if (out_of_memory)
-        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are not written)");
+    fa_host_free(team);
     return FA_SUCCESS;
 }

@@ -6,7 +6,7 @@
 static int row_has_nan(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
 {
     const void *row = fa_row_ptr(t, b, s, h);
-    int found = 0; /* no early exit and the dtype outside the loops: they vectorise (every call scans Q, K, V) */
+    int found = 0; /* no early exit and the dtype outside the loops: they vectorise */
     if (t->dtype == FA_DTYPE_F32) {
         const float *x = row;
         for (int64_t c = 0; c < t->head_dim; ++c) found |= x[c] != x[c];
@@ -17,40 +17,13 @@ static int row_has_nan(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
     return found;
 }
 
-static fa_key_range keys_of(const fa_problem *p, int64_t b, int64_t i)
+/* 1 when any of rows x d floats at x (stride ld) is NaN. No early exit: it vectorises. */
+static int tile_has_nan(const float *x, int64_t ld, int64_t rows, int64_t d)
 {
-    const int64_t valid_k = p->seqlens_k ? p->seqlens_k[b] : p->seqlen_k;
-    return fa_visible_keys_at(fa_diagonal_key(i, p->diag_offset), valid_k, p->causal, p->window_left, p->window_right);
-}
-
-fa_cpu_nan_inputs fa_cpu_find_nan_inputs(const fa_problem *p, int threads)
-{
-    int q = 0, k = 0, v = 0;
-    for (int64_t b = 0; b < p->batch; ++b) {
-        /* Ranges only move right as i grows: the keys any row sees lie in [lo, hi). */
-        int64_t lo = INT64_MAX, hi = 0, first = -1, last = -1;
-        for (int64_t i = 0; i < p->seqlen_q; ++i) {
-            const fa_key_range r = keys_of(p, b, i);
-            if (r.hi <= r.lo) continue;
-            if (first < 0) { first = i; lo = r.lo; }
-            last = i;
-            if (r.hi > hi) hi = r.hi;
-        }
-        if (first < 0) continue;
-        const int64_t q_rows = (last - first + 1) * p->heads_q, k_rows = (hi - lo) * p->heads_kv;
-        /* One parallel region for Q, K and V: small problems pay for each fork and join. */
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : q, k, v)
-        for (int64_t x = 0; x < q_rows + k_rows; ++x) {
-            if (x < q_rows) {
-                q |= row_has_nan(&p->q, b, first + x / p->heads_q, x % p->heads_q);
-                continue;
-            }
-            const int64_t y = x - q_rows;
-            k |= row_has_nan(&p->k, b, lo + y / p->heads_kv, y % p->heads_kv);
-            v |= row_has_nan(&p->v, b, lo + y / p->heads_kv, y % p->heads_kv);
-        }
-    }
-    return (fa_cpu_nan_inputs){q, k, v};
+    int found = 0;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < d; ++c) found |= x[r * ld + c] != x[r * ld + c];
+    return found;
 }
 
 static int key_visible(const fa_problem *p, fa_key_range range, int64_t i, int64_t j)
@@ -59,31 +32,34 @@ static int key_visible(const fa_problem *p, fa_key_range range, int64_t i, int64
     return j >= range.lo && j < range.hi && (!bm || bm->mask[(i / bm->block_q) * bm->cols + j / bm->block_k]);
 }
 
-void fa_cpu_nan_rows_begin(const fa_cpu_nan_inputs *in, const fa_problem *p, int64_t b, int64_t h,
-                           const fa_cpu_rows *rows, float *poison)
+void fa_cpu_nan_rows_begin(const fa_cpu_rows *rows, const float *qt, int64_t ld, int64_t head_dim, float *poison)
 {
+    for (int64_t r = 0; r < rows->count; ++r) poison[r] = 0.0f;
+    for (int64_t c = 0; c < head_dim; ++c) /* rows in the inner loop: it vectorises */
+        for (int64_t r = 0; r < rows->count; ++r) poison[r] += qt[c * ld + r] != qt[c * ld + r] ? 1.0f : 0.0f;
     for (int64_t r = 0; r < rows->count; ++r)
-        poison[r] = in->q && rows->range[r].hi > rows->range[r].lo && row_has_nan(&p->q, b, rows->i0 + r, h);
+        poison[r] = poison[r] > 0.0f && rows->range[r].hi > rows->range[r].lo ? 1.0f : 0.0f;
 }
 
-/* dst[t * d + c] = v[t * ldv + c] with NaN replaced by 0; returns whether any NaN was replaced. */
-static int copy_without_nan(const float *v, int64_t ldv, int64_t cols, int64_t d, float *dst)
+/* dst[t * d + c] = v[t * ldv + c] with NaN replaced by 0. */
+static void copy_without_nan(const float *v, int64_t ldv, int64_t cols, int64_t d, float *dst)
 {
-    int found = 0;
     for (int64_t t = 0; t < cols; ++t)
         for (int64_t c = 0; c < d; ++c) {
             const float x = v[t * ldv + c];
-            found |= x != x;
             dst[t * d + c] = x != x ? 0.0f : x;
         }
-    return found;
 }
 
-void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_cpu_nan_inputs *in, const fa_problem *p, int64_t b,
-                           int64_t hk, int64_t j0, int64_t cols, const float *v, int64_t ldv, float *buffer)
+void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_problem *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
+                           const float *k, int64_t ldk, const float *v, int64_t ldv, float *buffer)
 {
-    *t = (fa_cpu_nan_tile){.in = in, .b = b, .hk = hk, .j0 = j0, .v = v, .ldv = ldv};
-    if (in->v && copy_without_nan(v, ldv, cols, p->head_dim, buffer)) t->v_clean = buffer;
+    *t = (fa_cpu_nan_tile){.b = b, .hk = hk, .j0 = j0, .v = v, .ldv = ldv};
+    t->k_nan = tile_has_nan(k, ldk, cols, p->head_dim);
+    if (tile_has_nan(v, ldv, cols, p->head_dim)) {
+        copy_without_nan(v, ldv, cols, p->head_dim, buffer);
+        t->v_clean = buffer;
+    }
 }
 
 /* poison[r] = 1 where row r sees a key of [j0, j0 + cols) whose k row holds a NaN. */
@@ -114,6 +90,6 @@ static void poison_from_v(const fa_problem *p, const fa_cpu_rows *rows, int64_t 
 void fa_cpu_nan_step(const fa_cpu_nan_tile *t, const fa_problem *p, const fa_cpu_rows *rows, int64_t key0,
                      int64_t keys, float *poison, float *o)
 {
-    if (t->in->k) mark_nan_keys(p, t->b, t->hk, rows, key0, keys, poison);
+    if (t->k_nan) mark_nan_keys(p, t->b, t->hk, rows, key0, keys, poison);
     if (t->v_clean) poison_from_v(p, rows, key0, keys, t->v + (key0 - t->j0) * t->ldv, t->ldv, o);
 }

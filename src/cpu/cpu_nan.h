@@ -1,8 +1,9 @@
 /* NaN inputs on the CPU forward. The kernels' max and exponential clamp NaN away (x86 max returns
  * its second operand when one is NaN; exp clamps its argument), so a NaN score would vanish
- * silently. The forward first asks whether q, k or v hold a NaN at all, reading only the rows it
- * would read anyway (query rows that see a key, keys inside some query's visible span); only
- * then do its tiles check their rows, so NaN-free calls pay one read of their inputs.
+ * silently. Each tile is checked where the forward has it in cache anyway: a query tile's rows
+ * in its packed Q^T, a key tile's K_j and V_j once loaded (f16/bf16 widened: NaN stays NaN). Only
+ * a tile that holds a NaN then pays for the per-row work, so NaN-free calls pay one read of
+ * their tiles, inside the tasks (no pass of its own that every thread must join first).
  *
  * The forward meets the rule at four points, each one call here: a query tile starts
  * (fa_cpu_nan_rows_begin), a key tile is loaded (fa_cpu_nan_tile_begin, and fa_cpu_nan_values
@@ -16,30 +17,24 @@
 #include "../common/backend.h"
 #include "cpu_tile.h"
 
-typedef struct fa_cpu_nan_inputs {
-    int q, k, v; /* 1 when that tensor holds a NaN among the rows the forward reads */
-} fa_cpu_nan_inputs;
-
-fa_cpu_nan_inputs fa_cpu_find_nan_inputs(const fa_problem *p, int threads);
-
-/* Query rows of (b, h): poison[r] = 1 where row r sees a key and its q row holds a NaN, else 0. */
-void fa_cpu_nan_rows_begin(const fa_cpu_nan_inputs *in, const fa_problem *p, int64_t b, int64_t h,
-                           const fa_cpu_rows *rows, float *poison);
+/* A query tile's rows from its packed Q^T (qt[c * ld + r], head_dim columns): poison[r] = 1 where
+ * row r sees a key and its q row holds a NaN, else 0. */
+void fa_cpu_nan_rows_begin(const fa_cpu_rows *rows, const float *qt, int64_t ld, int64_t head_dim, float *poison);
 
 /* One loaded key tile of (b, kv head hk): keys j0.., its V_j rows at v (stride ldv). */
 typedef struct fa_cpu_nan_tile {
-    const fa_cpu_nan_inputs *in;
     int64_t b, hk, j0;
+    int k_nan;            /* K_j holds a NaN */
     const float *v;
     int64_t ldv;
     const float *v_clean; /* V_j with NaN replaced by 0 (stride head_dim); NULL when V_j has none */
 } fa_cpu_nan_tile;
 
-/* Once per key tile of cols keys. Masked probabilities are exactly 0, and 0 * NaN would poison
- * rows that cannot see the key: a V_j holding a NaN is copied without it into buffer (cols x
- * head_dim floats), and fa_cpu_nan_step puts the NaN back where a row sees it. */
-void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_cpu_nan_inputs *in, const fa_problem *p, int64_t b,
-                           int64_t hk, int64_t j0, int64_t cols, const float *v, int64_t ldv, float *buffer);
+/* Once per key tile of cols keys, K_j at k (stride ldk). Masked probabilities are exactly 0, and
+ * 0 * NaN would poison rows that cannot see the key: a V_j holding a NaN is copied without it
+ * into buffer (cols x head_dim floats), and fa_cpu_nan_step puts the NaN back where a row sees it. */
+void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_problem *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,
+                           const float *k, int64_t ldk, const float *v, int64_t ldv, float *buffer);
 
 /* The values P multiplies for keys key0..: V_j itself or its NaN-free copy; sets *ld. */
 static inline const float *fa_cpu_nan_values(const fa_cpu_nan_tile *t, int64_t key0, int64_t head_dim, int64_t *ld)

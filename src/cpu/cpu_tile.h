@@ -77,4 +77,5 @@ void fa_cpu_softmax_step_given_max(const fa_cpu_kernels *kern, float scale_in_ex
 
 /* OpenMP-agnostic helpers. */
 int fa_cpu_thread_count(int requested);
+int fa_cpu_thread_num(void); /* this thread's number in its team (0 outside a parallel region) */
 #endif
