@@ -3,9 +3,13 @@
  * within 1.15x of 1 x 2 threads at N = 16384). Both variants run in interleaved rounds; each keeps
  * its best round, so drift and other load on the machine hit both alike. During the single-process
  * variant the other ranks sleep (polling a receive every millisecond), leaving their cores free.
- * Usage: mpirun -np 2 fa-bench-ring [--n 16384] [--heads 2] [--dim 64] [--threads 1] [--rounds 3]
- *                                   [--forward-only] */
-#define _POSIX_C_SOURCE 200809L
+ * Usage: mpirun --bind-to none -np 2 fa-bench-ring [--n 16384] [--heads 2] [--dim 64] [--threads 1]
+ *                                                 [--rounds 3] [--forward-only]
+ * --bind-to none: Open MPI binds each rank to one core by default, which leaves the single-process
+ * variant P x T threads on one core (it then reads about P times slower); rank 0 checks its CPU
+ * affinity and says so loudly. */
+#define _GNU_SOURCE /* sched_getaffinity */
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +92,18 @@ int main(int argc, char **argv)
         if (rank == 0) fprintf(stderr, "--n %lld must be a multiple of 2P = %d\n", (long long)n, 2 * ranks);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
+    int pinned = 0; /* rank 0 may run on fewer CPUs than the single-process variant's threads */
+#ifdef __linux__
+    cpu_set_t allowed;
+    if (rank == 0 && sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) < threads * ranks) {
+        pinned = 1;
+        fprintf(stderr,
+                "fa-bench-ring: WARNING: rank 0 may run on %d CPU(s) but the single-process variant uses %d threads "
+                "(mpirun binds each rank to a core by default): its time and the ratio are not comparable; "
+                "run mpirun --bind-to none\n",
+                CPU_COUNT(&allowed), threads * ranks);
+    }
+#endif
     const int64_t l = n / ranks; /* local rows: two chunks of n / 2P */
     fa_context *ring_ctx, *single_ctx;
     CHECK(fa_context_create(FA_BACKEND_CPU, 0, &ring_ctx));
@@ -140,7 +156,8 @@ int main(int argc, char **argv)
                backward ? "forward+backward" : "forward", (long long)n, (long long)heads, (long long)d, rounds);
         printf("  ring    P=%d x %d thread(s): %8.3f s\n", ranks, threads, best_ring);
         printf("  single  1 x %d threads:     %8.3f s\n", ranks * threads, best_single);
-        printf("  ratio ring / single: %.3f (target <= 1.15 at P=2, N=16384)\n", best_ring / best_single);
+        printf("  ratio ring / single: %.3f (target <= 1.15 at P=2, N=16384)%s\n", best_ring / best_single,
+               pinned ? "  NOT COMPARABLE: rank 0 was bound to fewer CPUs than threads (mpirun --bind-to none)" : "");
     }
     float *owned[] = {q, k, v, dout, out, dq, dk, dv, lse, gq, gk, gv, gdo, go, gdq, gdk, gdv, glse};
     for (size_t x = 0; x < sizeof owned / sizeof *owned; ++x) free(owned[x]);
