@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench_clock.h"
@@ -250,6 +251,16 @@ static double median_of(double *t, int count)
         (result).peak_bytes = base_ >= 0 && peak_ >= 0 ? peak_ - base_ : -1;                                    \
     } while (0)
 
+/* Each engine starts on idle cores: OpenBLAS's threads (the sgemm rate, standard attention) spin
+ * for about 2^28 cycles after a call (its THREAD_TIMEOUT), and OpenMP's for a while after a
+ * parallel region; on a 2-core machine a flash run started inside that window ran 2-4x slow
+ * (N = 512: 3.6 ms or 7.5-16 ms, run to run, with nothing else on the machine). */
+static void let_engines_idle(void)
+{
+    const struct timespec pause = {0, 150 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+}
+
 static double attention_flops(int64_t n, int64_t heads, int64_t d, int causal, pass which)
 {
     const double pairs = causal ? (double)n * (double)(n + 1) / 2.0 : (double)n * (double)n;
@@ -373,13 +384,18 @@ int main(int argc, char **argv)
                         fprintf(stderr, "\r[%d/%d] %s N=%lld d=%lld %s %s ...            ", ++done, total, pass_names[ps],
                                 (long long)n, (long long)d, causal ? "causal" : "dense", dtype_names[dt]);
                         measurement flash, std = {0, -1, 0};
+                        let_engines_idle();
                         MEASURE(flash, &o, run_flash(&r, (pass)ps));
 #ifdef FA_BENCH_HAVE_OPENBLAS
                         const std_problem sp = {n, o.heads, d, causal, o.threads, t.q, t.k, t.v, t.dout,
                                                 t.out, t.dq, t.dk, t.dv};
-                        if (dtype == FA_DTYPE_F32 && n <= o.std_max_n) MEASURE(std, &o, run_std(&sp, (pass)ps));
+                        if (dtype == FA_DTYPE_F32 && n <= o.std_max_n) {
+                            let_engines_idle();
+                            MEASURE(std, &o, run_std(&sp, (pass)ps));
+                        }
 #endif
                         const int with_torch = torch.to != NULL;
+                        if (with_torch && dtype == FA_DTYPE_F32) let_engines_idle();
                         const double torch_ms = with_torch && dtype == FA_DTYPE_F32
                                                     ? torch_column_time(&torch, pass_names[ps], n, d, o.heads, causal,
                                                                         o.max_reps, o.min_seconds, o.median)
