@@ -198,16 +198,41 @@ FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, i
 #define GEMM_KC 0 /* no k blocking: one pass over k (see gemm_any) */
 #endif
 
+#ifndef GEMM_PACK_KMAX
+#define GEMM_PACK_KMAX 0 /* no packing of B panels (see panels) */
+#endif
+
 /* Column panels outermost: the k x 2W panel of B stays in L1 while A streams past it. col_max:
- * NULL, or gemm_max's output (each tile merges its maximum). */
+ * NULL, or gemm_max's output (each tile merges its maximum). With GEMM_PACK_KMAX, a full panel of
+ * k <= GEMM_PACK_KMAX rows is first copied to contiguous memory when B's rows are further apart:
+ * ldb = 128 floats puts every panel row in the same 8 of L1's 64 sets (8 ways: 64 lines, 4 KiB),
+ * so a 128-row panel (8 KiB) did not stay in L1. Same products in the same order: same bits. */
 FA_INLINE void KNAME(panels)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
                              const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
                              int accumulate, float *col_max, const fa_cpu_score_mods *mods)
 {
     int64_t j = 0;
-    for (; j + 2 * W <= n; j += 2 * W)
-        KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W),
+#if GEMM_PACK_KMAX > 0
+    float packed[GEMM_PACK_KMAX * 2 * W] __attribute__((aligned(64)));
+    const int pack = k <= GEMM_PACK_KMAX && ldb > 2 * W && m >= 4 * MR;
+#else
+    const int pack = 0;
+    float *packed = NULL;
+#endif
+    for (; j + 2 * W <= n; j += 2 * W) {
+        const float *bj = b + j;
+        int64_t ldbj = ldb;
+        if (pack) {
+            for (int64_t p = 0; p < k; ++p) {
+                VSTORE(packed + p * 2 * W, VLOAD(bj + p * ldb));
+                VSTORE(packed + p * 2 * W + W, VLOAD(bj + p * ldb + W));
+            }
+            bj = packed;
+            ldbj = 2 * W;
+        }
+        KNAME(panel)(m, k, a, rsa, csa, bj, ldbj, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W),
                      col_max ? col_max + j : NULL, mods, j);
+    }
     if (j < n) {
         const int64_t left = n - j;
         KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 1,

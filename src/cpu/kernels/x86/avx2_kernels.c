@@ -58,6 +58,7 @@ static inline __m256 avx2_transpose_sum(const __m256 *a)
  * streamed its B panel (up to 64 KiB) and S^T from L2 and ran at 0.74-0.81 of the peak; blocks of
  * 256 keep the B panel in L1: 0.81-0.85 (checkasm --bench, 3 interleaved rounds, load 13). */
 #define GEMM_KC 256
+#define GEMM_PACK_KMAX 256
 
 static inline float avx2_hsum(__m256 v)
 {
