@@ -6,8 +6,10 @@
  *   VABS(x), VCOPYSIGN(m, s) (|m| with the sign of s), VSELECT_GE(a, b, y, n) = a >= b ? y : n and
  *   VSELECT_EQ(a, b, y, n) = a == b ? y : n (ordered: false for NaN), optionally VSELECT_EQ_DIV(a, b, y, n, d) = a == b ? y : n / d,
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
- *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp, see KNAME(exp)) and GEMM_KC
- *   (k blocking of gemm, see KNAME(gemm_any)),
+ *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp), VEXP_T, VEXP_N and VEXP_SCALE2
+ *   (its n = round(x log2 e) and 2^n) and VEXP_ESTRIN (its polynomial's form), see KNAME(exp),
+ *   GEMM_KC (k blocking of gemm, see KNAME(gemm_any)) and GEMM_PACK_KMAX (B panels copied, see
+ *   KNAME(panels)),
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
  *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
  *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
@@ -343,24 +345,42 @@ static void KNAME(col_max)(const float *x, int64_t ld, int64_t rows, int64_t col
 
 /* exp(x) = 2^n e^r, see exp_poly.h. VEXP_RANGE clamps x to [FA_EXP_LO, FA_EXP_HI] where VSCALE2
  * needs n in [-126, 127]; an ISA whose VSCALE2 takes any n defines it as x (two operations of
- * about eighteen saved); x below FA_EXP_LO (-inf included) gives 0 either way. */
+ * about eighteen saved); x below FA_EXP_LO (-inf included) gives 0 either way. VEXP_T(x) is
+ * n = round(x log2 e) in whatever form VEXP_SCALE2(y, t) takes, VEXP_N(t) n as a float (by
+ * default VROUND and VSCALE2). VEXP_ESTRIN (default 0: Horner's rule) evaluates the polynomial in
+ * Estrin's form: as many operations, a dependency chain two FMA latencies shorter. */
 #ifndef VEXP_RANGE
 #define VEXP_RANGE(x, lo) VMIN(VMAX(x, lo), VSET1(FA_EXP_HI))
+#endif
+#ifndef VEXP_T
+#define VEXP_T(x) VROUND(VMUL(x, VSET1(FA_EXP_LOG2E)))
+#define VEXP_N(t) (t)
+#define VEXP_SCALE2(y, t) VSCALE2(y, t)
+#endif
+#ifndef VEXP_ESTRIN
+#define VEXP_ESTRIN 0
 #endif
 FA_INLINE VEC KNAME(exp)(VEC x)
 {
     const VEC lo = VSET1(FA_EXP_LO);
     const VEC xc = VEXP_RANGE(x, lo);
-    const VEC n = VROUND(VMUL(xc, VSET1(FA_EXP_LOG2E)));
+    const VEC t = VEXP_T(xc), n = VEXP_N(t);
     const VEC r = VFNMA(n, VSET1(FA_EXP_LN2_LO), VFNMA(n, VSET1(FA_EXP_LN2_HI), xc));
+    const VEC r2 = VMUL(r, r);
+#if VEXP_ESTRIN
+    const VEC p01 = VFMA(VSET1(FA_EXP_P0), r, VSET1(FA_EXP_P1)), p23 = VFMA(VSET1(FA_EXP_P2), r, VSET1(FA_EXP_P3)),
+              p45 = VFMA(VSET1(FA_EXP_P4), r, VSET1(FA_EXP_P5));
+    const VEC poly = VFMA(VFMA(p01, r2, p23), r2, p45);
+#else
     VEC poly = VSET1(FA_EXP_P0);
     poly = VFMA(poly, r, VSET1(FA_EXP_P1));
     poly = VFMA(poly, r, VSET1(FA_EXP_P2));
     poly = VFMA(poly, r, VSET1(FA_EXP_P3));
     poly = VFMA(poly, r, VSET1(FA_EXP_P4));
     poly = VFMA(poly, r, VSET1(FA_EXP_P5));
-    const VEC y = VFMA(poly, VMUL(r, r), VADD(r, VSET1(1.0f)));
-    return VZERO_BELOW(VSCALE2(y, n), x, lo);
+#endif
+    const VEC y = VFMA(poly, r2, VADD(r, VSET1(1.0f)));
+    return VZERO_BELOW(VEXP_SCALE2(y, t), x, lo);
 }
 #define VEXP(x) KNAME(exp)(x)
 
