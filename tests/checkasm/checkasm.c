@@ -372,6 +372,27 @@ static void test_exp_cols(void **state)
                     fail_msg("exp_cols %s sum[%lld]: %.9g vs %.9g", isa->isa, (long long)c, sum_isa[c], sum_ref[c]);
             assert_true(sum_isa[cols] == 99.0f);
         }
+    /* The ends of the range, exact arguments (scale 1, shift 0): 1024 consecutive floats up from
+     * -87.34 (results around FLT_MIN, where an ISA may flush to zero, and where 2^n takes its
+     * smallest exponents), 1024 down from 88 (the largest), and 2048 steps over [-87.5, -86.5]
+     * and [87, 88]: within 2 ulp of expf above FLT_MIN, 0 or within 2^-148 below. */
+    enum { EDGE = 4096, EDGE_COLS = 64 };
+    static float edge[EDGE], edge_in[EDGE];
+    float zero_shift[EDGE_COLS] = {0}, edge_sum[EDGE_COLS];
+    for (int e = 0; e < 1024; ++e) {
+        edge[e] = e ? nextafterf(edge[e - 1], 0.0f) : -87.34f;
+        edge[1024 + e] = e ? nextafterf(edge[1024 + e - 1], 0.0f) : 88.0f;
+        edge[2048 + e] = -87.5f + (float)e / 1024.0f;
+        edge[3072 + e] = 87.0f + (float)e / 1024.0f;
+    }
+    memcpy(edge_in, edge, sizeof edge);
+    isa->exp_cols(edge, EDGE_COLS, EDGE / EDGE_COLS, EDGE_COLS, 1.0f, zero_shift, edge_sum);
+    for (int e = 0; e < EDGE; ++e) {
+        const float want = expf(edge_in[e]), got = edge[e];
+        const int ok = want < 1.17549435e-38f ? (got == 0.0f || fabsf(got - want) <= 0x1p-148f)
+                                              : fabsf(got - want) <= want * 2.4e-7f;
+        if (!ok) fail_msg("exp_cols %s: exp(%.9g) = %.9g, expf %.9g", isa->isa, edge_in[e], got, want);
+    }
 }
 
 /* tanh through softcap_cols with scale = cap = 1 (x * 1 and 1 * t are exact) against tanh in

@@ -5,6 +5,7 @@
 #define FA_EXP_POLY_H
 #define FA_EXP_LO (-87.33654f) /* below: result under FLT_MIN, flushed to 0 */
 #define FA_EXP_HI 88.0f        /* keeps 2^n finite */
+#define FA_EXP_ROUNDER 12582912.0f /* 1.5 * 2^23: x + it, rounded, holds round(x) (|x| < 2^22) in its low mantissa bits */
 #define FA_EXP_LOG2E 1.44269504088896341f
 #define FA_EXP_LN2_HI 0.693359375f
 #define FA_EXP_LN2_LO (-2.12194440e-4f)

@@ -6,8 +6,10 @@
  *   VABS(x), VCOPYSIGN(m, s) (|m| with the sign of s), VSELECT_GE(a, b, y, n) = a >= b ? y : n and
  *   VSELECT_EQ(a, b, y, n) = a == b ? y : n (ordered: false for NaN), optionally VSELECT_EQ_DIV(a, b, y, n, d) = a == b ? y : n / d,
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
- *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp, see KNAME(exp)) and GEMM_KC
- *   (k blocking of gemm, see KNAME(gemm_any)),
+ *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp), VEXP_T, VEXP_N and VEXP_SCALE2
+ *   (its n = round(x log2 e) and 2^n) and VEXP_ESTRIN (its polynomial's form), see KNAME(exp),
+ *   GEMM_KC (k blocking of gemm, see KNAME(gemm_any)) and GEMM_PACK_KMAX (B panels copied, see
+ *   KNAME(panels)),
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
  *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
  *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
@@ -198,16 +200,41 @@ FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, i
 #define GEMM_KC 0 /* no k blocking: one pass over k (see gemm_any) */
 #endif
 
+#ifndef GEMM_PACK_KMAX
+#define GEMM_PACK_KMAX 0 /* no packing of B panels (see panels) */
+#endif
+
 /* Column panels outermost: the k x 2W panel of B stays in L1 while A streams past it. col_max:
- * NULL, or gemm_max's output (each tile merges its maximum). */
+ * NULL, or gemm_max's output (each tile merges its maximum). With GEMM_PACK_KMAX, a full panel of
+ * k <= GEMM_PACK_KMAX rows is first copied to contiguous memory when B's rows are further apart:
+ * ldb = 128 floats puts every panel row in the same 8 of L1's 64 sets (8 ways: 64 lines, 4 KiB),
+ * so a 128-row panel (8 KiB) did not stay in L1. Same products in the same order: same bits. */
 FA_INLINE void KNAME(panels)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
                              const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
                              int accumulate, float *col_max, const fa_cpu_score_mods *mods)
 {
     int64_t j = 0;
-    for (; j + 2 * W <= n; j += 2 * W)
-        KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W),
+#if GEMM_PACK_KMAX > 0
+    float packed[GEMM_PACK_KMAX * 2 * W] __attribute__((aligned(64)));
+    const int pack = k <= GEMM_PACK_KMAX && ldb > 2 * W && m >= 4 * MR;
+#else
+    const int pack = 0;
+    float *packed = NULL;
+#endif
+    for (; j + 2 * W <= n; j += 2 * W) {
+        const float *bj = b + j;
+        int64_t ldbj = ldb;
+        if (pack) {
+            for (int64_t p = 0; p < k; ++p) {
+                VSTORE(packed + p * 2 * W, VLOAD(bj + p * ldb));
+                VSTORE(packed + p * 2 * W + W, VLOAD(bj + p * ldb + W));
+            }
+            bj = packed;
+            ldbj = 2 * W;
+        }
+        KNAME(panel)(m, k, a, rsa, csa, bj, ldbj, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W),
                      col_max ? col_max + j : NULL, mods, j);
+    }
     if (j < n) {
         const int64_t left = n - j;
         KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 1,
@@ -318,24 +345,42 @@ static void KNAME(col_max)(const float *x, int64_t ld, int64_t rows, int64_t col
 
 /* exp(x) = 2^n e^r, see exp_poly.h. VEXP_RANGE clamps x to [FA_EXP_LO, FA_EXP_HI] where VSCALE2
  * needs n in [-126, 127]; an ISA whose VSCALE2 takes any n defines it as x (two operations of
- * about eighteen saved); x below FA_EXP_LO (-inf included) gives 0 either way. */
+ * about eighteen saved); x below FA_EXP_LO (-inf included) gives 0 either way. VEXP_T(x) is
+ * n = round(x log2 e) in whatever form VEXP_SCALE2(y, t) takes, VEXP_N(t) n as a float (by
+ * default VROUND and VSCALE2). VEXP_ESTRIN (default 0: Horner's rule) evaluates the polynomial in
+ * Estrin's form: as many operations, a dependency chain two FMA latencies shorter. */
 #ifndef VEXP_RANGE
 #define VEXP_RANGE(x, lo) VMIN(VMAX(x, lo), VSET1(FA_EXP_HI))
+#endif
+#ifndef VEXP_T
+#define VEXP_T(x) VROUND(VMUL(x, VSET1(FA_EXP_LOG2E)))
+#define VEXP_N(t) (t)
+#define VEXP_SCALE2(y, t) VSCALE2(y, t)
+#endif
+#ifndef VEXP_ESTRIN
+#define VEXP_ESTRIN 0
 #endif
 FA_INLINE VEC KNAME(exp)(VEC x)
 {
     const VEC lo = VSET1(FA_EXP_LO);
     const VEC xc = VEXP_RANGE(x, lo);
-    const VEC n = VROUND(VMUL(xc, VSET1(FA_EXP_LOG2E)));
+    const VEC t = VEXP_T(xc), n = VEXP_N(t);
     const VEC r = VFNMA(n, VSET1(FA_EXP_LN2_LO), VFNMA(n, VSET1(FA_EXP_LN2_HI), xc));
+    const VEC r2 = VMUL(r, r);
+#if VEXP_ESTRIN
+    const VEC p01 = VFMA(VSET1(FA_EXP_P0), r, VSET1(FA_EXP_P1)), p23 = VFMA(VSET1(FA_EXP_P2), r, VSET1(FA_EXP_P3)),
+              p45 = VFMA(VSET1(FA_EXP_P4), r, VSET1(FA_EXP_P5));
+    const VEC poly = VFMA(VFMA(p01, r2, p23), r2, p45);
+#else
     VEC poly = VSET1(FA_EXP_P0);
     poly = VFMA(poly, r, VSET1(FA_EXP_P1));
     poly = VFMA(poly, r, VSET1(FA_EXP_P2));
     poly = VFMA(poly, r, VSET1(FA_EXP_P3));
     poly = VFMA(poly, r, VSET1(FA_EXP_P4));
     poly = VFMA(poly, r, VSET1(FA_EXP_P5));
-    const VEC y = VFMA(poly, VMUL(r, r), VADD(r, VSET1(1.0f)));
-    return VZERO_BELOW(VSCALE2(y, n), x, lo);
+#endif
+    const VEC y = VFMA(poly, r2, VADD(r, VSET1(1.0f)));
+    return VZERO_BELOW(VEXP_SCALE2(y, t), x, lo);
 }
 #define VEXP(x) KNAME(exp)(x)
 
