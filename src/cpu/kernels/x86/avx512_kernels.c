@@ -67,6 +67,17 @@ static inline __m512 avx512_transpose_sum(const __m512 *a)
 }
 
 #include "avx_transpose.h"
+/* 8 keys of 16 bias rows: two 8 x 8 blocks in ymm registers, their halves joined per key. */
+static inline __attribute__((always_inline)) void avx512_load_transposed(const void *const *row, int64_t i, const int dt,
+                                                                         __m512 *t)
+{
+    __m256 lo[8], hi[8];
+    fa_avx_load_transposed8(row, i, dt, lo);
+    fa_avx_load_transposed8(row + 8, i, dt, hi);
+    for (int c = 0; c < 8; ++c)
+        t[c] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo[c])), _mm256_castps_pd(hi[c]), 1));
+}
+#define VLOAD_TRANSPOSED(row, i, dt, t) avx512_load_transposed(row, i, dt, t)
 #include "../vector_kernels.h"
 
 const fa_cpu_kernels fa_cpu_kernels_avx512 = FA_VECTOR_KERNEL_TABLE("avx512");
