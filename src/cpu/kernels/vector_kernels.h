@@ -504,19 +504,35 @@ FA_INLINE const void *KNAME(cache_row)(const void *base, int64_t offset, const i
 
 enum { BIAS_KEYS = 8 }; /* keys per block of bias_cols */
 
-/* t[c] (c < keys) = lane l: element i + c of row[l], widened. */
-FA_INLINE void KNAME(bias_keys)(const void *const *row, int64_t i, const int dt, const int keys, VEC *t)
+/* t[c] (c < BIAS_KEYS) = lane l: element i + c of row[l], widened. */
+FA_INLINE void KNAME(bias_keys)(const void *const *row, int64_t i, const int dt, VEC *t)
 {
 #ifdef VLOAD_TRANSPOSED
-    if (keys == BIAS_KEYS) {
-        VLOAD_TRANSPOSED(row, i, dt, t);
-        return;
-    }
-#endif
+    VLOAD_TRANSPOSED(row, i, dt, t);
+#else
     float lanes[BIAS_KEYS][W];
-    for (int c = 0; c < keys; ++c)
+    for (int c = 0; c < BIAS_KEYS; ++c)
         for (int l = 0; l < W; ++l) lanes[c][l] = KNAME(cache_element)(row[l], i + c, dt);
-    for (int c = 0; c < keys; ++c) t[c] = VLOAD(lanes[c]);
+    for (int c = 0; c < BIAS_KEYS; ++c) t[c] = VLOAD(lanes[c]);
+#endif
+}
+
+/* Lane l: element i of row[l], widened (the keys past the last full block). */
+FA_INLINE VEC KNAME(bias_key)(const void *const *row, int64_t i, const int dt)
+{
+    float lanes[W];
+    for (int l = 0; l < W; ++l) lanes[l] = KNAME(cache_element)(row[l], i, dt);
+    return VLOAD(lanes);
+}
+
+/* One key's scores x (W queries, masked: fewer) plus its bias t; the running max. */
+FA_INLINE void KNAME(bias_add)(float *x, const int masked, MASK_T m, VEC scale, VEC t, VEC *best)
+{
+    const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
+    const VEC y = VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VMUL(s, scale), t)); /* masked stays masked */
+    if (masked) VMSTORE(x, m, y);
+    else VSTORE(x, y);
+    *best = VMAX(*best, y);
 }
 
 /* W (masked: fewer) query columns of x over all its rows (keys), blocks of BIAS_KEYS keys read
@@ -526,19 +542,14 @@ FA_INLINE void KNAME(bias_columns)(float *x, int64_t ld, int64_t rows, const int
                                    const void *const *row, const int dt, float *col_max)
 {
     VEC best = !col_max ? VZERO() : masked ? VMLOAD(col_max, m) : VLOAD(col_max);
-    for (int64_t i0 = 0; i0 < rows; i0 += BIAS_KEYS) {
-        const int keys = rows - i0 < BIAS_KEYS ? (int)(rows - i0) : BIAS_KEYS;
+    int64_t i0 = 0;
+    for (; i0 + BIAS_KEYS <= rows; i0 += BIAS_KEYS) {
         VEC t[BIAS_KEYS];
-        KNAME(bias_keys)(row, i0, dt, keys, t);
-        for (int c = 0; c < keys; ++c) {
-            float *xc = x + (i0 + c) * ld;
-            const VEC s = masked ? VMLOAD(xc, m) : VLOAD(xc);
-            const VEC y = VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VMUL(s, scale), t[c])); /* masked stays masked */
-            if (masked) VMSTORE(xc, m, y);
-            else VSTORE(xc, y);
-            best = VMAX(best, y);
-        }
+        KNAME(bias_keys)(row, i0, dt, t);
+#pragma GCC unroll 8
+        for (int c = 0; c < BIAS_KEYS; ++c) KNAME(bias_add)(x + (i0 + c) * ld, masked, m, scale, t[c], &best);
     }
+    for (; i0 < rows; ++i0) KNAME(bias_add)(x + i0 * ld, masked, m, scale, KNAME(bias_key)(row, i0, dt), &best);
     if (col_max && masked) VMSTORE(col_max, m, best);
     else if (col_max) VSTORE(col_max, best);
 }

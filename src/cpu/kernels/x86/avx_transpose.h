@@ -53,6 +53,7 @@ static inline __attribute__((always_inline)) __m256 fa_avx_load8(const void *row
 static inline __attribute__((always_inline)) void fa_avx_load_transposed8(const void *const *row, int64_t i, const int dt,
                                                                           __m256 *t)
 {
+#pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) t[l] = fa_avx_load8(row[l], i, dt);
     fa_avx_transpose8_regs(t);
 }
