@@ -52,8 +52,8 @@
  *             over the results in increasing i (-inf in: col_max's bits), so that a tile's keys
  *             may come in several calls. The same bits on every ISA.
  *   transpose: dst[c*ld_dst + r] = src[r*ld_src + c] for r < rows, c < cols (ld_src may be 0: every
- *             row the same); pure data movement, the same bits on every ISA. The bias of a score
- *             tile arrives row-major (queries x keys) and the tile is key-major.
+ *             row the same); pure data movement, the same bits on every ISA (Q_i^T and dO_i^T
+ *             of a tile, fa_cpu_load_transposed).
  *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
  *   bf16_to_f32: dst[i] = bfloat16 src[i] widened (exact: the 16 bits become the top half).
  *   f32_to_f16: dst[i] = src[i] rounded to binary16, to nearest even, bit for bit as fa_f32_to_f16
