@@ -4,7 +4,9 @@
  * sinks forward <= 1.10x the plain forward; the bias forward reads the bias at full memory speed:
  * its extra time against (bias bytes) / (the read bandwidth of a sum over the same f32 bias
  * array on the same threads, timed in the same rounds), for f32, f16 and bf16 biases.
- *   fa-bench-modifiers [--n 2048] [--d 64] [--heads 8] [--rounds 5] [--threads 2] [--only VARIANT]
+ *   fa-bench-modifiers [--n 2048] [--d 64] [--heads 8] [--rounds 5] [--threads 2] [--clock wall|cpu]
+ *                      [--only VARIANT]
+ * --clock cpu: process CPU time / threads instead of wall time (a loaded machine: use --threads 1).
  * --only runs one variant (its name as printed, e.g. softcap) and prints nothing: for counting its
  * cycles under `perf stat -e cycles:u` (two round counts' difference: that many forwards), which a
  * loaded machine disturbs less than the wall clock. */
@@ -14,15 +16,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "../cpu/bench_clock.h"
 #include "common/half.h"
 #include "flashattn.h"
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static int cmp(const void *a, const void *b)
 {
@@ -61,6 +57,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--heads")) heads = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--clock") && (!strcmp(argv[i + 1], "wall") || !strcmp(argv[i + 1], "cpu")))
+            bench_use_cpu_clock = !strcmp(argv[i + 1], "cpu");
         else if (!strcmp(argv[i], "--only")) {
             for (int x = 0; x < VARIANTS; ++x)
                 if (!strcmp(argv[i + 1], names[x])) only = x;
@@ -70,6 +68,7 @@ int main(int argc, char **argv)
             }
         }
     }
+    bench_cpu_threads = threads;
     fa_context *ctx;
     if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) || fa_context_set_num_threads(ctx, threads)) {
         fprintf(stderr, "%s\n", fa_last_error());
@@ -116,17 +115,18 @@ int main(int argc, char **argv)
             if (x == BIAS) desc.bias = &fb;
             if (x == BIAS_F16) desc.bias = &fb16;
             if (x == BIAS_BF16) desc.bias = &fbf16;
-            const double t0 = now();
+            const double t0 = bench_seconds();
             if (x == ARRAY_SUM) sink += array_sum(bias, bias_elems, threads);
             else if (fa_forward(ctx, &desc, &tq, &tk, &tv, &to, lse)) {
                 fprintf(stderr, "%s\n", fa_last_error());
                 return 1;
             }
-            if (r) times[x * rounds + r - 1] = now() - t0;
+            if (r) times[x * rounds + r - 1] = bench_seconds() - t0;
         }
     if (only >= 0) return 0;
-    printf("# CPU forward, N = %lld, d = %lld, heads = %lld, batch 1, f32, %d threads, median of %d rounds\n",
-           (long long)n, (long long)d, (long long)heads, threads, rounds);
+    printf("# CPU forward, N = %lld, d = %lld, heads = %lld, batch 1, f32, %d threads, median of %d rounds, %s\n",
+           (long long)n, (long long)d, (long long)heads, threads, rounds,
+           bench_use_cpu_clock ? "process CPU time / threads" : "wall clock");
     printf("# %s\n", fa_context_info(ctx));
     printf("%-22s %10s %10s\n", "variant", "ms", "x plain");
     double median[VARIANTS];

@@ -6,45 +6,17 @@
 #include "../common/error.h"
 #include "../common/visibility.h"
 
-/* The bias of rows x keys [j0, j0 + cols) added to the transposed tile st (after the scale).
- * The bias is read as it lies, row by row along the keys, in blocks of BIAS_ROWS rows x BIAS_KEYS
- * keys: an f16/bf16 block's rows are first widened by the ISA's vector kernel (a row at a time,
- * contiguous), each block is transposed in registers by the ISA's transpose into an L1 block (2 or
- * 4 KiB) and added to st by add_cols (one contiguous line of BIAS_ROWS queries per key); the next
- * block's rows are prefetched meanwhile. Adding the rows straight into st would stride st by its
- * leading dimension (256 B for Br = 64): 4 L1 sets of every 16 hold those lines, and a 256-key
- * block thrashed them (0.2 of the read bandwidth). */
-enum { BIAS_ROWS = 16, BIAS_KEYS = 64 };
+/* The bias of rows x keys [j0, j0 + cols) added to the transposed tile st (after the scale), and
+ * col_max (NULL = not wanted) its per-query max (bias_cols: one pass, the bias read as
+ * it lies, W rows side by side along the keys, blocks of 8 keys widened and transposed in
+ * registers). */
 static void add_bias(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h, const fa_cpu_rows *rows,
-                     int64_t j0, int64_t cols, float scale, float *st, int64_t ld)
+                     int64_t j0, int64_t cols, float scale, float *st, int64_t ld, float *col_max)
 {
     const fa_bias *bias = &p->bias;
-    const size_t elem = fa_dtype_size(bias->dtype);
-    float block[BIAS_KEYS][BIAS_ROWS], widened[BIAS_ROWS][BIAS_KEYS];
-    for (int64_t r0 = 0; r0 < rows->count; r0 += BIAS_ROWS) {
-        const int64_t rn = rows->count - r0 < BIAS_ROWS ? rows->count - r0 : BIAS_ROWS;
-        for (int64_t c0 = 0; c0 < cols; c0 += BIAS_KEYS) {
-            const int64_t cn = cols - c0 < BIAS_KEYS ? cols - c0 : BIAS_KEYS;
-            const int64_t next_c0 = c0 + cn < cols ? c0 + cn : 0, next_r0 = c0 + cn < cols ? r0 : r0 + BIAS_ROWS;
-            const char *first = (const char *)fa_cpu_bias_row(bias, b, h, rows->i0 + r0) + (size_t)(j0 + c0) * elem;
-            for (int64_t r = 0; r < rn && next_r0 + r < rows->count; ++r) { /* the same row of the next block */
-                const char *next = (const char *)fa_cpu_bias_row(bias, b, h, rows->i0 + next_r0 + r) +
-                                   (size_t)(j0 + next_c0) * elem;
-                for (size_t at = 0; at < (size_t)cn * elem; at += 64) __builtin_prefetch(next + at, 0, 0);
-            }
-            if (bias->dtype == FA_DTYPE_F32) {
-                kern->transpose((const float *)first, bias->stride_q, rn, cn, block[0], BIAS_ROWS);
-            } else {
-                for (int64_t r = 0; r < rn; ++r) {
-                    const uint16_t *row = (const uint16_t *)(first + (size_t)(r * bias->stride_q) * elem);
-                    if (bias->dtype == FA_DTYPE_F16) kern->f16_to_f32(row, widened[r], cn);
-                    else kern->bf16_to_f32(row, widened[r], cn);
-                }
-                kern->transpose(widened[0], BIAS_KEYS, rn, cn, block[0], BIAS_ROWS);
-            }
-            kern->add_cols(st + c0 * ld + r0, ld, cn, rn, scale, block[0], BIAS_ROWS);
-        }
-    }
+    const char *first = (const char *)fa_cpu_bias_row(bias, b, h, rows->i0) + (size_t)j0 * fa_dtype_size(bias->dtype);
+    for (int64_t r = 0; col_max && r < rows->count; ++r) col_max[r] = -INFINITY;
+    kern->bias_cols(st, ld, cols, rows->count, scale, first, bias->dtype, bias->stride_q, col_max);
 }
 
 /* The slope of (b, h) and the ALiBi distance's origin of the tile (rows, keys from j0). */
@@ -71,8 +43,7 @@ void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64
     else if (alibi)
         kern->alibi_cols(st, ld, cols, n, scale, slope, first, has_bias ? NULL : col_max);
     if (p->softcap > 0.0f || alibi) scale = 1.0f;
-    if (has_bias) add_bias(p, kern, b, h, rows, j0, cols, scale, st, ld);
-    if (has_bias && col_max) kern->col_max(st, ld, cols, n, col_max);
+    if (has_bias) add_bias(p, kern, b, h, rows, j0, cols, scale, st, ld, col_max);
 }
 
 void fa_cpu_gemm_modified(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h,

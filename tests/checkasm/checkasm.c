@@ -5,7 +5,7 @@
  * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped.
  *   test_checkasm [--function=PATTERN] [--isa=NAME] [--seed=N] [--bench]
  * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, gemm_scores, decode_scores,
- * decode_values, col_max, exp_cols, softcap_cols, alibi_cols, add_cols, transpose, f16_to_f32,
+ * decode_values, col_max, exp_cols, softcap_cols, alibi_cols, bias_cols, transpose, f16_to_f32,
  * bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
  * (printed, default 12345); --bench: after the checks, each kernel's time per call on the
  * forward's and backward's tile shapes, against its reference twin, and for the products the
@@ -512,24 +512,64 @@ static void test_alibi_cols(void **state)
         }
 }
 
-/* add_cols bit for bit against the reference on odd shapes, padded rows (the padding keeps its
- * sentinel), masked scores (kept whatever the addend, +inf and NaN included), scales 1 and 0.7. */
-static void test_add_cols(void **state)
+/* bias_cols bit for bit against the reference for f32, f16 and bf16 biases (random 16-bit patterns:
+ * subnormals, infinities and NaNs widened too) on odd shapes around the W-query and 8-key blocks,
+ * padded rows and bias rows (the padding keeps its sentinel), a broadcast bias row (ld_bias 0),
+ * masked scores (kept whatever the bias, +inf and NaN included), scales 1 and 0.7; the column max
+ * bit for bit as the same ISA's col_max of the results, nothing written past col_max[cols); the
+ * keys split over two calls (the max carried in col_max) give the same bits. */
+static void test_bias_cols(void **state)
 {
     const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
-    for (int64_t rows = 1; rows <= 41; rows += 8)
-        for (int64_t cols = 1; cols <= 67; cols += 5) {
-            const int64_t ld = cols + 2, ld_add = cols + 5;
-            const float scale = rows % 3 ? 0.7f : 1.0f;
-            float x_ref[41 * 69], x_isa[41 * 69], add[41 * 72];
-            for (int64_t e = 0; e < rows * ld; ++e) x_ref[e] = x_isa[e] = e % 7 == 3 ? -INFINITY : uniform(-8, 8);
-            for (int64_t e = 0; e < rows * ld_add; ++e) add[e] = e % 11 == 4 ? INFINITY : e % 13 == 2 ? NAN : uniform(-3, 3);
-            ref->add_cols(x_ref, ld, rows, cols, scale, add, ld_add);
-            isa->add_cols(x_isa, ld, rows, cols, scale, add, ld_add);
-            for (int64_t e = 0; e < rows * ld; ++e)
-                if (fa_f32_bits(x_isa[e]) != fa_f32_bits(x_ref[e]) && !(isnan(x_isa[e]) && isnan(x_ref[e])))
-                    fail_msg("add_cols %s (%lld, %lld): %.9g vs %.9g", isa->isa, (long long)(e / ld), (long long)(e % ld), x_isa[e], x_ref[e]);
-        }
+    enum { MAX_ROWS = 41, MAX_COLS = 67, LD_MAX = MAX_COLS + 2, LD_BIAS_MAX = MAX_ROWS + 3 };
+    static float x_ref[MAX_ROWS * LD_MAX], x_isa[MAX_ROWS * LD_MAX], x_orig[MAX_ROWS * LD_MAX], x_split[MAX_ROWS * LD_MAX];
+    static float bias32[MAX_COLS * LD_BIAS_MAX];
+    static uint16_t bias16[MAX_COLS * LD_BIAS_MAX];
+    float max_isa[MAX_COLS + 1], max_want[MAX_COLS], max_split[MAX_COLS];
+    static const char *const dtype_names[] = {"f32", "f16", "bf16"};
+    for (int dt = 0; dt < 3; ++dt) {
+        const fa_dtype dtype = dt == 0 ? FA_DTYPE_F32 : dt == 1 ? FA_DTYPE_F16 : FA_DTYPE_BF16;
+        for (int64_t rows = 1; rows <= MAX_ROWS; rows += rows < 17 ? 1 : 8)
+            for (int64_t cols = 1; cols <= MAX_COLS; cols += 5) {
+                const int64_t ld = cols + 2, ld_bias = cols % 4 == 1 ? 0 : rows + 3 * (rows % 2);
+                const float scale = rows % 3 ? 0.7f : 1.0f;
+                const int with_max = cols % 10 != 6;
+                for (int64_t e = 0; e < rows * ld; ++e)
+                    x_ref[e] = x_isa[e] = x_orig[e] = e % ld >= cols ? 1234.5f : e % 7 == 3 ? -INFINITY : uniform(-8, 8);
+                for (int64_t e = 0; e < MAX_COLS * LD_BIAS_MAX; ++e) {
+                    bias32[e] = e % 11 == 4 ? INFINITY : e % 13 == 2 ? NAN : uniform(-3, 3);
+                    bias16[e] = (uint16_t)(uniform(0, 65536));
+                }
+                const void *bias = dtype == FA_DTYPE_F32 ? (const void *)bias32 : (const void *)bias16;
+                for (int64_t c = 0; c < cols; ++c) max_isa[c] = -INFINITY;
+                max_isa[cols] = 99.0f;
+                ref->bias_cols(x_ref, ld, rows, cols, scale, bias, dtype, ld_bias, NULL);
+                isa->bias_cols(x_isa, ld, rows, cols, scale, bias, dtype, ld_bias, with_max ? max_isa : NULL);
+                for (int64_t e = 0; e < rows * ld; ++e)
+                    if (fa_f32_bits(x_isa[e]) != fa_f32_bits(x_ref[e]) && !(isnan(x_isa[e]) && isnan(x_ref[e])))
+                        fail_msg("bias_cols %s %s %lld x %lld (ld_bias %lld) (%lld, %lld): %.9g vs %.9g", isa->isa,
+                                 dtype_names[dt], (long long)rows, (long long)cols, (long long)ld_bias,
+                                 (long long)(e / ld), (long long)(e % ld), x_isa[e], x_ref[e]);
+                if (!with_max) continue;
+                isa->col_max(x_isa, ld, rows, cols, max_want);
+                for (int64_t c = 0; c < cols; ++c)
+                    if (fa_f32_bits(max_isa[c]) != fa_f32_bits(max_want[c]))
+                        fail_msg("bias_cols %s %s %lld x %lld col_max[%lld]: %.9g vs %.9g", isa->isa, dtype_names[dt],
+                                 (long long)rows, (long long)cols, (long long)c, max_isa[c], max_want[c]);
+                assert_true(max_isa[cols] == 99.0f);
+                /* the keys in two calls, the max carried by col_max: the same bits */
+                const int64_t split = rows / 2, elem = dtype == FA_DTYPE_F32 ? 4 : 2;
+                for (int64_t e = 0; e < rows * ld; ++e) x_split[e] = x_orig[e];
+                for (int64_t c = 0; c < cols; ++c) max_split[c] = -INFINITY;
+                isa->bias_cols(x_split, ld, split, cols, scale, bias, dtype, ld_bias, max_split);
+                isa->bias_cols(x_split + split * ld, ld, rows - split, cols, scale, (const char *)bias + split * elem,
+                               dtype, ld_bias, max_split);
+                if (memcmp(x_split, x_isa, (size_t)(rows * ld) * sizeof(float)) != 0 ||
+                    memcmp(max_split, max_isa, (size_t)cols * sizeof(float)) != 0)
+                    fail_msg("bias_cols %s %s %lld x %lld: two calls (keys split at %lld) differ from one", isa->isa,
+                             dtype_names[dt], (long long)rows, (long long)cols, (long long)split);
+            }
+    }
 }
 
 /* transpose bit for bit against the reference: shapes around the register block (7..17 rows,
@@ -780,7 +820,7 @@ static const struct { const char *name; CMUnitTestFunction run; } kernel_tests[]
     {"exp_cols", test_exp_cols},
     {"softcap_cols", test_softcap_cols},
     {"alibi_cols", test_alibi_cols},
-    {"add_cols", test_add_cols},
+    {"bias_cols", test_bias_cols},
     {"transpose", test_transpose},
     {"f16_to_f32", test_f16_to_f32},
     {"bf16_to_f32", test_bf16_to_f32},

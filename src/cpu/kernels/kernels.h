@@ -44,11 +44,16 @@
  *             mods->alibi), else alibi_cols (mods->alibi), with mods->scale, slope and first;
  *             col_max of the results. The same bits as the same ISA's gemm followed by that pass
  *             (what the backward runs): each element takes the same operations in the same order.
- *   add_cols: x[i*ld + j] = x[i*ld + j] * scale + add[i*ld_add + j] (the bias of a transposed block;
- *             -inf stays -inf whatever add holds). The same bits on every ISA.
+ *   bias_cols: x[i*ld + j] = x[i*ld + j] * scale + bias_j[i] (two roundings; -inf stays -inf
+ *             whatever the bias holds), bias_j = row j of a row-major bias of dtype f32, f16 or
+ *             bf16 (widened exactly), at element j * ld_bias of bias (ld_bias 0: one row for all):
+ *             the bias of a key-major score tile (row i = key i, column j = query j) read as it lies,
+ *             query-major. col_max (NULL = not wanted) [cols]: the running max of column j continued
+ *             over the results in increasing i (-inf in: col_max's bits), so that a tile's keys
+ *             may come in several calls. The same bits on every ISA.
  *   transpose: dst[c*ld_dst + r] = src[r*ld_src + c] for r < rows, c < cols (ld_src may be 0: every
- *             row the same); pure data movement, the same bits on every ISA. The bias of a score
- *             tile arrives row-major (queries x keys) and the tile is key-major.
+ *             row the same); pure data movement, the same bits on every ISA (Q_i^T and dO_i^T
+ *             of a tile, fa_cpu_load_transposed).
  *   f16_to_f32: dst[i] = binary16 src[i] widened (exact).
  *   bf16_to_f32: dst[i] = bfloat16 src[i] widened (exact: the 16 bits become the top half).
  *   f32_to_f16: dst[i] = src[i] rounded to binary16, to nearest even, bit for bit as fa_f32_to_f16
@@ -109,7 +114,8 @@ typedef struct fa_cpu_kernels {
                          int64_t first, float *grad, float *col_max);
     void (*alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, float slope, int64_t first,
                        float *col_max);
-    void (*add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add, int64_t ld_add);
+    void (*bias_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const void *bias, fa_dtype dtype,
+                      int64_t ld_bias, float *col_max);
     void (*transpose)(const float *src, int64_t ld_src, int64_t rows, int64_t cols, float *dst, int64_t ld_dst);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*bf16_to_f32)(const uint16_t *src, float *dst, int64_t n);

@@ -17,7 +17,9 @@
  *   4 * (i % (W/4)) + i / (W/4) of the result is the sum of the lanes of acc[i], by a fixed
  *   transpose-and-add tree), PV_CB (vectors of columns of a decode_values block: 4 x PV_CB
  *   accumulators), optionally VTRANSPOSE_BLOCK(src, ld_src, dst, ld_dst) (a square block of
- *   FA_TRANSPOSE_BLOCK x FA_TRANSPOSE_BLOCK transposed in registers).
+ *   FA_TRANSPOSE_BLOCK x FA_TRANSPOSE_BLOCK transposed in registers), optionally
+ *   VLOAD_TRANSPOSED(row, i, dt, t) (t[c] for c < BIAS_KEYS = lane l: element i + c of row[l],
+ *   l < W, of dtype dt widened; bias_cols' block, transposed in registers).
  * The register tile is MR x 2W: 2*MR accumulators, two B vectors and one broadcast of A. */
 #ifndef FA_VECTOR_KERNELS_H
 #define FA_VECTOR_KERNELS_H
@@ -482,26 +484,6 @@ static void KNAME(alibi_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, 
     }
 }
 
-/* x = x * scale + add (two roundings, the reference's bits), -inf left as it is. */
-static void KNAME(add_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add,
-                            int64_t ld_add)
-{
-    const VEC vscale = VSET1(scale);
-    for (int64_t i = 0; i < rows; ++i) {
-        float *row = x + i * ld;
-        const float *arow = add + i * ld_add;
-        for (int64_t j = 0; j < cols; j += W) {
-            const int masked = cols - j < W;
-            const MASK_T m = VMASK(masked ? cols - j : W);
-            const VEC s = masked ? VMLOAD(row + j, m) : VLOAD(row + j);
-            const VEC a = masked ? VMLOAD(arow + j, m) : VLOAD(arow + j);
-            const VEC y = VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VMUL(s, vscale), a)); /* masked stays masked */
-            if (masked) VMSTORE(row + j, m, y);
-            else VSTORE(row + j, y);
-        }
-    }
-}
-
 /* dst[c * ld_dst + r] = src[r * ld_src + c]: in register blocks where the ISA has them
  * (VTRANSPOSE_BLOCK, FA_TRANSPOSE_BLOCK square), element by element at the edges. */
 static void KNAME(transpose)(const float *src, int64_t ld_src, int64_t rows, int64_t cols, float *dst, int64_t ld_dst)
@@ -561,6 +543,83 @@ FA_INLINE float KNAME(cache_element)(const void *row, int64_t p, const int dt)
 FA_INLINE const void *KNAME(cache_row)(const void *base, int64_t offset, const int dt)
 {
     return (const char *)base + offset * (dt == FA_DTYPE_F32 ? 4 : 2);
+}
+
+/* ---- bias_cols: a row-major bias added to a key-major score tile (kernels.h) ---- */
+
+enum { BIAS_KEYS = 8 }; /* keys per block of bias_cols */
+
+/* t[c] (c < BIAS_KEYS) = lane l: element i + c of row[l], widened. */
+FA_INLINE void KNAME(bias_keys)(const void *const *row, int64_t i, const int dt, VEC *t)
+{
+#ifdef VLOAD_TRANSPOSED
+    VLOAD_TRANSPOSED(row, i, dt, t);
+#else
+    float lanes[BIAS_KEYS][W];
+    for (int c = 0; c < BIAS_KEYS; ++c)
+        for (int l = 0; l < W; ++l) lanes[c][l] = KNAME(cache_element)(row[l], i + c, dt);
+    for (int c = 0; c < BIAS_KEYS; ++c) t[c] = VLOAD(lanes[c]);
+#endif
+}
+
+/* Lane l: element i of row[l], widened (the keys past the last full block). */
+FA_INLINE VEC KNAME(bias_key)(const void *const *row, int64_t i, const int dt)
+{
+    float lanes[W];
+    for (int l = 0; l < W; ++l) lanes[l] = KNAME(cache_element)(row[l], i, dt);
+    return VLOAD(lanes);
+}
+
+/* One key's scores x (W queries, masked: fewer) plus its bias t; the running max. */
+FA_INLINE void KNAME(bias_add)(float *x, const int masked, MASK_T m, VEC scale, VEC t, VEC *best)
+{
+    const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
+    const VEC y = VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VMUL(s, scale), t)); /* masked stays masked */
+    if (masked) VMSTORE(x, m, y);
+    else VSTORE(x, y);
+    *best = VMAX(*best, y);
+}
+
+/* W (masked: fewer) query columns of x over all its rows (keys), blocks of BIAS_KEYS keys read
+ * from the W bias rows side by side and transposed in registers; the column max continued from
+ * col_max as col_max takes it (keys in increasing order). */
+FA_INLINE void KNAME(bias_columns)(float *x, int64_t ld, int64_t rows, const int masked, MASK_T m, VEC scale,
+                                   const void *const *row, const int dt, float *col_max)
+{
+    VEC best = !col_max ? VZERO() : masked ? VMLOAD(col_max, m) : VLOAD(col_max);
+    int64_t i0 = 0;
+    for (; i0 + BIAS_KEYS <= rows; i0 += BIAS_KEYS) {
+        VEC t[BIAS_KEYS];
+        KNAME(bias_keys)(row, i0, dt, t);
+#pragma GCC unroll 8
+        for (int c = 0; c < BIAS_KEYS; ++c) KNAME(bias_add)(x + (i0 + c) * ld, masked, m, scale, t[c], &best);
+    }
+    for (; i0 < rows; ++i0) KNAME(bias_add)(x + i0 * ld, masked, m, scale, KNAME(bias_key)(row, i0, dt), &best);
+    if (col_max && masked) VMSTORE(col_max, m, best);
+    else if (col_max) VSTORE(col_max, best);
+}
+
+static void KNAME(bias_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const void *bias,
+                             fa_dtype dtype, int64_t ld_bias, float *col_max)
+{
+    const int64_t elem = dtype == FA_DTYPE_F32 ? 4 : 2;
+    for (int64_t j = 0; j < cols; j += W) {
+        const int64_t lanes = cols - j < W ? cols - j : W;
+        const void *row[W]; /* lanes past the last column repeat its first row: read, never stored */
+        for (int64_t l = 0; l < W; ++l) row[l] = (const char *)bias + (j + (l < lanes ? l : 0)) * ld_bias * elem;
+        float *cm = col_max ? col_max + j : NULL;
+#define FA_BIAS_COLUMNS(dt, masked) KNAME(bias_columns)(x + j, ld, rows, masked, VMASK(lanes), VSET1(scale), row, dt, cm)
+#define FA_BIAS_COLUMNS_OF(dt)                     \
+    do {                                           \
+        if (lanes < W) FA_BIAS_COLUMNS(dt, 1);     \
+        else FA_BIAS_COLUMNS(dt, 0);               \
+    } while (0)
+        if (dtype == FA_DTYPE_F16) FA_BIAS_COLUMNS_OF(FA_DTYPE_F16);
+        else if (dtype == FA_DTYPE_BF16) FA_BIAS_COLUMNS_OF(FA_DTYPE_BF16);
+        else FA_BIAS_COLUMNS_OF(FA_DTYPE_F32);
+#undef FA_BIAS_COLUMNS_OF
+#undef FA_BIAS_COLUMNS
+    }
 }
 
 #ifndef DECODE_PREFETCH_BYTES
@@ -794,7 +853,7 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
 /* The ISA's table (kernels.h), named by the including file: one list of kernels for every ISA. */
 #define FA_VECTOR_KERNEL_TABLE(name)                                                                      \
     {                                                                                                     \
-        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .add_cols = KNAME(add_cols), .transpose = KNAME(transpose),          \
+        .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .bias_cols = KNAME(bias_cols), .transpose = KNAME(transpose),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
         .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .gemm_scores = KNAME(gemm_scores), .fma_chains = KNAME(fma_chains), \
         .decode_scores = KNAME(decode_scores), .decode_values = KNAME(decode_values), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \

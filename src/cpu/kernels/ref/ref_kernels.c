@@ -67,14 +67,21 @@ static void ref_alibi_cols(float *x, int64_t ld, int64_t rows, int64_t cols, flo
     if (col_max) ref_col_max(x, ld, rows, cols, col_max);
 }
 
-static void ref_add_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *add,
-                         int64_t ld_add)
+static void ref_bias_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const void *bias,
+                          fa_dtype dtype, int64_t ld_bias, float *col_max)
 {
-    for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) {
+    for (int64_t j = 0; j < cols; ++j) {
+        const void *row = (const char *)bias + j * ld_bias * (int64_t)fa_dtype_size(dtype);
+        for (int64_t i = 0; i < rows; ++i) {
+            const float add = dtype == FA_DTYPE_F16    ? fa_f16_to_f32(((const uint16_t *)row)[i])
+                              : dtype == FA_DTYPE_BF16 ? fa_bf16_to_f32(((const uint16_t *)row)[i])
+                                                       : ((const float *)row)[i];
             float *s = x + i * ld + j;
-            if (*s != -INFINITY) *s = *s * scale + add[i * ld_add + j]; /* masked stays masked */
+            if (*s != -INFINITY) *s = *s * scale + add; /* masked stays masked */
         }
+    }
+    for (int64_t i = 0; col_max && i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) col_max[j] = x[i * ld + j] > col_max[j] ? x[i * ld + j] : col_max[j];
 }
 
 static void ref_transpose(const float *src, int64_t ld_src, int64_t rows, int64_t cols, float *dst, int64_t ld_dst)
@@ -198,7 +205,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .exp_cols = ref_exp_cols,
     .softcap_cols = ref_softcap_cols,
     .alibi_cols = ref_alibi_cols,
-    .add_cols = ref_add_cols,
+    .bias_cols = ref_bias_cols,
     .transpose = ref_transpose,
     .f16_to_f32 = ref_f16_to_f32,
     .bf16_to_f32 = ref_bf16_to_f32,

@@ -85,6 +85,7 @@ static const int32_t avx2_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0
 #define VMASK(n) _mm256_loadu_si256((const __m256i *)(avx2_mask_table + 8 - (n)))
 
 #include "avx_transpose.h"
+#define VLOAD_TRANSPOSED(row, i, dt, t) fa_avx_load_transposed8(row, i, dt, t)
 #include "../vector_kernels.h"
 
 const fa_cpu_kernels fa_cpu_kernels_avx2 = FA_VECTOR_KERNEL_TABLE("avx2");

@@ -67,6 +67,56 @@ static inline __m512 avx512_transpose_sum(const __m512 *a)
 }
 
 #include "avx_transpose.h"
+/* 8 keys of 16 rows of 16-bit values, rows l and l + 8 side by side in the two 128-bit lanes of a
+ * ymm register: an 8 x 8 transpose of 16-bit elements in each lane (unpacks of 16, 32, 64 bits),
+ * then each key's 16 values widened at once (half the shuffles of widening first). */
+static inline __attribute__((always_inline)) void avx512_load_transposed16(const void *const *row, int64_t i, const int dt,
+                                                                           __m512 *t)
+{
+    __m256i v[8], a[8], b[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l)
+        v[l] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)row[l] + i))),
+                                       _mm_loadu_si128((const __m128i *)((const uint16_t *)row[l + 8] + i)), 1);
+    for (int l = 0; l < 8; l += 2) { /* rows l, l+1 interleaved: keys 0-3 | 4-7 */
+        a[l] = _mm256_unpacklo_epi16(v[l], v[l + 1]);
+        a[l + 1] = _mm256_unpackhi_epi16(v[l], v[l + 1]);
+    }
+    for (int l = 0; l < 8; l += 4) { /* rows l..l+3: keys (0, 1), (2, 3), (4, 5), (6, 7) */
+        b[l] = _mm256_unpacklo_epi32(a[l], a[l + 2]);
+        b[l + 1] = _mm256_unpackhi_epi32(a[l], a[l + 2]);
+        b[l + 2] = _mm256_unpacklo_epi32(a[l + 1], a[l + 3]);
+        b[l + 3] = _mm256_unpackhi_epi32(a[l + 1], a[l + 3]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) { /* key 2c and 2c + 1: rows 0-3 from b[c], 4-7 from b[c + 4] */
+        const __m256i even = _mm256_unpacklo_epi64(b[c], b[c + 4]), odd = _mm256_unpackhi_epi64(b[c], b[c + 4]);
+        if (dt == FA_DTYPE_F16) {
+            t[2 * c] = _mm512_cvtph_ps(even);
+            t[2 * c + 1] = _mm512_cvtph_ps(odd);
+        } else {
+            t[2 * c] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(even), 16));
+            t[2 * c + 1] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(odd), 16));
+        }
+    }
+}
+
+/* 8 keys of 16 bias rows: f32, two 8 x 8 blocks in ymm registers, their halves joined per key;
+ * f16/bf16 transposed before they are widened. */
+static inline __attribute__((always_inline)) void avx512_load_transposed(const void *const *row, int64_t i, const int dt,
+                                                                         __m512 *t)
+{
+    if (dt != FA_DTYPE_F32) {
+        avx512_load_transposed16(row, i, dt, t);
+        return;
+    }
+    __m256 lo[8], hi[8];
+    fa_avx_load_transposed8(row, i, dt, lo);
+    fa_avx_load_transposed8(row + 8, i, dt, hi);
+    for (int c = 0; c < 8; ++c)
+        t[c] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo[c])), _mm256_castps_pd(hi[c]), 1));
+}
+#define VLOAD_TRANSPOSED(row, i, dt, t) avx512_load_transposed(row, i, dt, t)
 #include "../vector_kernels.h"
 
 const fa_cpu_kernels fa_cpu_kernels_avx512 = FA_VECTOR_KERNEL_TABLE("avx512");
