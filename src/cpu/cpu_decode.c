@@ -341,42 +341,43 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     run_tiles(kp, kern, b, rows, all_lo + 4 * stream, hi, w, out);
 }
 
-/* The unit's chunks merged in increasing chunk order: O = sum_c e^(m_c - M) O_c / l with
- * l = sum_c e^(m_c - M) l_c, lse = M + log l. */
-static void merge_unit(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t u,
-                       float *partials, float *acc)
+/* The rows of kv head hk of unit u, each merged over the unit's chunks in increasing chunk order:
+ * O = sum_c e^(m_c - M) O_c / l with l = sum_c e^(m_c - M) l_c, lse = M + log l. A task per
+ * (unit, kv head), so that a batch-1 decode's merge runs on several threads; each row's
+ * arithmetic is the same whichever thread takes it. */
+static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t u,
+                       int64_t hk, float *partials, float *acc)
 {
     const fa_problem *p = &kp->attn;
     const int64_t d = p->head_dim;
     int64_t b, r0, rows;
     unit_rows(plan, u, &b, &r0, &rows);
     float *first = partials + (size_t)(u * plan->chunks) * plan->partial_floats;
-    for (int64_t hk = 0; hk < p->heads_kv; ++hk)
-        for (int64_t r = 0; r < rows; ++r) {
-            const int64_t col = hk * rows + r;
-            float top = -INFINITY, sum = 0.0f;
-            int poisoned = 0; /* a chunk saw a NaN score: the row is NaN, lse too */
-            for (int64_t c = 0; c < plan->chunks; ++c) {
-                const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
-                if (in.m[col] > top) top = in.m[col];
-                if (in.l[col] != in.l[col]) poisoned = 1;
-            }
-            memset(acc, 0, (size_t)d * sizeof(float));
-            if (poisoned) top = sum = NAN;
-            for (int64_t c = 0; !poisoned && top != -INFINITY && c < plan->chunks; ++c) {
-                const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
-                if (in.m[col] == -INFINITY) continue;
-                const float weight = expf(in.m[col] - top);
-                sum += weight * in.l[col];
-                for (int64_t x = 0; x < d; ++x) acc[x] += weight * in.o[col * d + x];
-            }
-            const float inv = poisoned ? NAN : sum > 0.0f ? 1.0f / sum : 0.0f;
-            for (int64_t x = 0; x < d; ++x) acc[x] *= inv;
-            int64_t i, h;
-            tile_row(plan, hk, r0 + r, &i, &h);
-            fa_cpu_store_rows(&p->out, kern, b, i, h, 1, acc, d);
-            if (p->lse) p->lse[fa_lse_index(p, b, h, i)] = poisoned ? NAN : sum > 0.0f ? top + logf(sum) : -INFINITY;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t col = hk * rows + r;
+        float top = -INFINITY, sum = 0.0f;
+        int poisoned = 0; /* a chunk saw a NaN score: the row is NaN, lse too */
+        for (int64_t c = 0; c < plan->chunks; ++c) {
+            const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
+            if (in.m[col] > top) top = in.m[col];
+            if (in.l[col] != in.l[col]) poisoned = 1;
         }
+        memset(acc, 0, (size_t)d * sizeof(float));
+        if (poisoned) top = sum = NAN;
+        for (int64_t c = 0; !poisoned && top != -INFINITY && c < plan->chunks; ++c) {
+            const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
+            if (in.m[col] == -INFINITY) continue;
+            const float weight = expf(in.m[col] - top);
+            sum += weight * in.l[col];
+            for (int64_t x = 0; x < d; ++x) acc[x] += weight * in.o[col * d + x];
+        }
+        const float inv = poisoned ? NAN : sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int64_t x = 0; x < d; ++x) acc[x] *= inv;
+        int64_t i, h;
+        tile_row(plan, hk, r0 + r, &i, &h);
+        fa_cpu_store_rows(&p->out, kern, b, i, h, 1, acc, d);
+        if (p->lse) p->lse[fa_lse_index(p, b, h, i)] = poisoned ? NAN : sum > 0.0f ? top + logf(sum) : -INFINITY;
+    }
 }
 
 fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
@@ -414,7 +415,8 @@ fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
             chunk_task(kp, s->kernels, &plan, t / plan.chunks, t % plan.chunks, &w,
                        partials + (size_t)t * plan.partial_floats);
 #pragma omp for schedule(static)
-        for (int64_t u = 0; u < plan.units; ++u) merge_unit(kp, s->kernels, &plan, u, partials, w.acc);
+        for (int64_t t = 0; t < plan.units * p->heads_kv; ++t)
+            merge_head(kp, s->kernels, &plan, t / p->heads_kv, t % p->heads_kv, partials, w.acc);
     }
     fa_host_free(scratch);
     fa_host_free(partials);

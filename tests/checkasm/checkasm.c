@@ -236,12 +236,14 @@ typedef struct decode_shape {
 
 static decode_shape decode_trial(int trial)
 {
-    static const int64_t keys[] = {1, 2, 3, 5, 8, 15, 16, 17, 33, 40};
+    /* an odd count of key counts, so that each is tried in both layouts; 64 (the step's tile) and
+     * beyond: more than one block of decode_values' keys */
+    static const int64_t keys[] = {1, 2, 3, 5, 8, 15, 16, 17, 33, 40, 64, 70, 131};
     static const int64_t heads[] = {1, 2, 3, 8};
     static const int64_t rows[] = {1, 2, 3, 4, 5, 7, 8, 16};
     static const int64_t dims[] = {1, 3, 8, 16, 17, 31, 64, 100, 128};
     decode_shape s;
-    s.n = keys[trial % 10];
+    s.n = keys[trial % 13];
     s.heads = heads[(trial / 3) % 4];
     s.rows = rows[(trial * 7 + 1) % 8];
     s.d = dims[(trial * 5 + 2) % 9];
