@@ -32,7 +32,7 @@ typedef struct query_tile {
 /* Per-thread memory: one K_j, V_j (and a NaN-free V_j) shared by the block's query tiles, one
  * score tile and its per-query vectors, and `group` query tiles of br x d. */
 typedef struct forward_scratch {
-    int64_t group, br, bc, d, ld; /* ld: of Q^T and S^T (tile_ld) */
+    int64_t group, br, bc, d, ld; /* ld: of Q^T and S^T (fa_cpu_tile_ld) */
     float *k, *v, *v_clean, *st, *tile_max, *shift, *alpha, *tile_sum;
     query_tile tiles[FA_CPU_MAX_QUERY_GROUP];
 } forward_scratch;
@@ -59,15 +59,6 @@ static void forward_scratch_layout(fa_cpu_scratch *s, void *scratch)
     }
     for (int64_t g = 0; g < w->group; ++g) w->tiles[g].ranges = fa_cpu_scratch_ranges(s, br);
 }
-
-/* The row stride of the packed Q^T and of S^T: Br floats and one cache line more. Rows of
- * Br = 128 floats are 512 bytes apart and fall into an eighth of the L1 sets, so the column
- * panel of Q^T that S^T = K Q^T reuses for every register tile of keys (d x 2W floats: 8 KiB
- * for AVX2 at d = 128) did not stay in L1 and came from L2 on every tile; one line more per row
- * spreads the rows over all the sets. Measured (checkasm --bench, gemm_max d = 128, Br 128,
- * Bc 512, Zen 4): AVX2 0.89-0.91 -> 0.98 of the peak, AVX-512 0.94 either way. Layout only:
- * the arithmetic and so the bits are unchanged. */
-static int64_t tile_ld(int64_t br) { return br + 16; }
 
 /* What every task of one forward call reads: the problem, the kernels and the tile sizes. */
 typedef struct forward_ctx {
@@ -330,12 +321,12 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t group = query_group(p, q_tiles, threads), heads = p->batch * p->heads_q;
     const forward_schedule plan = forward_schedule_make(heads, q_tiles, group, threads);
-    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim, .ld = tile_ld(br)}; /* the pointers are set per thread */
+    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim, .ld = fa_cpu_tile_ld(br)}; /* the pointers are set per thread */
     size_t share;
     void *team = fa_cpu_scratch_make_team(forward_scratch_layout, &shape, threads, &share);
     if (!team)
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are not written)");
-    const forward_ctx f = {.p = p, .kern = s->kernels, .br = br, .bc = bc, .ld = tile_ld(br)};
+    const forward_ctx f = {.p = p, .kern = s->kernels, .br = br, .bc = bc, .ld = fa_cpu_tile_ld(br)};
 
 #pragma omp parallel num_threads(threads)
     {
