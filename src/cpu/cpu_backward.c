@@ -29,13 +29,13 @@ typedef struct backward_ctx {
     const fa_problem *p;
     const fa_cpu_kernels *kern;
     const float *delta; /* D = rowsum(dO o O), [batch, heads_q, seqlen_q] */
-    int64_t br, bc;
+    int64_t br, bc, ld; /* ld: of the key-major tiles (fa_cpu_tile_ld) */
 } backward_ctx;
 
 /* Per-thread memory: the query side (Q_i, dO_i as rows and transposed), one key tile, the score
  * tiles, two accumulators and the per-query vectors; dbias_acc only when dbias is wanted. */
 typedef struct backward_scratch {
-    int64_t br, bc, d, bias_floats;
+    int64_t br, bc, d, ld, bias_floats;
     float *q, *dout, *qt, *dout_t, *k, *v, *st, *dst, *acc_a, *acc_b, *shift, *delta, *sum;
     float *cap_grad;  /* d score / d (scaled q.k) of the tile under a softcap: Bc x Br */
     float *dbias_acc; /* the dbias pass's f32 tile, or NULL */
@@ -47,16 +47,16 @@ typedef struct backward_scratch {
 static void backward_scratch_layout(fa_cpu_scratch *s, void *scratch)
 {
     backward_scratch *w = scratch;
-    const int64_t br = w->br, bc = w->bc, d = w->d, acc = (br > bc ? br : bc) * d;
+    const int64_t br = w->br, bc = w->bc, d = w->d, ld = w->ld, acc = (br > bc ? br : bc) * d;
     w->q = fa_cpu_scratch_floats(s, br * d);
     w->dout = fa_cpu_scratch_floats(s, br * d);
-    w->qt = fa_cpu_scratch_floats(s, d * br);
-    w->dout_t = fa_cpu_scratch_floats(s, d * br);
+    w->qt = fa_cpu_scratch_floats(s, d * ld);
+    w->dout_t = fa_cpu_scratch_floats(s, d * ld);
     w->k = fa_cpu_scratch_floats(s, bc * d);
     w->v = fa_cpu_scratch_floats(s, bc * d);
-    w->st = fa_cpu_scratch_floats(s, bc * br);
-    w->dst = fa_cpu_scratch_floats(s, bc * br);
-    w->cap_grad = fa_cpu_scratch_floats(s, bc * br);
+    w->st = fa_cpu_scratch_floats(s, bc * ld);
+    w->dst = fa_cpu_scratch_floats(s, bc * ld);
+    w->cap_grad = fa_cpu_scratch_floats(s, bc * ld);
     w->acc_a = fa_cpu_scratch_floats(s, acc);
     w->acc_b = fa_cpu_scratch_floats(s, acc);
     w->shift = fa_cpu_scratch_floats(s, br);
@@ -97,8 +97,8 @@ static void load_query_side(const backward_ctx *c, int64_t b, int64_t h, const f
     const int64_t base = (b * p->heads_q + h) * p->seqlen_q + rows->i0, lse_base = fa_lse_index(p, b, h, rows->i0);
     w->q_rows = fa_cpu_view_rows(&p->q, c->kern, b, rows->i0, h, rows->count, w->q, &w->ldq);
     w->dout_rows = fa_cpu_view_rows(&p->dout, c->kern, b, rows->i0, h, rows->count, w->dout, &w->lddo);
-    fa_cpu_load_transposed(&p->q, c->kern, b, rows->i0, h, rows->count, w->qt, c->br);
-    fa_cpu_load_transposed(&p->dout, c->kern, b, rows->i0, h, rows->count, w->dout_t, c->br);
+    fa_cpu_load_transposed(&p->q, c->kern, b, rows->i0, h, rows->count, w->qt, c->ld);
+    fa_cpu_load_transposed(&p->dout, c->kern, b, rows->i0, h, rows->count, w->dout_t, c->ld);
     for (int64_t r = 0; r < rows->count; ++r) {
         w->shift[r] = p->lse[lse_base + r] == -INFINITY ? INFINITY : p->lse[lse_base + r];
         w->delta[r] = c->delta[base + r];
@@ -116,29 +116,29 @@ static void tile_gradients(const backward_ctx *c, int64_t b, int64_t h, const fa
 {
     const fa_problem *p = c->p;
     const fa_cpu_kernels *kern = c->kern;
-    const int64_t d = p->head_dim, n = rows->count, br = c->br, j0 = kt->j0, cols = kt->cols;
+    const int64_t d = p->head_dim, n = rows->count, ld = c->ld, j0 = kt->j0, cols = kt->cols;
     const int modified = fa_cpu_scores_modified(p), fold = p->scale > 0.0f && !modified;
     const int chain = of == DS_OF_QK && p->softcap > 0.0f;
-    kern->gemm(cols, n, d, kt->k, kt->ldk, 1, w->qt, br, w->st, br, NULL, 0); /* S^T = K Q^T */
+    kern->gemm(cols, n, d, kt->k, kt->ldk, 1, w->qt, ld, w->st, ld, NULL, 0); /* S^T = K Q^T */
     /* As the forward: modified scores are masked only, the modifiers apply the scale (the same bits). */
-    if (!modified && (vis != FA_TILE_FULL || !fold)) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, br);
-    if (modified && vis != FA_TILE_FULL) fa_cpu_scale_mask(p, rows, j0, cols, vis, 1, w->st, br);
+    if (!modified && (vis != FA_TILE_FULL || !fold)) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, ld);
+    if (modified && vis != FA_TILE_FULL) fa_cpu_scale_mask(p, rows, j0, cols, vis, 1, w->st, ld);
     if (modified)
-        fa_cpu_modify_scores(p, kern, b, h, rows, j0, cols, p->scale, w->st, br, chain ? w->cap_grad : NULL, NULL);
-    kern->exp_cols(w->st, br, cols, n, fold ? p->scale : 1.0f, w->shift, w->sum);
-    kern->gemm(cols, n, d, kt->v, kt->ldv, 1, w->dout_t, br, w->dst, br, NULL, 0); /* dP^T = V dO^T */
+        fa_cpu_modify_scores(p, kern, b, h, rows, j0, cols, p->scale, w->st, ld, chain ? w->cap_grad : NULL, NULL);
+    kern->exp_cols(w->st, ld, cols, n, fold ? p->scale : 1.0f, w->shift, w->sum);
+    kern->gemm(cols, n, d, kt->v, kt->ldv, 1, w->dout_t, ld, w->dst, ld, NULL, 0); /* dP^T = V dO^T */
     /* dS = P o (dropout(dP) - D) uses P undropped; dV then needs Z = dropout(P). */
     const int dropout = p->dropout_p > 0.0f;
-    if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->dst, br);
+    if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->dst, ld);
     for (int64_t x = 0; x < cols; ++x) { /* simple loops over the query lanes: they vectorize */
-        const float *px = w->st + x * br, *grad = w->cap_grad + x * br;
-        float *dsx = w->dst + x * br;
+        const float *px = w->st + x * ld, *grad = w->cap_grad + x * ld;
+        float *dsx = w->dst + x * ld;
         if (chain) /* through the softcap: times softcap_cols' 1 - tanh^2, in the same pass */
             for (int64_t r = 0; r < n; ++r) dsx[r] = px[r] * (dsx[r] - w->delta[r]) * grad[r];
         else
             for (int64_t r = 0; r < n; ++r) dsx[r] = px[r] * (dsx[r] - w->delta[r]);
     }
-    if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->st, br);
+    if (dropout) fa_cpu_apply_dropout(p, b, h, rows, j0, cols, w->st, ld);
 }
 
 /* The query tile of (b) from i0 and the keys of [j0, j0 + cols) its rows can see: [*lo, *hi),
@@ -177,7 +177,7 @@ static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t 
 {
     const fa_problem *p = c->p;
     const fa_cpu_kernels *kern = c->kern;
-    const int64_t d = p->head_dim, group = p->heads_q / p->heads_kv, br = c->br;
+    const int64_t d = p->head_dim, group = p->heads_q / p->heads_kv, br = c->br, ld = c->ld;
     const int64_t cols = p->seqlen_k - j0 < c->bc ? p->seqlen_k - j0 : c->bc;
     float *dk = w->acc_a, *dv = w->acc_b;
     memset(dk, 0, (size_t)(cols * d) * sizeof(float));
@@ -192,14 +192,14 @@ static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t 
             const key_tile kt = key_subtile(&tile, lo, hi);
             load_query_side(c, b, h, &rows, w);
             tile_gradients(c, b, h, &rows, &kt, vis, DS_OF_QK, w);
-            kern->gemm(kt.cols, d, rows.count, w->st, br, 1, w->dout_rows, w->lddo, dv + (lo - j0) * d, d, NULL,
+            kern->gemm(kt.cols, d, rows.count, w->st, ld, 1, w->dout_rows, w->lddo, dv + (lo - j0) * d, d, NULL,
                        1); /* dV += Z^T dO */
-            kern->gemm(kt.cols, d, rows.count, w->dst, br, 1, w->q_rows, w->ldq, dk + (lo - j0) * d, d, NULL,
+            kern->gemm(kt.cols, d, rows.count, w->dst, ld, 1, w->q_rows, w->ldq, dk + (lo - j0) * d, d, NULL,
                        1); /* dK += dS^T Q */
             if (dq) {
                 int64_t lddq;
                 float *dq_i = dq_rows(p, dq, b, h, i0, &lddq);
-                kern->gemm(rows.count, d, kt.cols, w->dst, 1, br, kt.k, kt.ldk, dq_i, lddq, NULL, 1); /* dQ += dS K */
+                kern->gemm(rows.count, d, kt.cols, w->dst, 1, ld, kt.k, kt.ldk, dq_i, lddq, NULL, 1); /* dQ += dS K */
             }
         }
     }
@@ -233,7 +233,7 @@ static void kv_head_task(const backward_ctx *c, int64_t b, int64_t hk, const dq_
 static void query_tile_task(const backward_ctx *c, int64_t b, int64_t h, int64_t i0, backward_scratch *w)
 {
     const fa_problem *p = c->p;
-    const int64_t d = p->head_dim, hk = h / (p->heads_q / p->heads_kv), br = c->br, bc = c->bc;
+    const int64_t d = p->head_dim, hk = h / (p->heads_q / p->heads_kv), br = c->br, bc = c->bc, ld = c->ld;
     fa_cpu_rows rows;
     fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, &rows);
     float *dq = w->acc_a;
@@ -247,7 +247,7 @@ static void query_tile_task(const backward_ctx *c, int64_t b, int64_t h, int64_t
         if (vis == FA_TILE_EMPTY) continue;
         const key_tile kt = load_key_tile(c, b, hk, j0, cols, w);
         tile_gradients(c, b, h, &rows, &kt, vis, DS_OF_QK, w);
-        c->kern->gemm(rows.count, d, cols, w->dst, 1, br, kt.k, kt.ldk, dq, d, NULL, 1); /* dQ += dS K */
+        c->kern->gemm(rows.count, d, cols, w->dst, 1, ld, kt.k, kt.ldk, dq, d, NULL, 1); /* dQ += dS K */
     }
     for (int64_t x = 0; x < rows.count * d; ++x) dq[x] *= p->scale;
     fa_cpu_store_rows(&p->dq, c->kern, b, i0, h, rows.count, dq, d);
@@ -262,7 +262,7 @@ static void bias_task(const backward_ctx *c, int64_t task, backward_scratch *w)
 {
     const fa_problem *p = c->p;
     const fa_bias *db = &p->dbias;
-    const int64_t br = c->br, bc = c->bc;
+    const int64_t br = c->br, bc = c->bc, ld = c->ld;
     float *acc = w->dbias_acc;
     const int64_t q_tiles = (p->seqlen_q + br - 1) / br, group = p->heads_q / p->heads_kv;
     const int64_t task_tiles = db->stride_q ? q_tiles : 1, task_heads = db->stride_head ? p->heads_q : 1;
@@ -286,7 +286,7 @@ static void bias_task(const backward_ctx *c, int64_t task, backward_scratch *w)
                     tile_gradients(c, b, h, &rows, &kt, vis, DS_OF_SCORES, w);
                     for (int64_t r = 0; r < rows.count; ++r) {
                         float *out = acc + (db->stride_q ? r : 0) * bc + (lo - j0);
-                        for (int64_t x = 0; x < hi - lo; ++x) out[x] += w->dst[x * br + r];
+                        for (int64_t x = 0; x < hi - lo; ++x) out[x] += w->dst[x * ld + r];
                     }
                 }
         for (int64_t r = 0; r < out_rows; ++r) fa_cpu_store_bias_row(db, ob, oh, qt * br + r, j0, acc + r * bc, cols);
@@ -338,7 +338,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     const int64_t kv_pairs = p->batch * p->heads_kv, q_pairs = p->batch * p->heads_q;
     int64_t dq_buffer_floats;
     const int fused = backward_is_fused(p, &dq_buffer_floats);
-    const backward_ctx c = {.p = p, .kern = s->kernels, .delta = delta, .br = br, .bc = bc};
+    const backward_ctx c = {.p = p, .kern = s->kernels, .delta = delta, .br = br, .bc = bc, .ld = fa_cpu_tile_ld(br)};
     const fa_bias *db = &p->dbias;
     const int64_t bias_tasks = !db->data ? 0 : (db->stride_batch ? p->batch : 1) * (db->stride_head ? p->heads_q : 1) *
                                                    (db->stride_q ? q_tiles : 1);
@@ -346,7 +346,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 
 #pragma omp parallel num_threads(threads)
     {
-        backward_scratch w = {.br = br, .bc = bc, .d = p->head_dim, .bias_floats = bias_tasks ? br * bc : 0};
+        backward_scratch w = {.br = br, .bc = bc, .d = p->head_dim, .ld = fa_cpu_tile_ld(br), .bias_floats = bias_tasks ? br * bc : 0};
         void *block = fa_cpu_scratch_make(backward_scratch_layout, &w);
         const int needs_dq_buffer = fused && dq_buffer_floats;
         dq_target dq = {NULL};

@@ -32,7 +32,7 @@ typedef struct query_tile {
 /* Per-thread memory: one K_j, V_j (and a NaN-free V_j) shared by the block's query tiles, one
  * score tile and its per-query vectors, and `group` query tiles of br x d. */
 typedef struct forward_scratch {
-    int64_t group, br, bc, d;
+    int64_t group, br, bc, d, ld; /* ld: of Q^T and S^T (fa_cpu_tile_ld) */
     float *k, *v, *v_clean, *st, *tile_max, *shift, *alpha, *tile_sum;
     query_tile tiles[FA_CPU_MAX_QUERY_GROUP];
 } forward_scratch;
@@ -40,18 +40,18 @@ typedef struct forward_scratch {
 static void forward_scratch_layout(fa_cpu_scratch *s, void *scratch)
 {
     forward_scratch *w = scratch;
-    const int64_t br = w->br, bc = w->bc, d = w->d;
+    const int64_t br = w->br, bc = w->bc, d = w->d, ld = w->ld;
     w->k = fa_cpu_scratch_floats(s, bc * d);
     w->v = fa_cpu_scratch_floats(s, bc * d);
     w->v_clean = fa_cpu_scratch_floats(s, bc * d);
-    w->st = fa_cpu_scratch_floats(s, bc * br);
+    w->st = fa_cpu_scratch_floats(s, bc * ld);
     w->tile_max = fa_cpu_scratch_floats(s, br);
     w->shift = fa_cpu_scratch_floats(s, br);
     w->alpha = fa_cpu_scratch_floats(s, br);
     w->tile_sum = fa_cpu_scratch_floats(s, br);
     for (int64_t g = 0; g < w->group; ++g) {
         query_tile *t = &w->tiles[g];
-        t->qt = fa_cpu_scratch_floats(s, d * br);
+        t->qt = fa_cpu_scratch_floats(s, d * ld);
         t->o = fa_cpu_scratch_floats(s, br * d);
         t->m = fa_cpu_scratch_floats(s, br);
         t->l = fa_cpu_scratch_floats(s, br);
@@ -64,7 +64,7 @@ static void forward_scratch_layout(fa_cpu_scratch *s, void *scratch)
 typedef struct forward_ctx {
     const fa_problem *p;
     const fa_cpu_kernels *kern;
-    int64_t br, bc;
+    int64_t br, bc, ld;
 } forward_ctx;
 
 static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t i0, query_tile *t)
@@ -81,8 +81,8 @@ static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t
     memset(t->o, 0, (size_t)(rows_n * p->head_dim) * sizeof(float));
     for (int64_t r = 0; r < rows_n; ++r) t->poison[r] = 0.0f;
     if (t->rows.key_hi <= t->rows.key_lo) return; /* no row sees a key: Q_i is never read */
-    fa_cpu_load_transposed(&p->q, f->kern, b, i0, h, rows_n, t->qt, br);
-    fa_cpu_nan_rows_begin(&t->rows, t->qt, br, p->head_dim, t->poison);
+    fa_cpu_load_transposed(&p->q, f->kern, b, i0, h, rows_n, t->qt, f->ld);
+    fa_cpu_nan_rows_begin(&t->rows, t->qt, f->ld, p->head_dim, t->poison);
 }
 
 /* O_i = diag(1/l) O_i, the log-sum-exp, NaN poisoning, and the store. */
@@ -106,7 +106,7 @@ static void query_tile_end(const forward_ctx *f, int64_t b, int64_t h, query_til
 typedef struct forward_task_ctx {
     const fa_problem *p;
     const fa_cpu_kernels *kern;
-    int64_t br, b, h, hk;
+    int64_t ld, b, h, hk; /* ld: of Q^T and S^T */
     int fold;           /* exp(scale * s - m): the scale folded into the exponential (scale > 0) */
     int modified;       /* softcap, ALiBi or bias: explicit scores (no folding) */
     int fusable;        /* modified, and a fully visible tile takes its modifiers in the product (gemm_scores) */
@@ -146,7 +146,7 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
 {
     const fa_problem *p = c->p;
     const fa_cpu_kernels *kern = c->kern;
-    const int64_t d = p->head_dim, br = c->br;
+    const int64_t d = p->head_dim, ld = c->ld;
     fa_cpu_rows rows;
     int64_t key0;
     const int64_t keys = visible_span(t, r0, count, lo, hi, &rows, &key0);
@@ -174,30 +174,30 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
      * either way the per-query max comes from the registers (no pass over S^T before the exponential). */
     if (vis == FA_TILE_FULL && (c->fold || c->fusable)) {
         if (c->modified) {
-            fa_cpu_gemm_modified(p, kern, c->b, c->h, &rows, key0, keys, k, c->ldk, t->qt + r0, br, w->st, br, w->tile_max);
+            fa_cpu_gemm_modified(p, kern, c->b, c->h, &rows, key0, keys, k, c->ldk, t->qt + r0, ld, w->st, ld, w->tile_max);
         } else {
-            kern->gemm_max(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, w->tile_max);
+            kern->gemm_max(keys, count, d, k, c->ldk, 1, t->qt + r0, ld, w->st, ld, w->tile_max);
         }
-        fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max,
+        fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, ld, t->m + r0, t->l + r0, w->tile_max,
                                       w->shift, w->alpha, w->tile_sum);
     } else {
-        kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, br, w->st, br, NULL, 0);
+        kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, ld, w->st, ld, NULL, 0);
         /* Modified scores: the modifiers apply the scale and take the max in their own passes; a
          * partial tile is only masked before them (a full one not touched), so every score gets
          * the same operations in either tile, in the forward and in the backward. */
-        if (!c->modified) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, br);
-        else if (vis != FA_TILE_FULL) fa_cpu_scale_mask(p, &rows, key0, keys, vis, 1, w->st, br);
+        if (!c->modified) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, ld);
+        else if (vis != FA_TILE_FULL) fa_cpu_scale_mask(p, &rows, key0, keys, vis, 1, w->st, ld);
         if (c->modified) {
-            fa_cpu_modify_scores(p, kern, c->b, c->h, &rows, key0, keys, p->scale, w->st, br, NULL, w->tile_max);
-            fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0,
+            fa_cpu_modify_scores(p, kern, c->b, c->h, &rows, key0, keys, p->scale, w->st, ld, NULL, w->tile_max);
+            fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, ld, t->m + r0, t->l + r0,
                                           w->tile_max, w->shift, w->alpha, w->tile_sum);
         } else {
-            fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, br, t->m + r0, t->l + r0, w->tile_max,
+            fa_cpu_softmax_step(kern, c->scale_in_exp, count, keys, w->st, ld, t->m + r0, t->l + r0, w->tile_max,
                                 w->shift, w->alpha, w->tile_sum);
         }
     }
-    if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, br);
-    kern->gemm(count, d, keys, w->st, 1, br, v, ldv, t->o + r0 * d, d, w->alpha, 1); /* O = alpha O + P V */
+    if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, ld);
+    kern->gemm(count, d, keys, w->st, 1, ld, v, ldv, t->o + r0 * d, d, w->alpha, 1); /* O = alpha O + P V */
     fa_cpu_nan_step(&c->nan_tile, p, &rows, key0, keys, t->poison + r0, t->o + r0 * d);
 }
 
@@ -211,7 +211,7 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
     const fa_problem *p = f->p;
     const fa_cpu_kernels *kern = f->kern;
     const int64_t br = f->br, bc = f->bc;
-    forward_task_ctx c = {.p = p, .kern = kern, .br = br, .b = b, .h = h,
+    forward_task_ctx c = {.p = p, .kern = kern, .ld = f->ld, .b = b, .h = h,
                           .hk = h / (p->heads_q / p->heads_kv), .modified = fa_cpu_scores_modified(p)};
     c.fold = p->scale > 0.0f && !c.modified;
     c.fusable = c.modified && fa_cpu_scores_fusable(p);
@@ -321,12 +321,12 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t group = query_group(p, q_tiles, threads), heads = p->batch * p->heads_q;
     const forward_schedule plan = forward_schedule_make(heads, q_tiles, group, threads);
-    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim}; /* the pointers are set per thread */
+    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim, .ld = fa_cpu_tile_ld(br)}; /* the pointers are set per thread */
     size_t share;
     void *team = fa_cpu_scratch_make_team(forward_scratch_layout, &shape, threads, &share);
     if (!team)
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are not written)");
-    const forward_ctx f = {.p = p, .kern = s->kernels, .br = br, .bc = bc};
+    const forward_ctx f = {.p = p, .kern = s->kernels, .br = br, .bc = bc, .ld = fa_cpu_tile_ld(br)};
 
 #pragma omp parallel num_threads(threads)
     {

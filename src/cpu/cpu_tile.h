@@ -55,6 +55,20 @@ fa_tile_visibility fa_cpu_tile_visibility(const fa_problem *p, const fa_cpu_rows
 
 /* Score tiles are stored transposed: element (query r, key c) at st[c * ld + r]. */
 
+/* The row stride of the key-major tiles of Br query columns (S^T, dS^T, the packed Q^T and dO^T):
+ * Br floats, and one cache line more when Br is a multiple of 128. Rows of Br = 128 floats are
+ * 512 bytes apart and fall into an eighth of the L1 sets, so the column panel of Q^T (or dO^T) that S^T = K Q^T reuses for
+ * every register tile of keys (d x 2W floats: 8 KiB for AVX2 at d = 128) did not stay in L1 and
+ * came from L2 on every tile; one line more per row spreads the rows over all the sets.
+ * Measured (checkasm --bench, gemm_max at d = 128, Br 128, Bc 512, Zen 4): AVX2 0.89-0.91 ->
+ * 0.98 of the peak, AVX-512 0.94 either way; whole forwards showed no change beyond the noise
+ * (bench/results/cpu-tile-stride-2026-11-24.md). Shorter rows (Br = 64, d = 64) already spread
+ * over enough sets and stay as they were. Layout only: the arithmetic and its bits are unchanged. */
+static inline int64_t fa_cpu_tile_ld(int64_t block_rows)
+{
+    return block_rows % 128 == 0 ? block_rows + 16 : block_rows;
+}
+
 /* Masked elements (PARTIAL tiles) set to -inf; visible ones multiplied by the scale unless
  * fold_scale (then the exponential applies it: exp(scale * s - m) with m in scaled units, or the
  * score modifiers do, fa_cpu_modify_scores). */
