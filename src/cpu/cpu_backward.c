@@ -338,7 +338,8 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     const int64_t kv_pairs = p->batch * p->heads_kv, q_pairs = p->batch * p->heads_q;
     int64_t dq_buffer_floats;
     const int fused = backward_is_fused(p, &dq_buffer_floats);
-    const backward_ctx c = {.p = p, .kern = s->kernels, .delta = delta, .br = br, .bc = bc, .ld = fa_cpu_tile_ld(br)};
+    const int64_t ld = fa_cpu_tile_ld(br);
+    const backward_ctx c = {.p = p, .kern = s->kernels, .delta = delta, .br = br, .bc = bc, .ld = ld};
     const fa_bias *db = &p->dbias;
     const int64_t bias_tasks = !db->data ? 0 : (db->stride_batch ? p->batch : 1) * (db->stride_head ? p->heads_q : 1) *
                                                    (db->stride_q ? q_tiles : 1);
@@ -346,7 +347,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 
 #pragma omp parallel num_threads(threads)
     {
-        backward_scratch w = {.br = br, .bc = bc, .d = p->head_dim, .ld = fa_cpu_tile_ld(br), .bias_floats = bias_tasks ? br * bc : 0};
+        backward_scratch w = {.br = br, .bc = bc, .d = p->head_dim, .ld = ld, .bias_floats = bias_tasks ? br * bc : 0};
         void *block = fa_cpu_scratch_make(backward_scratch_layout, &w);
         const int needs_dq_buffer = fused && dq_buffer_floats;
         dq_target dq = {NULL};

@@ -321,12 +321,13 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t group = query_group(p, q_tiles, threads), heads = p->batch * p->heads_q;
     const forward_schedule plan = forward_schedule_make(heads, q_tiles, group, threads);
-    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim, .ld = fa_cpu_tile_ld(br)}; /* the pointers are set per thread */
+    const int64_t ld = fa_cpu_tile_ld(br);
+    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim, .ld = ld}; /* the pointers are set per thread */
     size_t share;
     void *team = fa_cpu_scratch_make_team(forward_scratch_layout, &shape, threads, &share);
     if (!team)
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "forward: cannot allocate per-thread tiles (outputs are not written)");
-    const forward_ctx f = {.p = p, .kern = s->kernels, .br = br, .bc = bc, .ld = fa_cpu_tile_ld(br)};
+    const forward_ctx f = {.p = p, .kern = s->kernels, .br = br, .bc = bc, .ld = ld};
 
 #pragma omp parallel num_threads(threads)
     {
