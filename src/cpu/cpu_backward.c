@@ -36,6 +36,8 @@ typedef struct backward_ctx {
  * tiles, two accumulators and the per-query vectors; dbias_acc only when dbias is wanted. */
 typedef struct backward_scratch {
     int64_t br, bc, d, ld, bias_floats;
+    int bf16;          /* S^T on bf16 pairs, as the forward (fa_cpu_bf16_scores) */
+    uint32_t *qt_pairs; /* Q_i^T for gemm_max_bf16 (bf16 scores only) */
     float *q, *dout, *qt, *dout_t, *k, *v, *st, *dst, *acc_a, *acc_b, *shift, *delta, *sum;
     float *cap_grad;  /* d score / d (scaled q.k) of the tile under a softcap: Bc x Br */
     float *dbias_acc; /* the dbias pass's f32 tile, or NULL */
@@ -51,6 +53,7 @@ static void backward_scratch_layout(fa_cpu_scratch *s, void *scratch)
     w->q = fa_cpu_scratch_floats(s, br * d);
     w->dout = fa_cpu_scratch_floats(s, br * d);
     w->qt = fa_cpu_scratch_floats(s, d * ld);
+    w->qt_pairs = w->bf16 ? (uint32_t *)fa_cpu_scratch_floats(s, fa_cpu_bf16_pairs_words(d, ld)) : NULL;
     w->dout_t = fa_cpu_scratch_floats(s, d * ld);
     w->k = fa_cpu_scratch_floats(s, bc * d);
     w->v = fa_cpu_scratch_floats(s, bc * d);
@@ -71,6 +74,8 @@ typedef struct key_tile {
     int64_t j0, cols;
     const float *k, *v;
     int64_t ldk, ldv;
+    const uint16_t *k_bf16; /* K_j's bf16 rows in place when the scores are bf16, else NULL */
+    int64_t ldk_bf16;
 } key_tile;
 
 static key_tile load_key_tile(const backward_ctx *c, int64_t b, int64_t hk, int64_t j0, int64_t cols,
@@ -79,13 +84,18 @@ static key_tile load_key_tile(const backward_ctx *c, int64_t b, int64_t hk, int6
     key_tile t = {.j0 = j0, .cols = cols};
     t.k = fa_cpu_view_rows(&c->p->k, c->kern, b, j0, hk, cols, w->k, &t.ldk);
     t.v = fa_cpu_view_rows(&c->p->v, c->kern, b, j0, hk, cols, w->v, &t.ldv);
+    if (w->bf16) {
+        t.k_bf16 = fa_row_ptr(&c->p->k, b, j0, hk);
+        t.ldk_bf16 = c->p->k.stride_seq;
+    }
     return t;
 }
 
 /* The keys [lo, hi) of a loaded tile. */
 static key_tile key_subtile(const key_tile *t, int64_t lo, int64_t hi)
 {
-    return (key_tile){lo, hi - lo, t->k + (lo - t->j0) * t->ldk, t->v + (lo - t->j0) * t->ldv, t->ldk, t->ldv};
+    return (key_tile){lo, hi - lo, t->k + (lo - t->j0) * t->ldk, t->v + (lo - t->j0) * t->ldv, t->ldk, t->ldv,
+                      t->k_bf16 ? t->k_bf16 + (lo - t->j0) * t->ldk_bf16 : NULL, t->ldk_bf16};
 }
 
 /* Loads the query side of (b, h, rows): Q and dO as rows and transposed, the exponential's shift
@@ -98,6 +108,7 @@ static void load_query_side(const backward_ctx *c, int64_t b, int64_t h, const f
     w->q_rows = fa_cpu_view_rows(&p->q, c->kern, b, rows->i0, h, rows->count, w->q, &w->ldq);
     w->dout_rows = fa_cpu_view_rows(&p->dout, c->kern, b, rows->i0, h, rows->count, w->dout, &w->lddo);
     fa_cpu_load_transposed(&p->q, c->kern, b, rows->i0, h, rows->count, w->qt, c->ld);
+    if (w->qt_pairs) fa_cpu_pack_bf16_pairs(w->qt, c->ld, rows->count, p->head_dim, w->qt_pairs);
     fa_cpu_load_transposed(&p->dout, c->kern, b, rows->i0, h, rows->count, w->dout_t, c->ld);
     for (int64_t r = 0; r < rows->count; ++r) {
         w->shift[r] = p->lse[lse_base + r] == -INFINITY ? INFINITY : p->lse[lse_base + r];
@@ -119,7 +130,10 @@ static void tile_gradients(const backward_ctx *c, int64_t b, int64_t h, const fa
     const int64_t d = p->head_dim, n = rows->count, ld = c->ld, j0 = kt->j0, cols = kt->cols;
     const int modified = fa_cpu_scores_modified(p), fold = p->scale > 0.0f && !modified;
     const int chain = of == DS_OF_QK && p->softcap > 0.0f;
-    kern->gemm(cols, n, d, kt->k, kt->ldk, 1, w->qt, ld, w->st, ld, NULL, 0); /* S^T = K Q^T */
+    if (kt->k_bf16) /* S^T = K Q^T, with the forward's product */
+        kern->gemm_max_bf16(cols, n, d, kt->k_bf16, kt->ldk_bf16, w->qt_pairs, ld, w->st, ld, NULL);
+    else
+        kern->gemm(cols, n, d, kt->k, kt->ldk, 1, w->qt, ld, w->st, ld, NULL, 0);
     /* As the forward: modified scores are masked only, the modifiers apply the scale (the same bits). */
     if (!modified && (vis != FA_TILE_FULL || !fold)) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, ld);
     if (modified && vis != FA_TILE_FULL) fa_cpu_scale_mask(p, rows, j0, cols, vis, 1, w->st, ld);
@@ -347,7 +361,8 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 
 #pragma omp parallel num_threads(threads)
     {
-        backward_scratch w = {.br = br, .bc = bc, .d = p->head_dim, .ld = ld, .bias_floats = bias_tasks ? br * bc : 0};
+        backward_scratch w = {.br = br, .bc = bc, .d = p->head_dim, .ld = ld, .bias_floats = bias_tasks ? br * bc : 0,
+                              .bf16 = fa_cpu_bf16_scores(p, c.kern)};
         void *block = fa_cpu_scratch_make(backward_scratch_layout, &w);
         const int needs_dq_buffer = fused && dq_buffer_floats;
         dq_target dq = {NULL};

@@ -25,6 +25,7 @@
  * and the online-softmax statistics. */
 typedef struct query_tile {
     float *qt, *o, *m, *l, *poison;
+    uint32_t *qt_pairs; /* Q_i^T for gemm_max_bf16 (bf16 scores only) */
     fa_key_range *ranges;
     fa_cpu_rows rows;
 } query_tile;
@@ -33,6 +34,7 @@ typedef struct query_tile {
  * score tile and its per-query vectors, and `group` query tiles of br x d. */
 typedef struct forward_scratch {
     int64_t group, br, bc, d, ld; /* ld: of Q^T and S^T (fa_cpu_tile_ld) */
+    int bf16;                     /* S^T on bf16 pairs (fa_cpu_bf16_scores) */
     float *k, *v, *v_clean, *st, *tile_max, *shift, *alpha, *tile_sum;
     query_tile tiles[FA_CPU_MAX_QUERY_GROUP];
 } forward_scratch;
@@ -52,6 +54,7 @@ static void forward_scratch_layout(fa_cpu_scratch *s, void *scratch)
     for (int64_t g = 0; g < w->group; ++g) {
         query_tile *t = &w->tiles[g];
         t->qt = fa_cpu_scratch_floats(s, d * ld);
+        t->qt_pairs = w->bf16 ? (uint32_t *)fa_cpu_scratch_floats(s, fa_cpu_bf16_pairs_words(d, ld)) : NULL;
         t->o = fa_cpu_scratch_floats(s, br * d);
         t->m = fa_cpu_scratch_floats(s, br);
         t->l = fa_cpu_scratch_floats(s, br);
@@ -83,6 +86,7 @@ static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t
     if (t->rows.key_hi <= t->rows.key_lo) return; /* no row sees a key: Q_i is never read */
     fa_cpu_load_transposed(&p->q, f->kern, b, i0, h, rows_n, t->qt, f->ld);
     fa_cpu_nan_rows_begin(&t->rows, t->qt, f->ld, p->head_dim, t->poison);
+    if (t->qt_pairs) fa_cpu_pack_bf16_pairs(t->qt, f->ld, rows_n, p->head_dim, t->qt_pairs);
 }
 
 /* O_i = diag(1/l) O_i, the log-sum-exp, NaN poisoning, and the store. */
@@ -114,6 +118,8 @@ typedef struct forward_task_ctx {
     int64_t j0;         /* the key tile: keys j0.. */
     const float *k;     /* K_j; V_j is in nan_tile (P multiplies V_j or its NaN-free copy) */
     int64_t ldk;
+    const uint16_t *k_bf16; /* K_j's bf16 rows in place (stride ldk_bf16) when the scores are bf16, else NULL */
+    int64_t ldk_bf16;
     fa_cpu_nan_tile nan_tile;
 } forward_task_ctx;
 
@@ -172,8 +178,12 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     /* S^T = K Q^T. A fully visible tile with the scale folded into the exponential keeps its raw
      * scores, and a fully visible modified tile gets its modifiers in the product's registers:
      * either way the per-query max comes from the registers (no pass over S^T before the exponential). */
-    if (vis == FA_TILE_FULL && (c->fold || c->fusable)) {
-        if (c->modified) {
+    const uint16_t *k_bf16 = c->k_bf16 ? c->k_bf16 + (key0 - c->j0) * c->ldk_bf16 : NULL;
+    /* bf16 scores: modified tiles take the modifiers in their pass (gemm_scores is f32 only). */
+    if (vis == FA_TILE_FULL && (c->fold || (c->fusable && !k_bf16))) {
+        if (k_bf16) {
+            kern->gemm_max_bf16(keys, count, d, k_bf16, c->ldk_bf16, t->qt_pairs + r0, ld, w->st, ld, w->tile_max);
+        } else if (c->modified) {
             fa_cpu_gemm_modified(p, kern, c->b, c->h, &rows, key0, keys, k, c->ldk, t->qt + r0, ld, w->st, ld, w->tile_max);
         } else {
             kern->gemm_max(keys, count, d, k, c->ldk, 1, t->qt + r0, ld, w->st, ld, w->tile_max);
@@ -181,7 +191,8 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
         fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, ld, t->m + r0, t->l + r0, w->tile_max,
                                       w->shift, w->alpha, w->tile_sum);
     } else {
-        kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, ld, w->st, ld, NULL, 0);
+        if (k_bf16) kern->gemm_max_bf16(keys, count, d, k_bf16, c->ldk_bf16, t->qt_pairs + r0, ld, w->st, ld, NULL);
+        else kern->gemm(keys, count, d, k, c->ldk, 1, t->qt + r0, ld, w->st, ld, NULL, 0);
         /* Modified scores: the modifiers apply the scale and take the max in their own passes; a
          * partial tile is only masked before them (a full one not touched), so every score gets
          * the same operations in either tile, in the forward and in the backward. */
@@ -240,6 +251,10 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
             if (!c.k) { /* loaded once, for the first query tile that sees it */
                 int64_t ldv;
                 c.k = fa_cpu_view_rows(&p->k, kern, b, j0, c.hk, cols, w->k, &c.ldk);
+                if (w->bf16) {
+                    c.k_bf16 = fa_row_ptr(&p->k, b, j0, c.hk);
+                    c.ldk_bf16 = p->k.stride_seq;
+                }
                 const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, c.hk, cols, w->v, &ldv);
                 fa_cpu_nan_tile_begin(&c.nan_tile, p, b, c.hk, j0, cols, c.k, c.ldk, v, ldv, w->v_clean);
             }
@@ -322,7 +337,8 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     const int64_t group = query_group(p, q_tiles, threads), heads = p->batch * p->heads_q;
     const forward_schedule plan = forward_schedule_make(heads, q_tiles, group, threads);
     const int64_t ld = fa_cpu_tile_ld(br);
-    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim, .ld = ld}; /* the pointers are set per thread */
+    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim, .ld = ld,
+                             .bf16 = fa_cpu_bf16_scores(p, s->kernels)}; /* the pointers are set per thread */
     size_t share;
     void *team = fa_cpu_scratch_make_team(forward_scratch_layout, &shape, threads, &share);
     if (!team)

@@ -60,6 +60,16 @@ void fa_cpu_load_transposed(const fa_tensor *t, const fa_cpu_kernels *kern, int6
     }
 }
 
+void fa_cpu_pack_bf16_pairs(const float *qt, int64_t ld, int64_t rows, int64_t head_dim, uint32_t *pairs)
+{
+    for (int64_t c = 0; c < head_dim; c += 2) {
+        const float *even = qt + c * ld, *odd = c + 1 < head_dim ? qt + (c + 1) * ld : NULL;
+        uint32_t *out = pairs + c / 2 * ld;
+        for (int64_t r = 0; r < rows; ++r) /* it vectorises */
+            out[r] = fa_f32_bits(even[r]) >> 16 | (odd ? fa_f32_bits(odd[r]) & 0xffff0000u : 0u);
+    }
+}
+
 const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
                               int64_t rows, float *scratch, int64_t *ld)
 {

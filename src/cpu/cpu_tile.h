@@ -38,6 +38,20 @@ const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, in
 void fa_cpu_store_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
                        int64_t rows, const float *src, int64_t ld);
 
+/* 1 when S^T = K Q^T of this problem is taken on bf16 pairs by the kernels' gemm_max_bf16 (q and
+ * k bf16, and a CPU with the kernel), in the forward and the backward alike, so that the backward
+ * recomputes the forward's P; else the f32 product on widened tiles. */
+static inline int fa_cpu_bf16_scores(const fa_problem *p, const fa_cpu_kernels *kern)
+{
+    return kern->gemm_max_bf16 && p->q.dtype == FA_DTYPE_BF16 && p->k.dtype == FA_DTYPE_BF16;
+}
+/* Words of gemm_max_bf16's B for a packed Q^T of head_dim rows and row stride ld. */
+static inline int64_t fa_cpu_bf16_pairs_words(int64_t head_dim, int64_t ld) { return (head_dim + 1) / 2 * ld; }
+/* pairs[(c / 2) * ld + r] = bf16 qt[c * ld + r] (low half) and qt[(c + 1) * ld + r] (high half, 0
+ * for c + 1 = head_dim), c even, r < rows: a Q^T widened from bf16 (exact, so its top halves are
+ * the input's bits) repacked for gemm_max_bf16, no rounding. */
+void fa_cpu_pack_bf16_pairs(const float *qt, int64_t ld, int64_t rows, int64_t head_dim, uint32_t *pairs);
+
 /* Per query row of a tile: the visible key range (causal, window, padding). */
 typedef struct fa_cpu_rows {
     int64_t i0, count;         /* first query row and number of rows */

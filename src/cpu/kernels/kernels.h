@@ -44,6 +44,22 @@
  *             mods->alibi), else alibi_cols (mods->alibi), with mods->scale, slope and first;
  *             col_max of the results. The same bits as the same ISA's gemm followed by that pass
  *             (what the backward runs): each element takes the same operations in the same order.
+ *   gemm_max_bf16: gemm_max for bfloat16 operands (the forward's and backward's S^T = K Q^T when q
+ *             and k are bf16), NULL in a table whose CPU cannot run it (only the AVX-512 table
+ *             handed out on a CPU with AVX512_BF16 has it: vdpbf16ps). A(i,p) = bf16 a[i*lda + p]
+ *             (rows contiguous, read in place); B in pairs: the 32-bit word b[(p/2)*ldb + j] holds
+ *             B(p,j) in its low and B(p+1,j) in its high half (p even; the high half 0 when
+ *             p + 1 = k), fa_cpu_pack_bf16_pairs' layout. C(i,j) starts at +0 and takes, pair by
+ *             pair in increasing p, acc = fma(A(i,p+1), B(p+1,j), acc) then acc = fma(A(i,p),
+ *             B(p,j), acc): the odd element first, each step one f32 FMA rounded to nearest even
+ *             (the products of bf16 values are exact in f32), with DAZ on every input (subnormal
+ *             A, B and acc read as signed zeros) and FTZ on every result, tininess detected after
+ *             rounding (a result that rounds, with an unbounded exponent, below 2^-126 becomes a
+ *             signed zero): vdpbf16ps as Zen 4 computes it, checked bit for bit against the
+ *             portable twin fa_cpu_ref_gemm_max_bf16 (tests/checkasm: 2e7 random and edge pairs
+ *             agreed; NaN compared as NaN, payloads not). col_max NULL = not wanted, else gemm_max's
+ *             col_max of the result. Not the f32 gemm's bits (another rounding order, and no
+ *             subnormals): a problem keeps one or the other throughout (forward and backward).
  *   bias_cols: x[i*ld + j] = x[i*ld + j] * scale + bias_j[i] (two roundings; -inf stays -inf
  *             whatever the bias holds), bias_j = row j of a row-major bias of dtype f32, f16 or
  *             bf16 (widened exactly), at element j * ld_bias of bias (ld_bias 0: one row for all):
@@ -126,6 +142,8 @@ typedef struct fa_cpu_kernels {
                      int64_t ldb, float *c, int64_t ldc, float *col_max);
     void (*gemm_scores)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                         int64_t ldb, float *c, int64_t ldc, const fa_cpu_score_mods *mods, float *col_max);
+    void (*gemm_max_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda, const uint32_t *b,
+                          int64_t ldb, float *c, int64_t ldc, float *col_max); /* NULL: not on this CPU */
     double (*fma_chains)(int64_t iterations, float *sink);
     void (*decode_scores)(int64_t n, int64_t heads, int64_t rows, int64_t d, const void *k, fa_dtype dtype,
                           int64_t ld_key, int64_t ld_quad, int64_t ld_head, const float *q, int64_t ldq_head, float *st,
@@ -144,6 +162,16 @@ extern const fa_cpu_kernels fa_cpu_kernels_avx2;
 #ifdef FA_HAVE_AVX512
 extern const fa_cpu_kernels fa_cpu_kernels_avx512;
 #endif
+#if defined(FA_HAVE_AVX512BF16) || defined(FA_AVX512BF16) /* the library, the AVX-512 kernels */
+/* fa_cpu_kernels_avx512 with gemm_max_bf16 (x86/avx512bf16_kernels.c): for CPUs with AVX512_BF16. */
+extern const fa_cpu_kernels fa_cpu_kernels_avx512_bf16;
+void fa_avx512bf16_gemm_max_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda, const uint32_t *b,
+                                 int64_t ldb, float *c, int64_t ldc, float *col_max);
+#endif
+/* gemm_max_bf16's portable twin (the instruction's arithmetic in C, slow): the ground truth of
+ * tests/checkasm. Not in the reference table: the ref ISA keeps the f32 product for bf16 inputs. */
+void fa_cpu_ref_gemm_max_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda, const uint32_t *b,
+                              int64_t ldb, float *c, int64_t ldc, float *col_max);
 #ifdef FA_HAVE_NEON
 extern const fa_cpu_kernels fa_cpu_kernels_neon;
 #endif

@@ -9,6 +9,8 @@ typedef struct isa_entry {
     const char *name;
     const fa_cpu_kernels *kernels; /* NULL when not built for this target */
     int (*supported)(void);
+    const fa_cpu_kernels *extended; /* the same with an extension's kernels (NULL: none built) */
+    int (*extension)(void);         /* whether the CPU has that extension */
 } isa_entry;
 
 static int always(void) { return 1; }
@@ -43,40 +45,57 @@ static int cpu_has_avx512(void)
     if (!cpu_has_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     return (b & bit_AVX512F) != 0 && (os_saved_states() & XCR0_AVX512) == XCR0_AVX512;
 }
+/* vdpbf16ps: cpuid leaf 7 subleaf 1, EAX bit 5 (AVX512_BF16). */
+static int cpu_has_avx512_bf16(void)
+{
+    unsigned a, b, c, d;
+    if (!cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return 0;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+    return (a & (1u << 5)) != 0;
+}
 #else
 static int cpu_has_avx2(void) { return 0; }
 static int cpu_has_avx512(void) { return 0; }
+static int cpu_has_avx512_bf16(void) { return 0; }
 #endif
 
 /* Newest first, the reference last. Every ISA name is listed on every target so that forcing one
  * that is not built here gives "not supported" rather than "unknown". */
 static const isa_entry isas[] = {
-#ifdef FA_HAVE_AVX512
-    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512},
+#if defined(FA_HAVE_AVX512) && defined(FA_HAVE_AVX512BF16)
+    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, &fa_cpu_kernels_avx512_bf16, cpu_has_avx512_bf16},
+#elif defined(FA_HAVE_AVX512)
+    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, NULL, cpu_has_avx512_bf16},
 #else
-    {"avx512", NULL, cpu_has_avx512},
+    {"avx512", NULL, cpu_has_avx512, NULL, cpu_has_avx512_bf16},
 #endif
 #ifdef FA_HAVE_AVX2
-    {"avx2", &fa_cpu_kernels_avx2, cpu_has_avx2},
+    {"avx2", &fa_cpu_kernels_avx2, cpu_has_avx2, NULL, NULL},
 #else
-    {"avx2", NULL, cpu_has_avx2},
+    {"avx2", NULL, cpu_has_avx2, NULL, NULL},
 #endif
 #ifdef FA_HAVE_NEON
-    {"neon", &fa_cpu_kernels_neon, always}, /* NEON is mandatory on aarch64 */
+    {"neon", &fa_cpu_kernels_neon, always, NULL, NULL}, /* NEON is mandatory on aarch64 */
 #else
-    {"neon", NULL, always},
+    {"neon", NULL, always, NULL, NULL},
 #endif
-    {"ref", &fa_cpu_kernels_ref, always},
+    {"ref", &fa_cpu_kernels_ref, always, NULL, NULL},
 };
 enum { isa_count = sizeof isas / sizeof isas[0] };
 _Static_assert((int)isa_count == (int)FA_CPU_ISA_COUNT, "FA_CPU_ISA_COUNT is the length of isas[]");
+
+/* The entry's kernels for this CPU: with its extension's kernels where the CPU has them. */
+static const fa_cpu_kernels *kernels_for_cpu(const isa_entry *e)
+{
+    return e->extended && e->extension() ? e->extended : e->kernels;
+}
 
 const char *fa_cpu_isa_name(int index) { return index >= 0 && index < isa_count ? isas[index].name : NULL; }
 
 const fa_cpu_kernels *fa_cpu_kernels_by_name(const char *isa)
 {
     for (size_t i = 0; i < isa_count; ++i)
-        if (strcmp(isa, isas[i].name) == 0) return isas[i].kernels && isas[i].supported() ? isas[i].kernels : NULL;
+        if (strcmp(isa, isas[i].name) == 0) return isas[i].kernels && isas[i].supported() ? kernels_for_cpu(&isas[i]) : NULL;
     return NULL;
 }
 
@@ -93,7 +112,7 @@ fa_status fa_cpu_select_kernels(const fa_cpu_kernels **kernels)
             if (!isas[i].supported())
                 return fa_set_error(FA_ERROR_NOT_SUPPORTED, "FLASHATTN_CPU_ISA: '%s' is not supported by this CPU",
                                     forced);
-            *kernels = isas[i].kernels;
+            *kernels = kernels_for_cpu(&isas[i]);
             return FA_SUCCESS;
         }
         char known[64] = "";
@@ -104,6 +123,6 @@ fa_status fa_cpu_select_kernels(const fa_cpu_kernels **kernels)
         return fa_set_error(FA_ERROR_INVALID_VALUE, "FLASHATTN_CPU_ISA: unknown ISA '%s' (use %s)", forced, known);
     }
     for (size_t i = 0; i < isa_count && !*kernels; ++i)
-        if (isas[i].kernels && isas[i].supported()) *kernels = isas[i].kernels;
+        if (isas[i].kernels && isas[i].supported()) *kernels = kernels_for_cpu(&isas[i]);
     return FA_SUCCESS;
 }

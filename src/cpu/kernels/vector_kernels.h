@@ -851,10 +851,10 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
 }
 
 /* The ISA's table (kernels.h), named by the including file: one list of kernels for every ISA. */
-#define FA_VECTOR_KERNEL_TABLE(name)                                                                      \
-    {                                                                                                     \
+#define FA_VECTOR_KERNEL_TABLE(name) {FA_VECTOR_KERNEL_FIELDS(name)}
+/* The table's fields, for a table that adds kernels of an ISA extension (avx512_kernels.c). */
+#define FA_VECTOR_KERNEL_FIELDS(name)                                                                     \
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .bias_cols = KNAME(bias_cols), .transpose = KNAME(transpose),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
         .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .gemm_scores = KNAME(gemm_scores), .fma_chains = KNAME(fma_chains), \
-        .decode_scores = KNAME(decode_scores), .decode_values = KNAME(decode_values), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
-    }
+        .decode_scores = KNAME(decode_scores), .decode_values = KNAME(decode_values), .mr = MR, .nr = 2 * W, .tile_step = 16

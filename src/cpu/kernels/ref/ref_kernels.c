@@ -1,4 +1,5 @@
 /* Portable reference microkernels: plain loops, the ground truth for the ISA kernels. */
+#include <float.h>
 #include <math.h>
 
 #include "../../../common/dtype.h"
@@ -133,6 +134,47 @@ static void ref_gemm_scores(int64_t m, int64_t n, int64_t k, const float *a, int
     else if (mods->alibi)
         ref_alibi_cols(c, ldc, m, n, mods->scale, mods->slope, mods->first, NULL);
     ref_col_max(c, ldc, m, n, col_max);
+}
+
+/* vdpbf16ps' inputs: a subnormal reads as a signed zero (DAZ). */
+static float bf16_dot_daz(float x) { return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x; }
+
+/* One step of vdpbf16ps: fma(x, y, acc) rounded to nearest even, then FTZ with tininess after
+ * rounding: a result that rounds (unbounded exponent, 24 bits) below 2^-126 becomes a signed
+ * zero. fmaf's result rounds with subnormals, so a result of exactly +-2^-126 is tested again
+ * on the exact sum: tiny when |x y + acc| < 2^-126 - 2^-151 (the midpoint under 2^-126 rounds up,
+ * to even). There x y + acc is near 2^-126, so |acc| and |x y| are below 2^-100 (larger ones
+ * cannot cancel to it) and acc - t is exact in double, as x y is; the double sum keeps the sign. */
+static float bf16_dot_fma(float x, float y, float acc)
+{
+    const float r = fmaf(x, y, acc);
+    if (fabsf(r) < FLT_MIN) return copysignf(0.0f, r);
+    if (fabsf(r) == FLT_MIN) {
+        const double sign = r < 0.0f ? -1.0 : 1.0, t = 0x1p-126 - 0x1p-151;
+        if ((double)x * (double)y * sign + ((double)acc * sign - t) < 0.0) return copysignf(0.0f, r);
+    }
+    return r;
+}
+
+/* kernels.h's gemm_max_bf16, one scalar vdpbf16ps step per pair (the hardware agrees bit for bit:
+ * tests/checkasm). */
+void fa_cpu_ref_gemm_max_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda, const uint32_t *b,
+                              int64_t ldb, float *c, int64_t ldc, float *col_max)
+{
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < k; p += 2) {
+                const uint32_t pair = b[p / 2 * ldb + j];
+                const float odd_a = p + 1 < k ? fa_bf16_to_f32(a[i * lda + p + 1]) : 0.0f;
+                const float odd_b = fa_bf16_to_f32((uint16_t)(pair >> 16));
+                acc = bf16_dot_fma(bf16_dot_daz(odd_a), bf16_dot_daz(odd_b), bf16_dot_daz(acc));
+                acc = bf16_dot_fma(bf16_dot_daz(fa_bf16_to_f32(a[i * lda + p])),
+                                   bf16_dot_daz(fa_bf16_to_f32((uint16_t)(pair & 0xffffu))), acc);
+            }
+            c[i * ldc + j] = acc;
+        }
+    if (col_max) ref_col_max(c, ldc, m, n, col_max);
 }
 
 /* The FMA-peak probe for the reference kernels: 16 scalar chains of multiply-add in plain C, as

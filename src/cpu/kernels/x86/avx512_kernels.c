@@ -120,3 +120,9 @@ static inline __attribute__((always_inline)) void avx512_load_transposed(const v
 #include "../vector_kernels.h"
 
 const fa_cpu_kernels fa_cpu_kernels_avx512 = FA_VECTOR_KERNEL_TABLE("avx512");
+#ifdef FA_AVX512BF16
+/* The same kernels and gemm_max_bf16 (avx512bf16_kernels.c): select.c hands this table out only
+ * on a CPU with AVX512_BF16. */
+const fa_cpu_kernels fa_cpu_kernels_avx512_bf16 = {FA_VECTOR_KERNEL_FIELDS("avx512"),
+                                                   .gemm_max_bf16 = fa_avx512bf16_gemm_max_bf16};
+#endif
