@@ -4,7 +4,7 @@
  * the whole forward and backward with the ISA forced through FLASHATTN_CPU_ISA against the same
  * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped.
  *   test_checkasm [--function=PATTERN] [--isa=NAME] [--seed=N] [--bench]
- * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, gemm_scores, decode_scores,
+ * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, gemm_scores, gemm_max_bf16, decode_scores,
  * decode_values, col_max, exp_cols, softcap_cols, alibi_cols, bias_cols, transpose, f16_to_f32,
  * bf16_to_f32, f32_to_f16, fma_chains, whole_problems); --seed: the random inputs
  * (printed, default 12345); --bench: after the checks, each kernel's time per call on the
@@ -119,6 +119,101 @@ static void test_gemm_max(void **state)
                          (long long)n, (long long)k, (long long)j, got[j], want[j]);
         assert_true(got[n] == 99.0f);
         free(a); free(b); free(c_gemm); free(c_max); free(want); free(got);
+    }
+}
+
+/* A bf16 value for gemm_max_bf16's inputs: mostly uniform in [-1, 1], else an edge value (zeros,
+ * subnormals, the smallest and largest normals, infinities, NaN), any bit pattern, or a normal of
+ * small or large exponent (products that underflow near 2^-126 or overflow). */
+static uint16_t bf16_input(int edges)
+{
+    static const uint16_t edge[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x0080, 0x0081, 0x7f7f, 0xff7f, 0x7f80,
+                                    0xff80, 0x7fc0, 0x7f81, 0x3f80, 0xbf80, 0x0040, 0x1f80, 0x2000, 0x5f80, 0x6000,
+                                    0x00ff, 0x3f81};
+    rng_state = rng_state * 1664525u + 1013904223u;
+    const uint32_t r = rng_state >> 8;
+    if (!edges || r % 4 == 0) return fa_f32_to_bf16(uniform(-1, 1));
+    if (r % 4 == 1) return edge[(r >> 4) % (sizeof edge / sizeof edge[0])];
+    if (r % 4 == 2) return (uint16_t)(r >> 4);
+    return (uint16_t)((r & 0x807f) | ((r >> 8) % 40 + 100) << 7); /* exponents 2^-27 .. 2^12 */
+}
+
+/* gemm_max_bf16 (vdpbf16ps) against its portable twin on odd shapes (m, n, k not multiples of
+ * anything, k odd: the pad), padded leading dimensions, uniform and edge inputs: C bit for bit (NaN
+ * as NaN: payloads are not specified) and col_max bit for bit (columns without NaN), nothing written outside C or past col_max[n).
+ * ISAs without the kernel (no AVX512_BF16 on this CPU, or not an AVX-512 table) are skipped. */
+static void test_gemm_max_bf16(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state);
+    if (!isa->gemm_max_bf16) {
+        print_message("checkasm: gemm_max_bf16 %s: no such kernel here (it needs AVX512_BF16), skipped\n", isa->isa);
+        skip();
+    }
+    /* FTZ with tininess after rounding, as measured on Zen 4 (random inputs reach it rarely):
+     * 2^-126 (first pair: 1 x 2^-126) minus 2^-e (second pair: -2^-100 x 2^-(e-100)) is flushed to
+     * 0 for e <= 150 (it rounds, unbounded, below 2^-126) and rounds to 2^-126 for e >= 151 (the
+     * midpoint at e = 151 to even); the twin and the kernel both. */
+    {
+        enum { COLS = 16, FIRST_E = 140 };
+        const uint16_t a[4] = {0, 0x3f80, 0, 0x8d80};
+        uint32_t b[2 * COLS];
+        float want[COLS], c[2][COLS];
+        for (int j = 0; j < COLS; ++j) {
+            const int e = FIRST_E + j;
+            b[j] = 0x0080u << 16;                              /* (B(0), B(1)) = (0, 2^-126) */
+            b[COLS + j] = (uint32_t)((127 - (e - 100)) << 7) << 16; /* (B(2), B(3)) = (0, 2^-(e-100)) */
+            want[j] = e <= 150 ? 0.0f : 0x1p-126f;
+        }
+        fa_cpu_ref_gemm_max_bf16(1, COLS, 4, a, 4, b, COLS, c[0], COLS, NULL);
+        isa->gemm_max_bf16(1, COLS, 4, a, 4, b, COLS, c[1], COLS, NULL);
+        for (int r = 0; r < 2; ++r)
+            for (int j = 0; j < COLS; ++j)
+                if (fa_f32_bits(c[r][j]) != fa_f32_bits(want[j]))
+                    fail_msg("gemm_max_bf16 %s: 2^-126 - 2^-%d = %.9g, want %.9g (FTZ, tininess after rounding)",
+                             r ? isa->isa : "twin", FIRST_E + j, c[r][j], want[j]);
+    }
+    static const int64_t sizes[] = {1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33, 47, 64, 65, 129};
+    enum { S = sizeof sizes / sizeof sizes[0] };
+    for (int trial = 0; trial < 400; ++trial) {
+        const int edges = trial % 2, with_max = trial % 3 != 0;
+        const int64_t m = sizes[trial % S], n = sizes[(trial * 7 + 3) % S], k = sizes[(trial * 5 + 1) % S];
+        const int64_t lda = k + 3, ldb = n + 5, ldc = n + 2, kp = (k + 1) / 2;
+        uint16_t *a = malloc((size_t)(m * lda) * 2);
+        uint32_t *b = malloc((size_t)(kp * ldb) * 4);
+        float *c_ref = malloc((size_t)(m * ldc) * 4), *c_isa = malloc((size_t)(m * ldc) * 4);
+        float *want = malloc((size_t)(n + 1) * 4), *got = malloc((size_t)(n + 1) * 4);
+        assert_non_null(a); assert_non_null(b); assert_non_null(c_ref); assert_non_null(c_isa); assert_non_null(want); assert_non_null(got);
+        for (int64_t x = 0; x < m * lda; ++x) a[x] = bf16_input(edges);
+        for (int64_t q = 0; q < kp; ++q)
+            for (int64_t j = 0; j < ldb; ++j) {
+                const uint32_t odd = 2 * q + 1 < k ? bf16_input(edges) : 0; /* the pad */
+                b[q * ldb + j] = bf16_input(edges) | odd << 16;
+            }
+        for (int64_t x = 0; x < m * ldc; ++x) c_ref[x] = c_isa[x] = 1234.5f;
+        got[n] = 99.0f;
+        fa_cpu_ref_gemm_max_bf16(m, n, k, a, lda, b, ldb, c_ref, ldc, with_max ? want : NULL);
+        isa->gemm_max_bf16(m, n, k, a, lda, b, ldb, c_isa, ldc, with_max ? got : NULL);
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < ldc; ++j) {
+                const float w = c_ref[i * ldc + j], g = c_isa[i * ldc + j];
+                if (j >= n) {
+                    if (g != 1234.5f) fail_msg("gemm_max_bf16 %s: wrote outside C at (%lld, %lld)", isa->isa, (long long)i, (long long)j);
+                    continue;
+                }
+                if (fa_f32_bits(g) != fa_f32_bits(w) && !(isnan(g) && isnan(w)))
+                    fail_msg("gemm_max_bf16 %s m=%lld n=%lld k=%lld edges=%d: C(%lld,%lld) = %.9g (0x%08x), twin %.9g (0x%08x)",
+                             isa->isa, (long long)m, (long long)n, (long long)k, edges, (long long)i, (long long)j, g,
+                             (unsigned)fa_f32_bits(g), w, (unsigned)fa_f32_bits(w));
+            }
+        for (int64_t j = 0; with_max && j < n; ++j) {
+            int column_nan = 0; /* a NaN score's max is x86 max's (cpu_nan.h poisons such a row), not ref's */
+            for (int64_t i = 0; i < m; ++i) column_nan |= isnan(c_ref[i * ldc + j]);
+            if (!column_nan && fa_f32_bits(got[j]) != fa_f32_bits(want[j]))
+                fail_msg("gemm_max_bf16 %s m=%lld n=%lld k=%lld: max[%lld] = %.9g, twin %.9g", isa->isa, (long long)m,
+                         (long long)n, (long long)k, (long long)j, got[j], want[j]);
+        }
+        assert_true(got[n] == 99.0f);
+        free(a); free(b); free(c_ref); free(c_isa); free(want); free(got);
     }
 }
 
@@ -816,6 +911,7 @@ static const struct { const char *name; CMUnitTestFunction run; } kernel_tests[]
     {"gemm_nt", test_gemm_nt},
     {"gemm_max", test_gemm_max},
     {"gemm_scores", test_gemm_scores},
+    {"gemm_max_bf16", test_gemm_max_bf16},
     {"decode_scores", test_decode_scores},
     {"decode_values", test_decode_values},
     {"col_max", test_col_max},

@@ -20,7 +20,7 @@
 
 enum { BUF = 1 << 17, SAMPLES = 9 };
 
-typedef struct buffers { float *a, *b, *c, *d, *vec0, *vec1, *vec2; uint16_t *half; } buffers;
+typedef struct buffers { float *a, *b, *c, *d, *vec0, *vec1, *vec2; uint16_t *half; uint32_t *pairs; } buffers;
 
 typedef struct bench_case {
     const char *kernel; /* the kernel's name, matched by --function */
@@ -34,6 +34,12 @@ static void run_st(const fa_cpu_kernels *k, const buffers *m, const bench_case *
 { k->gemm(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, NULL, 0); }
 static void run_st_max(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->gemm_max(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, m->vec1); }
+/* S^T = K Q^T on bf16 K rows and Q^T pairs (the reference: the portable twin). */
+static void run_st_max_bf16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{
+    (k->gemm_max_bf16 ? k->gemm_max_bf16 : fa_cpu_ref_gemm_max_bf16)(c->bc, c->br, c->d, m->half, c->d, m->pairs, c->br,
+                                                                        m->c, c->br, m->vec1);
+}
 static void run_pv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->gemm(c->br, c->d, c->bc, m->c, 1, c->br, m->a, c->d, m->d, c->d, m->vec0, 1); }
 static void run_dv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
@@ -89,6 +95,11 @@ static void run_to_f16(const fa_cpu_kernels *k, const buffers *m, const bench_ca
 static const bench_case cases[] = {
     TILE_PAIR_CASES(64, 1024, 64),
     TILE_PAIR_CASES(128, 512, 128),
+    /* FLOPs as the f32 product counts them, 2 m n k (a multiply and an add per k step: one
+     * vdpbf16ps lane does two k steps, 4 FLOPs), so the fraction is of the f32 FMA peak and may
+     * exceed 1. */
+    {"gemm_max_bf16", "S^T = K Q^T, bf16 (vdpbf16ps), row max (fwd)", 64, 1024, 64, run_st_max_bf16, PRODUCT(64, 1024, 64)},
+    {"gemm_max_bf16", "S^T = K Q^T, bf16 (vdpbf16ps), row max (fwd)", 128, 512, 128, run_st_max_bf16, PRODUCT(128, 512, 128)},
     {"softcap_cols", "S = cap tanh(scale S / cap), row max (fwd)", 64, 1024, 64, run_softcap, 0},
     {"gemm_scores", "gemm_max with the softcap in the registers (fwd, full tiles)", 64, 1024, 64, run_scores_softcap,
      PRODUCT(64, 1024, 64)},
@@ -156,14 +167,16 @@ static float *filled(size_t count, float lo, float hi)
 int checkasm_bench(const char *function, const char *only_isa)
 {
     buffers m = {filled(BUF, -1, 1), filled(BUF, -1, 1), filled(BUF, -1, 1), filled(BUF, -1, 1),
-                 filled(BUF, 0.5f, 1), filled(BUF, 0, 0), filled(BUF, 0, 0), malloc(BUF * sizeof(uint16_t))};
+                 filled(BUF, 0.5f, 1), filled(BUF, 0, 0), filled(BUF, 0, 0), malloc(BUF * sizeof(uint16_t)),
+                 malloc(BUF / 2 * sizeof(uint32_t))};
     int status = 0;
-    if (!m.a || !m.b || !m.c || !m.d || !m.vec0 || !m.vec1 || !m.vec2 || !m.half) {
+    if (!m.a || !m.b || !m.c || !m.d || !m.vec0 || !m.vec1 || !m.vec2 || !m.half || !m.pairs) {
         fprintf(stderr, "checkasm --bench: out of memory\n");
         status = 1;
         goto done;
     }
     for (int i = 0; i < BUF; ++i) m.half[i] = (uint16_t)(0x3c00 + (i & 0x3ff));
+    for (int i = 0; i < BUF / 2; ++i) m.pairs[i] = m.half[2 * i] | (uint32_t)m.half[2 * i + 1] << 16; /* bf16 ~2^-7 */
     const fa_cpu_kernels *ref = &fa_cpu_kernels_ref;
     double ref_seconds[CASES];
     printf("\ncheckasm --bench: ns per call (this thread's CPU time, best of %d), vs ref = ref time / time;\n"
@@ -178,6 +191,7 @@ int checkasm_bench(const char *function, const char *only_isa)
         for (int ci = 0; ci < CASES; ++ci) {
             const bench_case *c = &cases[ci];
             if (fnmatch(function, c->kernel, 0)) continue;
+            if (c->run == run_st_max_bf16 && !k->gemm_max_bf16 && k != ref) continue; /* no AVX512_BF16 here */
             seconds[ci] = k == ref ? ref_seconds[ci] : time_case(k, &m, c);
             printf("  %-11s %-42s d=%-3lld Br=%-3lld Bc=%-4lld %11.0f ns %7.2fx ref", c->kernel, c->what, (long long)c->d,
                    (long long)c->br, (long long)c->bc, seconds[ci] * 1e9, ref_seconds[ci] / seconds[ci]);
@@ -198,6 +212,6 @@ int checkasm_bench(const char *function, const char *only_isa)
         }
     }
 done:
-    free(m.a); free(m.b); free(m.c); free(m.d); free(m.vec0); free(m.vec1); free(m.vec2); free(m.half);
+    free(m.a); free(m.b); free(m.c); free(m.d); free(m.vec0); free(m.vec1); free(m.vec2); free(m.half); free(m.pairs);
     return status;
 }
