@@ -55,9 +55,10 @@
  *             (the products of bf16 values are exact in f32), with DAZ on every input (subnormal
  *             A, B and acc read as signed zeros) and FTZ on every result, tininess detected after
  *             rounding (a result that rounds, with an unbounded exponent, below 2^-126 becomes a
- *             signed zero): vdpbf16ps as Zen 4 computes it, checked bit for bit against the
- *             portable twin fa_cpu_ref_gemm_max_bf16 (tests/checkasm: 2e7 random and edge pairs
- *             agreed; NaN compared as NaN, payloads not). col_max NULL = not wanted, else gemm_max's
+ *             signed zero): vdpbf16ps as Zen 4 computes it (a one-off probe: all of 2e7 random
+ *             and edge steps agree with this rule; flushing by the exact sum missed 95, by
+ *             fmaf's subnormal result 9, rounded products or no DAZ on acc thousands), checked bit for bit against the portable
+ *             twin fa_cpu_ref_gemm_max_bf16 by tests/checkasm (NaN as NaN, payloads not). col_max NULL = not wanted, else gemm_max's
  *             col_max of the result. Not the f32 gemm's bits (another rounding order, and no
  *             subnormals): a problem keeps one or the other throughout (forward and backward).
  *   bias_cols: x[i*ld + j] = x[i*ld + j] * scale + bias_j[i] (two roundings; -inf stays -inf
