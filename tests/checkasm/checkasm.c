@@ -146,7 +146,8 @@ static void test_gemm_max_bf16(void **state)
 {
     const fa_cpu_kernels *isa = isa_or_skip(state);
     if (!isa->gemm_max_bf16) {
-        print_message("checkasm: gemm_max_bf16 %s: no such kernel here (it needs AVX512_BF16), skipped\n", isa->isa);
+        print_message("checkasm: gemm_max_bf16 %s: not handed out here (it needs AVX512_BF16 whose vdpbf16ps "
+                      "rounds as kernels.h says: select.c probes it), skipped\n", isa->isa);
         skip();
     }
     /* FTZ with tininess after rounding, as measured on Zen 4 (random inputs reach it rarely):

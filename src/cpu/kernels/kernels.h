@@ -46,7 +46,8 @@
  *             (what the backward runs): each element takes the same operations in the same order.
  *   gemm_max_bf16: gemm_max for bfloat16 operands (the forward's and backward's S^T = K Q^T when q
  *             and k are bf16), NULL in a table whose CPU cannot run it (only the AVX-512 table
- *             handed out on a CPU with AVX512_BF16 has it: vdpbf16ps). A(i,p) = bf16 a[i*lda + p]
+ *             handed out on a CPU with AVX512_BF16 has it: vdpbf16ps, and only where select.c's
+ *             probe finds the instruction rounding as described below; elsewhere bf16 keeps the f32 product). A(i,p) = bf16 a[i*lda + p]
  *             (rows contiguous, read in place); B in pairs: the 32-bit word b[(p/2)*ldb + j] holds
  *             B(p,j) in its low and B(p+1,j) in its high half (p even; the high half 0 when
  *             p + 1 = k), fa_cpu_pack_bf16_pairs' layout. C(i,j) starts at +0 and takes, pair by

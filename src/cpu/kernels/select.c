@@ -59,11 +59,45 @@ static int cpu_has_avx512(void) { return 0; }
 static int cpu_has_avx512_bf16(void) { return 0; }
 #endif
 
+#if defined(FA_HAVE_AVX512) && defined(FA_HAVE_AVX512BF16)
+/* kernels.h pins gemm_max_bf16 to the rounding Zen 4's vdpbf16ps was measured to do (odd element
+ * first, FTZ after rounding). A CPU whose instruction rounds otherwise would break that promise,
+ * so the kernel is handed out only where one register tile of varied inputs (every step rounds)
+ * and the FTZ threshold come out bit for bit as the twin's; elsewhere bf16 keeps the f32 product. */
+static int bf16_kernel_matches_twin(void)
+{
+    enum { M = 12, N = 32, K = 34, PAIRS = K / 2 };
+    uint16_t a[M * K];
+    uint32_t b[PAIRS * N];
+    float want[M * N], got[M * N];
+    uint32_t rng = 2463534242u;
+    for (int x = 0; x < M * K + 2 * PAIRS * N; ++x) {
+        rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
+        /* sign and 7 mantissa bits at random, exponents 2^-24 .. 2^7: sums of mixed magnitudes */
+        const uint16_t v = (uint16_t)((rng & 0x807f) | ((103 + (rng >> 8) % 32) << 7));
+        if (x < M * K) a[x] = v;
+        else if ((x - M * K) % 2 == 0) b[(x - M * K) / 2] = v;
+        else b[(x - M * K) / 2] |= (uint32_t)v << 16;
+    }
+    fa_cpu_ref_gemm_max_bf16(M, N, K, a, K, b, N, want, N, NULL);
+    fa_avx512bf16_gemm_max_bf16(M, N, K, a, K, b, N, got, N, NULL);
+    if (memcmp(want, got, sizeof want) != 0) return 0;
+    /* 2^-126 - 2^-150 flushes to 0, 2^-126 - 2^-151 rounds to 2^-126 (tininess after rounding) */
+    const uint16_t row[4] = {0, 0x3f80, 0, 0x8d80};
+    const uint32_t pairs[4] = {0x0080u << 16, 0x0080u << 16, (uint32_t)(127 - 50) << 23, (uint32_t)(127 - 51) << 23};
+    float edge[2];
+    fa_avx512bf16_gemm_max_bf16(1, 2, 4, row, 4, pairs, 2, edge, 2, NULL);
+    return edge[0] == 0.0f && edge[1] == 0x1p-126f;
+}
+
+static int bf16_kernel_usable(void) { return cpu_has_avx512_bf16() && bf16_kernel_matches_twin(); }
+#endif
+
 /* Newest first, the reference last. Every ISA name is listed on every target so that forcing one
  * that is not built here gives "not supported" rather than "unknown". */
 static const isa_entry isas[] = {
 #if defined(FA_HAVE_AVX512) && defined(FA_HAVE_AVX512BF16)
-    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, &fa_cpu_kernels_avx512_bf16, cpu_has_avx512_bf16},
+    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, &fa_cpu_kernels_avx512_bf16, bf16_kernel_usable},
 #elif defined(FA_HAVE_AVX512)
     {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, NULL, cpu_has_avx512_bf16},
 #else
