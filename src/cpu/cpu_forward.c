@@ -330,7 +330,8 @@ static int64_t forward_schedule_task(const forward_schedule *s, int64_t t, int64
     const int64_t qb = s->blocks - 1 - block / s->heads;
     int64_t first = qb * s->group, last = first + s->group < s->q_tiles ? first + s->group : s->q_tiles;
     if (t >= s->whole) {
-        const int64_t part = (t - s->whole) % TAIL_PARTS, size = (s->group + TAIL_PARTS - 1) / TAIL_PARTS;
+        /* the later part first: under a causal mask it sees more keys (longest first) */
+        const int64_t part = TAIL_PARTS - 1 - (t - s->whole) % TAIL_PARTS, size = (s->group + TAIL_PARTS - 1) / TAIL_PARTS;
         first += part * size;
         if (first + size < last) last = first + size;
     }
