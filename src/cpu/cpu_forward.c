@@ -143,6 +143,43 @@ static int64_t visible_span(const query_tile *t, int64_t r0, int64_t count, int6
     return span_hi > *span_lo ? span_hi - *span_lo : 0;
 }
 
+/* S^T = K Q^T of a partial tile (causal or window diagonal, no block mask, no modifiers, the scale
+ * folded into the exponential) and its per-query max in w->tile_max, as gemm + fa_cpu_scale_mask +
+ * col_max would give them, but with the keys every row sees (all but a band of about `count` keys
+ * at the diagonal) through gemm_max: no mask test and no col_max pass over them. Before, every
+ * diagonal tile of a causal forward took the unfused path (at N = 1024, d = 64 all of them:
+ * scale_mask and col_max were 4.5% of a one-thread causal forward, perf, Zen 4). The same products
+ * (gemm_max's C is gemm's) and the same max: the same bits. Returns 0 (nothing done) when no key
+ * is seen by every row. */
+static int partial_scores(const forward_task_ctx *c, forward_scratch *w, const query_tile *t, int64_t r0, int64_t count,
+                          const fa_cpu_rows *rows, int64_t key0, int64_t keys, const float *k)
+{
+    const fa_problem *p = c->p;
+    const fa_cpu_kernels *kern = c->kern;
+    const int64_t d = p->head_dim, ld = c->ld;
+    int64_t all_lo = key0, all_hi = key0 + keys; /* the keys every row sees */
+    for (int64_t r = 0; r < count; ++r) {
+        if (rows->range[r].lo > all_lo) all_lo = rows->range[r].lo;
+        if (rows->range[r].hi < all_hi) all_hi = rows->range[r].hi;
+    }
+    if (all_hi - all_lo < kern->mr) return 0;
+    const float *qt = t->qt + r0;
+    kern->gemm_max(all_hi - all_lo, count, d, k + (all_lo - key0) * c->ldk, c->ldk, 1, qt, ld, w->st + (all_lo - key0) * ld,
+                   ld, w->tile_max);
+    const int64_t seg_lo[2] = {key0, all_hi}, seg_hi[2] = {all_lo, key0 + keys};
+    for (int s = 0; s < 2; ++s) { /* the masked keys before and after */
+        const int64_t n = seg_hi[s] - seg_lo[s];
+        if (n <= 0) continue;
+        float *st = w->st + (seg_lo[s] - key0) * ld, *seg_max = w->alpha; /* alpha: free until the softmax step */
+        kern->gemm(n, count, d, k + (seg_lo[s] - key0) * c->ldk, c->ldk, 1, qt, ld, st, ld, NULL, 0);
+        fa_cpu_scale_mask(p, rows, seg_lo[s], n, FA_TILE_PARTIAL, 1, st, ld);
+        kern->col_max(st, ld, n, count, seg_max);
+        for (int64_t r = 0; r < count; ++r)
+            if (seg_max[r] > w->tile_max[r]) w->tile_max[r] = seg_max[r];
+    }
+    return 1;
+}
+
 /* One online-softmax step of rows [r0, r0 + count) of query tile t on the keys [lo, hi) of the
  * key tile. Where a causal or window diagonal crosses the rows, they are halved (down to the
  * kernels' register tile) so that each half multiplies only the keys it sees: the work spent
@@ -179,8 +216,13 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
      * scores, and a fully visible modified tile gets its modifiers in the product's registers:
      * either way the per-query max comes from the registers (no pass over S^T before the exponential). */
     const uint16_t *k_bf16 = c->k_bf16 ? c->k_bf16 + (key0 - c->j0) * c->ldk_bf16 : NULL;
-    /* bf16 scores: modified tiles take the modifiers in their pass (gemm_scores is f32 only). */
-    if (vis == FA_TILE_FULL && (c->fold || (c->fusable && !k_bf16))) {
+    /* bf16 scores: modified tiles take the modifiers in their pass (gemm_scores is f32 only), and
+     * partial tiles the unfused path (partial_scores is f32 only). */
+    if (vis == FA_TILE_PARTIAL && !k_bf16 && c->fold && !c->modified && !p->block_mask &&
+        partial_scores(c, w, t, r0, count, &rows, key0, keys, k)) {
+        fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, ld, t->m + r0, t->l + r0, w->tile_max,
+                                      w->shift, w->alpha, w->tile_sum);
+    } else if (vis == FA_TILE_FULL && (c->fold || (c->fusable && !k_bf16))) {
         if (k_bf16) {
             kern->gemm_max_bf16(keys, count, d, k_bf16, c->ldk_bf16, t->qt_pairs + r0, ld, w->st, ld, w->tile_max);
         } else if (c->modified) {
@@ -304,7 +346,8 @@ static int64_t forward_schedule_task(const forward_schedule *s, int64_t t, int64
     const int64_t qb = s->blocks - 1 - block / s->heads;
     int64_t first = qb * s->group, last = first + s->group < s->q_tiles ? first + s->group : s->q_tiles;
     if (t >= s->whole) {
-        const int64_t part = (t - s->whole) % TAIL_PARTS, size = (s->group + TAIL_PARTS - 1) / TAIL_PARTS;
+        /* the later part first: under a causal mask it sees more keys (longest first) */
+        const int64_t part = TAIL_PARTS - 1 - (t - s->whole) % TAIL_PARTS, size = (s->group + TAIL_PARTS - 1) / TAIL_PARTS;
         first += part * size;
         if (first + size < last) last = first + size;
     }
@@ -325,13 +368,30 @@ static int64_t small_problem_rows(const fa_problem *p, const fa_cpu_kernels *ker
     return br;
 }
 
+/* The forward's query tile height: the paper's Br (= d below Bc) doubled up to FORWARD_ROWS while
+ * the score tile S^T (Br x Bc) takes at most half of M. Every group of query tiles loads all of
+ * K and V once, so taller tiles halve the strided K/V copies: at d = 64 (Br 64 -> 128, Bc 1024)
+ * those were 9% of a one-thread forward at N = 4096 (perf, Zen 4), and the forward ran 4-8%
+ * faster (N = 4096; no change at N = 1024, where a group already covers a head's rows).
+ * d = 128 (Br 256) measured within the noise: left at 128. Block-mask tiles stay one mask block
+ * (fa_cpu_problem_tiles). A row's arithmetic does not depend on Br: the bits are unchanged. */
+enum { FORWARD_ROWS = 128 };
+static int64_t forward_rows(const fa_cpu_state *s, const fa_problem *p, int64_t br, int64_t bc)
+{
+    if (p->block_mask) return br;
+    int64_t paper_br, paper_bc, sram;
+    fa_cpu_tiles(s, p->head_dim, &paper_br, &paper_bc, &sram);
+    while (2 * br <= FORWARD_ROWS && 2 * br * bc <= sram / 2) br *= 2;
+    return br;
+}
+
 fa_status fa_cpu_forward(void *state, const fa_problem *p)
 {
     if (p->varlen.batch) return fa_cpu_varlen_run(state, p, 0);
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);
-    br = small_problem_rows(p, s->kernels, br);
+    br = small_problem_rows(p, s->kernels, forward_rows(s, p, br, bc));
     const int64_t q_tiles = (p->seqlen_q + br - 1) / br;
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t group = query_group(p, q_tiles, threads), heads = p->batch * p->heads_q;

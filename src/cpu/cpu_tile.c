@@ -173,7 +173,7 @@ void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0,
     /* Keys in [all_lo, all_hi) are visible to every row (without a block mask): their columns
      * are only scaled. A causal or window tile has just a band of Br keys where rows differ, so
      * this keeps the element-wise test off most of a wide partial tile. */
-    int64_t all_lo = 0, all_hi = 0; /* empty: every element tested (a block mask) */
+    int64_t all_lo = 0, all_hi = 0; /* empty: every element tested (a block mask, below) */
     if (vis == FA_TILE_FULL) {
         all_lo = j0;
         all_hi = j0 + cols;
@@ -185,18 +185,37 @@ void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0,
             if (rows->range[r].hi < all_hi) all_hi = rows->range[r].hi;
         }
     }
-    for (int64_t c = 0; c < cols; ++c) {
-        const int64_t j = j0 + c;
-        float *keys = st + c * ld;
-        if (j >= all_lo && j < all_hi) {
-            if (!fold_scale)
-                for (int64_t r = 0; r < rows->count; ++r) keys[r] *= scale;
-            continue;
+    if (p->block_mask && vis != FA_TILE_FULL) { /* every element tested */
+        for (int64_t c = 0; c < cols; ++c) {
+            const int64_t j = j0 + c;
+            float *keys = st + c * ld;
+            for (int64_t r = 0; r < rows->count; ++r) {
+                const int visible = j >= rows->range[r].lo && j < rows->range[r].hi &&
+                                    block_visible(p->block_mask, rows->i0 + r, j);
+                keys[r] = visible ? keys[r] * scale : -INFINITY;
+            }
         }
-        for (int64_t r = 0; r < rows->count; ++r) {
-            int visible = j >= rows->range[r].lo && j < rows->range[r].hi;
-            if (visible && p->block_mask) visible = block_visible(p->block_mask, rows->i0 + r, j);
-            keys[r] = visible ? keys[r] * scale : -INFINITY;
+        return;
+    }
+    /* The band's columns are only scaled; outside it, each row's keys split into a masked run, its
+     * visible run and a masked run, written without a test per element (the causal diagonal
+     * tiles: the test per element was 1.5-3% of a one-thread causal forward at N = 1024, d = 64). */
+    const int64_t j1 = j0 + cols;
+    const int64_t band_lo = all_lo < j0 ? j0 : all_lo > j1 ? j1 : all_lo;
+    const int64_t band_hi = all_hi < band_lo ? band_lo : all_hi > j1 ? j1 : all_hi;
+    if (!fold_scale)
+        for (int64_t j = band_lo; j < band_hi; ++j)
+            for (int64_t r = 0; r < rows->count; ++r) st[(j - j0) * ld + r] *= scale;
+    const int64_t run_lo[2] = {j0, band_hi}, run_hi[2] = {band_lo, j1};
+    for (int64_t r = 0; r < rows->count; ++r) {
+        const int64_t lo = rows->range[r].lo, hi = rows->range[r].hi;
+        for (int run = 0; run < 2; ++run) {
+            const int64_t a = run_lo[run], b = run_hi[run];
+            const int64_t v0 = lo < a ? a : lo > b ? b : lo, v1 = hi < v0 ? v0 : hi > b ? b : hi;
+            for (int64_t j = a; j < v0; ++j) st[(j - j0) * ld + r] = -INFINITY;
+            if (!fold_scale)
+                for (int64_t j = v0; j < v1; ++j) st[(j - j0) * ld + r] *= scale;
+            for (int64_t j = v1; j < b; ++j) st[(j - j0) * ld + r] = -INFINITY;
         }
     }
 }
