@@ -310,13 +310,21 @@ static int64_t small_problem_rows(const fa_problem *p, const fa_cpu_kernels *ker
     return br;
 }
 
+/* The ISA's floor on the query rows of a tile (kernels.h forward_rows; AVX2: 128, see
+ * x86/avx2_kernels.c), where the paper's Br = d gives fewer. Not with a block mask, whose blocks
+ * the tiles follow. It reads the shape and the ISA only (small_problem_rows applies after it). */
+static int64_t forward_rows(const fa_problem *p, const fa_cpu_kernels *kern, int64_t br)
+{
+    return !p->block_mask && br < kern->forward_rows ? kern->forward_rows : br;
+}
+
 fa_status fa_cpu_forward(void *state, const fa_problem *p)
 {
     if (p->varlen.batch) return fa_cpu_varlen_run(state, p, 0);
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);
-    br = small_problem_rows(p, s->kernels, br);
+    br = small_problem_rows(p, s->kernels, forward_rows(p, s->kernels, br));
     const int64_t q_tiles = (p->seqlen_q + br - 1) / br;
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t group = query_group(p, q_tiles, threads), heads = p->batch * p->heads_q;

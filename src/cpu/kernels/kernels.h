@@ -135,6 +135,9 @@ typedef struct fa_cpu_kernels {
                           int64_t ldo_head, const float *alpha);
     /* Register tile (mr x nr) of gemm; tiles are snapped to multiples of tile_step. */
     int64_t mr, nr, tile_step;
+    /* The fewest query rows Br of the forward's tiles (a multiple of tile_step; 0: the paper's Br
+     * as it comes), see cpu_forward.c's forward_rows. */
+    int64_t forward_rows;
 } fa_cpu_kernels;
 
 extern const fa_cpu_kernels fa_cpu_kernels_ref;

@@ -9,7 +9,7 @@
  *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp), VEXP_T, VEXP_N and VEXP_SCALE2
  *   (its n = round(x log2 e) and 2^n) and VEXP_ESTRIN (its polynomial's form), see KNAME(exp),
  *   GEMM_KC (k blocking of gemm, see KNAME(gemm_any)) and GEMM_PACK_KMAX (B panels copied, see
- *   KNAME(panels)),
+ *   KNAME(panels)), optionally FORWARD_ROWS (the table's forward_rows, kernels.h),
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
  *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
  *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
@@ -204,6 +204,10 @@ FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, i
 
 #ifndef GEMM_PACK_KMAX
 #define GEMM_PACK_KMAX 0 /* no packing of B panels (see panels) */
+#endif
+
+#ifndef FORWARD_ROWS
+#define FORWARD_ROWS 0 /* the table's forward_rows (kernels.h): the paper's Br as it comes */
 #endif
 
 /* Column panels outermost: the k x 2W panel of B stays in L1 while A streams past it. col_max:
@@ -856,5 +860,5 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .bias_cols = KNAME(bias_cols), .transpose = KNAME(transpose),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
         .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .gemm_scores = KNAME(gemm_scores), .fma_chains = KNAME(fma_chains), \
-        .decode_scores = KNAME(decode_scores), .decode_values = KNAME(decode_values), .mr = MR, .nr = 2 * W, .tile_step = 16,                                \
+        .decode_scores = KNAME(decode_scores), .decode_values = KNAME(decode_values), .mr = MR, .nr = 2 * W, .tile_step = 16, .forward_rows = FORWARD_ROWS,                                \
     }
