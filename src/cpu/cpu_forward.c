@@ -312,10 +312,13 @@ static int64_t small_problem_rows(const fa_problem *p, const fa_cpu_kernels *ker
 
 /* The ISA's floor on the query rows of a tile (kernels.h forward_rows; AVX2: 128, see
  * x86/avx2_kernels.c), where the paper's Br = d gives fewer. Not with a block mask, whose blocks
- * the tiles follow. It reads the shape and the ISA only (small_problem_rows applies after it). */
+ * the tiles follow, nor past 8 d: the score tile (floor x Bc, Bc about M / 4d) would outgrow 2 M
+ * (at d = 8 the floor was 2.5% slower). It reads the shape and the ISA only (small_problem_rows
+ * applies after it). */
 static int64_t forward_rows(const fa_problem *p, const fa_cpu_kernels *kern, int64_t br)
 {
-    return !p->block_mask && br < kern->forward_rows ? kern->forward_rows : br;
+    const int64_t floor_rows = kern->forward_rows;
+    return !p->block_mask && br < floor_rows && floor_rows <= 8 * p->head_dim ? floor_rows : br;
 }
 
 fa_status fa_cpu_forward(void *state, const fa_problem *p)

@@ -77,9 +77,10 @@ static inline __m256 avx2_transpose_sum(const __m256 *a)
  * Each 6-row tile of O = alpha O + P V reuses a packed B panel of V only 6 times, so a tile of
  * 64 rows paid the panel's copy (and S^T = K Q^T's pass over K) for 10 row tiles; 128 rows
  * halve that per FLOP and halve the query-tile groups that load each K/V tile. Measured
- * (one thread, CPU time, fp32, 8 heads, Zen 4 forced to AVX2): d = 64 forward 2-5% faster at
- * N = 1024 and 4096, d = 32 6-7%, d = 96 and 128 unchanged; the backward keeps its tiles (Br 128
- * there was 3% slower). Dense and causal results keep their bits; under a sliding window a group
+ * (one thread, CPU time, fp32, 8 heads, Zen 4 forced to AVX2, old and new build interleaved):
+ * d = 16 5-7% and d = 32 8-11% faster, d = 64 causal 3-6%, dense within the +-2% noise, d = 96
+ * and 128 unchanged (bench/results/cpu-avx2-forward-2026-11-24.md); d = 8 keeps its tiles (2.5%
+ * slower with the floor), the backward too (Br 128 there was 3% slower at d = 64). Dense and causal results keep their bits; under a sliding window a group
  * of rows may start its keys elsewhere in the key tile, which moves the P V product's k blocks
  * (GEMM_KC) and so its rounding: still the same bits for every run and thread count. */
 #define FORWARD_ROWS 128
