@@ -368,21 +368,21 @@ static int64_t small_problem_rows(const fa_problem *p, const fa_cpu_kernels *ker
     return br;
 }
 
-/* The forward's query tile height: the paper's Br (= d below Bc) doubled up to FORWARD_ROWS while
- * the score tile S^T (Br x Bc) takes at most half of M. Every group of query tiles loads all of
- * K and V once, so taller tiles halve the strided K/V copies: at d = 64 (Br 64 -> 128, Bc 1024)
- * those were 9% of a one-thread forward at N = 4096 (perf, Zen 4), and the forward ran 4-8%
- * faster (N = 4096; no change at N = 1024, where a group already covers a head's rows).
- * d = 128 (Br 256) measured within the noise: left at 128. Block-mask tiles stay one mask block
- * (fa_cpu_problem_tiles). A row's arithmetic does not depend on Br: the bits are unchanged. */
+/* The forward's query tile height: at least FORWARD_ROWS where the paper's Br (= d below Bc) gives
+ * fewer, up to 8 d, not with a block mask (its tiles follow the mask blocks). Every group of query
+ * tiles loads all of K and V once, and each register tile of O = alpha O + P V reuses a V panel
+ * for its rows only, so taller tiles halve the strided K/V copies (and AVX2's V panel copies) per
+ * FLOP. Measured (one thread, CPU time, Zen 4, old and new builds interleaved): AVX-512 d = 64
+ * (Br 64 -> 128, Bc 1024): the K/V copy 9% -> 4% of a forward at N = 4096, forward 4% faster;
+ * AVX2 d = 16 5-7%, d = 32 8-11%, d = 64 causal 3-6% faster, dense within the noise; d = 8 was
+ * 2.5% slower with the floor (hence 8 d); d = 128 with 256 rows within the noise (left at 128).
+ * Dense and causal rows keep their bits; under a sliding window a group of rows may start its
+ * keys elsewhere in the key tile, which moves the P V product's k blocks (AVX2's GEMM_KC) and so
+ * its rounding: still the same bits for every run and thread count. */
 enum { FORWARD_ROWS = 128 };
-static int64_t forward_rows(const fa_cpu_state *s, const fa_problem *p, int64_t br, int64_t bc)
+static int64_t forward_rows(const fa_problem *p, int64_t br)
 {
-    if (p->block_mask) return br;
-    int64_t paper_br, paper_bc, sram;
-    fa_cpu_tiles(s, p->head_dim, &paper_br, &paper_bc, &sram);
-    while (2 * br <= FORWARD_ROWS && 2 * br * bc <= sram / 2) br *= 2;
-    return br;
+    return !p->block_mask && br < FORWARD_ROWS && FORWARD_ROWS <= 8 * p->head_dim ? FORWARD_ROWS : br;
 }
 
 fa_status fa_cpu_forward(void *state, const fa_problem *p)
@@ -391,7 +391,7 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);
-    br = small_problem_rows(p, s->kernels, forward_rows(s, p, br, bc));
+    br = small_problem_rows(p, s->kernels, forward_rows(p, br));
     const int64_t q_tiles = (p->seqlen_q + br - 1) / br;
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t group = query_group(p, q_tiles, threads), heads = p->batch * p->heads_q;

@@ -787,6 +787,8 @@ static const e2e_case e2e_cases[] = {
     {"dropout block mask bf16", 1, 3, 3, 65, 65, 72, FA_DTYPE_BF16, 0, -1, 0, 1, 0.2f, 0.0f},
     {"long causal f32", 1, 1, 1, 300, 1100, 128, FA_DTYPE_F32, 1, -1, 1, 0, 0.0f, 0.0f},
     {"softcap causal f32", 1, 2, 1, 77, 90, 64, FA_DTYPE_F32, 1, -1, 0, 0, 0.0f, 0.4f},
+    /* query tiles of 128 rows at d = 32, where the forward raises Br (cpu_forward.c's forward_rows) */
+    {"window f32 d32", 1, 4, 4, 260, 300, 32, FA_DTYPE_F32, 0, 50, 0, 0, 0.0f, 0.0f},
 };
 
 typedef struct e2e_outputs { float *out, *lse, *dq, *dk, *dv; } e2e_outputs;
