@@ -1,7 +1,7 @@
 /* tanh(x) for the vector kernels: x p(z) / q(z), z = min(x^2, FA_TANH_Z_MAX), p monic of degree 4
- * and q of degree 4 in z (degree 9 over 8 in x): scripts/fit-tanh.py's relative minimax fit on [0, 8.875] (Lawson's
- * iteration in double) with p(0) = q(0) (the same float: tanh(x) / x -> 1 exactly), coefficients
- * rounded to float. Per vector of scores (vector_kernels.h, the cap folded into q): x = s scale /
+ * and q of degree 4 in z (degree 9 over 8 in x): the relative minimax fit on [0, 8.875] of
+ * scripts/fit-tanh.py (Lawson's iteration in double) with p(0) = q(0) (the same float: tanh(x) / x
+ * -> 1 exactly), coefficients rounded to float. Per vector of scores (vector_kernels.h, the cap folded into q): x = s scale /
  * cap, z = x x, p's first step an add, 3 + 4 FMAs, x p, one division: 10 operations on the FMA
  * pipes and the division (Eigen's degree 13 over 6 it replaces: 13, and a compare for the
  * masked scores), then the quotient clamped to [-cap, cap] by min and max. Past 8.875, z stays at
