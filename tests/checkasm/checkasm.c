@@ -26,7 +26,6 @@
 #include "common/dtype.h"
 #include "common/half.h"
 #include "cpu/kernels/kernels.h"
-#include "cpu/kernels/tanh_poly.h"
 #include "flashattn.h"
 
 static uint32_t rng_state = 12345u;
@@ -496,9 +495,9 @@ static void test_exp_cols(void **state)
 /* tanh through softcap_cols with scale = cap = 1 (x * 1 and 1 * t are exact) against tanh in
  * double, on every 199th binary32 of both signs (21M values: large |x|, tiny and subnormal x) and
  * the special values; prints the max absolute and relative errors. Bounds (the ISA kernels'
- * contract, kernels.h): relative 4e-7 for |x| >= 1e-35, absolute 1e-38 below; odd, +-0 kept, +-1
- * within 1 ulp (never beyond) at and beyond FA_TANH_ONE (here +inf), NaN kept, and -inf left as it is (a masked score) with
- * gradient 0. */
+ * contract, kernels.h): relative 4e-7 for |x| >= 1e-35, absolute 1e-38 below; odd, +-0 kept, |t| <= 1
+ * everywhere, +-1 within 1 ulp at and beyond |x| = 9 (here +inf, and 9 with the caps of
+ * check_tanh_caps), NaN kept, and -inf left as it is (a masked score) with gradient 0. */
 static void check_tanh_accuracy(const fa_cpu_kernels *k, double rel_bound)
 {
     enum { CHUNK = 4099 };
@@ -525,22 +524,44 @@ static void check_tanh_accuracy(const fa_cpu_kernels *k, double rel_bound)
                 fail_msg("tanh %s(%a) = %a, want %a (relative error %.3g > %.3g)", k->isa, (double)x[i], (double)t[i], want, rel, rel_bound);
             if (!isinf(want) && !tiny && rel > max_rel) max_rel = rel, worst = x[i];
             if (!isinf(want) && err > max_abs) max_abs = err;
-            if (fabs(want) == 1.0 && !(fabsf(t[i]) <= 1.0f && fabsf(t[i]) >= 1.0f - 0x1p-24f))
-                fail_msg("tanh %s(%a) = %a, want +-1 within 1 ulp", k->isa, (double)x[i], (double)t[i]);
+            if (!isinf(want) && (fabsf(t[i]) > 1.0f || (fabsf(x[i]) >= 9.0f && fabsf(t[i]) < 1.0f - 0x1p-24f)))
+                fail_msg("tanh %s(%a) = %a, want +-1 within 1 ulp, never beyond", k->isa, (double)x[i], (double)t[i]);
         }
         checked += filled;
         filled = 0;
         if (done) break;
     }
     x[0] = NAN;
-    x[1] = FA_TANH_ONE;
-    x[2] = -FA_TANH_ONE;
-    k->softcap_cols(x, 3, 1, 3, 1.0f, 1.0f, 0.0f, 0, NULL, NULL);
+    k->softcap_cols(x, 1, 1, 1, 1.0f, 1.0f, 0.0f, 0, NULL, NULL);
     assert_true(isnan(x[0]));
-    assert_true(x[1] <= 1.0f && x[1] >= 1.0f - 0x1p-24f && x[2] == -x[1]);
     print_message("checkasm: tanh %s over %lld values: max abs error %.3g, max rel error %.3g (at x = %a)\n", k->isa,
                   (long long)checked, max_abs, max_rel, (double)worst);
     free(x); free(t); free(g);
+}
+
+/* cap * tanh(x / cap) never beyond +-cap, and +-cap within 1 ulp from |x| = 9 cap on, for caps that
+ * are not powers of two (the ISA kernels fold the cap into the rational's coefficients): x from
+ * 8.5 cap to 9.5 cap, both signs. */
+static void check_tanh_caps(const fa_cpu_kernels *k)
+{
+    static const float caps[] = {0.3f, 0.7f, 1.0f, 3.0f, 30.0f, 50.0f, 1e-3f, 7e4f};
+    enum { STEPS = 4001 };
+    float x[2 * STEPS], t[2 * STEPS];
+    for (size_t c = 0; c < sizeof caps / sizeof caps[0]; ++c) {
+        const float cap = caps[c];
+        for (int i = 0; i < STEPS; ++i) {
+            x[2 * i] = cap * (8.5f + (float)i / (STEPS - 1));
+            x[2 * i + 1] = -x[2 * i];
+        }
+        memcpy(t, x, sizeof t);
+        k->softcap_cols(t, 2 * STEPS, 1, 2 * STEPS, 1.0f, cap, 0.0f, 0, NULL, NULL);
+        for (int i = 0; i < 2 * STEPS; ++i) {
+            const float bound = fabsf(x[i]) >= 9.0f * cap ? cap * (1.0f - 0x1p-24f) : 0.0f;
+            if (!(fabsf(t[i]) <= cap && fabsf(t[i]) >= bound) || signbit(t[i]) != signbit(x[i]))
+                fail_msg("softcap %s cap %g: x = %a gives %a, want within 1 ulp of +-cap from 9 cap on, never beyond", k->isa,
+                         (double)cap, (double)x[i], (double)t[i]);
+        }
+    }
 }
 
 /* softcap_cols against the reference on odd shapes with padded rows (the padding keeps its
@@ -583,6 +604,8 @@ static void test_softcap_cols(void **state)
         }
     check_tanh_accuracy(isa, 4e-7);
     check_tanh_accuracy(ref, 2e-7);
+    check_tanh_caps(isa);
+    check_tanh_caps(ref);
 }
 
 /* alibi_cols bit for bit against the reference (kernels.h: the same bits on every ISA) on odd

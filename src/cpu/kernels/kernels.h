@@ -33,8 +33,8 @@
  *             so the backward recomputes the forward's P. tanh accuracy (tests/checkasm, dense
  *             sweep against tanh in double): ref = libm tanhf; the ISA kernels within 4e-7
  *             relative (about 5 ulp) for |x| >= 1e-35 and within 1e-38 absolute below, odd,
- *             tanh(+-0) = +-0, +-1 within 1 ulp (never beyond) from |x| >= 9 and for +-inf, NaN
- *             in gives NaN out.
+ *             tanh(+-0) = +-0, |tanh| <= 1 for every x (the score never beyond +-cap), +-1
+ *             within 1 ulp from |x| >= 9 and for +-inf, NaN in gives NaN out.
  *   alibi_cols: x[i*ld + j] = x[i*ld + j] * scale - slope * |(first - i) + j| (the ALiBi bias of key
  *             row i and query column j; -inf stays -inf, whatever the scale's sign), with col_max as softcap_cols'. The same
  *             bits on every ISA (each step one IEEE operation, no fusing).

@@ -2,9 +2,9 @@
  * ISA (x86/avx2_kernels.c, x86/avx512_kernels.c, arm/neon_kernels.c). The including file defines:
  *   VEC, W (lanes), MR (register rows), KNAME(x) (name prefix), MASK_T, VMASK(n) (first n lanes),
  *   VLOAD, VSTORE, VMLOAD(p, m) (masked-off lanes read as 0, never touched), VMSTORE(p, m, v),
- *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VMUL, VDIV, VMAX, VMIN,
+ *   VSET1, VZERO, VFMA(a, b, c) = a*b + c, VFNMA(a, b, c) = c - a*b, VADD, VSUB, VMUL, VDIV, VMAX, VMIN,
  *   VABS(x), VCOPYSIGN(m, s) (|m| with the sign of s), VSELECT_GE(a, b, y, n) = a >= b ? y : n and
- *   VSELECT_EQ(a, b, y, n) = a == b ? y : n (ordered: false for NaN), optionally VSELECT_EQ_DIV(a, b, y, n, d) = a == b ? y : n / d,
+ *   VSELECT_EQ(a, b, y, n) = a == b ? y : n (ordered: false for NaN),
  *   VROUND (to nearest integer), VSCALE2(y, n) = y * 2^n, VZERO_BELOW(y, x, lo) = x < lo ? 0 : y,
  *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp), VEXP_T, VEXP_N and VEXP_SCALE2
  *   (its n = round(x log2 e) and 2^n) and VEXP_ESTRIN (its polynomial's form), see KNAME(exp),
@@ -23,6 +23,8 @@
  * The register tile is MR x 2W: 2*MR accumulators, two B vectors and one broadcast of A. */
 #ifndef FA_VECTOR_KERNELS_H
 #define FA_VECTOR_KERNELS_H
+#include <float.h>
+
 #include "../../common/dtype.h"
 #include "../../common/half.h"
 #include "exp_poly.h"
@@ -31,40 +33,38 @@
 
 #define FA_INLINE static inline __attribute__((always_inline))
 
-/* a == b ? y : n / d. An ISA with masked arithmetic may define it as one masked division. */
-#ifndef VSELECT_EQ_DIV
-#define VSELECT_EQ_DIV(a, b, y, n, d) VSELECT_EQ(a, b, y, VDIV(n, d))
-#endif
-
-/* cap * tanh(x), see tanh_poly.h: the odd rational p(x) / q(x) on x clamped to +-FA_TANH_ONE,
- * where it is 1, as one quotient num / den: den = q / cap, the cap folded into q's coefficients
- * once per call (KNAME(tanh_den_for)), so a capped score costs no multiplication beyond tanh's
- * own; one division, not a reciprocal and its Newton step (on Zen 4 the divider works beside the
- * FMA pipes, which the products keep busy). The clamp's constant is min's and max's first
- * operand: x86 returns the second when either is NaN, so a NaN x comes out as it went in. */
+/* cap * tanh(x), see tanh_poly.h: x p(z) / q(z), z = min(x^2, FA_TANH_Z_MAX), as one quotient
+ * num / den: den = q / cap, the cap folded into q's coefficients once per call
+ * (KNAME(tanh_den_for)), so a capped score costs no multiplication beyond tanh's own; one
+ * division, not a reciprocal and its Newton step (on Zen 4 the divider works beside the FMA
+ * pipes, which the products keep busy). The clamp of z is min's first operand: x86 returns the
+ * second when either is NaN, so a NaN x comes out as it went in; an infinite x gives z at the
+ * clamp and an infinite num. KNAME(capped) clamps the quotient to [-cap, cap]. */
 typedef struct KNAME(tanh_den) {
-    VEC b0, b2, b4, b6;
+    float q0, q1, q2, q3, q4, cap;
 } KNAME(tanh_den);
 FA_INLINE KNAME(tanh_den) KNAME(tanh_den_for)(float cap)
 {
-    return (KNAME(tanh_den)){VSET1(FA_TANH_B0 / cap), VSET1(FA_TANH_B2 / cap), VSET1(FA_TANH_B4 / cap),
-                             VSET1(FA_TANH_B6 / cap)};
+    return (KNAME(tanh_den)){FA_TANH_Q0 / cap, FA_TANH_Q1 / cap, FA_TANH_Q2 / cap, FA_TANH_Q3 / cap, FA_TANH_Q4 / cap, cap};
 }
 FA_INLINE void KNAME(capped_tanh)(VEC x, const KNAME(tanh_den) *b, VEC *num, VEC *den)
 {
-    const VEC xc = VMAX(VSET1(-FA_TANH_ONE), VMIN(VSET1(FA_TANH_ONE), x)), z = VMUL(xc, xc);
-    VEC p = VSET1(FA_TANH_A13);
-    p = VFMA(p, z, VSET1(FA_TANH_A11));
-    p = VFMA(p, z, VSET1(FA_TANH_A9));
-    p = VFMA(p, z, VSET1(FA_TANH_A7));
-    p = VFMA(p, z, VSET1(FA_TANH_A5));
-    p = VFMA(p, z, VSET1(FA_TANH_A3));
-    p = VFMA(p, z, VSET1(FA_TANH_A1));
-    VEC q = b->b6;
-    q = VFMA(q, z, b->b4);
-    q = VFMA(q, z, b->b2);
-    *den = VFMA(q, z, b->b0);
-    *num = VMUL(xc, p);
+    const VEC z = VMIN(VSET1(FA_TANH_Z_MAX), VMUL(x, x));
+    VEC p = VADD(z, VSET1(FA_TANH_P3)); /* p is monic: its first step is an add, off the FMA pipes */
+    p = VFMA(p, z, VSET1(FA_TANH_P2));
+    p = VFMA(p, z, VSET1(FA_TANH_P1));
+    p = VFMA(p, z, VSET1(FA_TANH_P0));
+    VEC q = VFMA(VSET1(b->q4), z, VSET1(b->q3));
+    q = VFMA(q, z, VSET1(b->q2));
+    q = VFMA(q, z, VSET1(b->q1));
+    *den = VFMA(q, z, VSET1(b->q0));
+    *num = VMUL(x, p);
+}
+/* num / den clamped to [-cap, cap] (the cap first: NaN passes, as in capped_tanh). Past the clamp
+ * of z, |num / den| grows beyond cap: the result is then exactly +-cap. */
+FA_INLINE VEC KNAME(capped)(VEC num, VEC den, const KNAME(tanh_den) *b)
+{
+    return VMIN(VSET1(b->cap), VMAX(VSET1(-b->cap), VDIV(num, den)));
 }
 
 static const float KNAME(lane_index)[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -75,47 +75,64 @@ FA_INLINE VEC KNAME(distance)(int64_t first, int64_t i, int64_t j)
     return VADD(VSET1((float)(first - i)), VADD(VLOAD(KNAME(lane_index)), VSET1((float)j)));
 }
 
+/* 0 where the raw score s is a number or +inf, +inf where it is -inf (masked): subtracted from a
+ * finite modified score, it keeps -inf without a compare (min and subtractions run beside the FMA
+ * pipes; y - +0 is y, -0 included). A NaN s gives 0 (x86) or NaN (NEON): its score is NaN either way. */
+FA_INLINE VEC KNAME(masked_gap)(VEC s)
+{
+    return VSUB(VSET1(-FLT_MAX), VMIN(s, VSET1(-FLT_MAX)));
+}
+
 /* The score modifiers of one vector of raw scores s, each the one home of its bits: softcap_cols,
- * alibi_cols and gemm_scores' register epilogue all call them. -inf (masked) stays. */
-FA_INLINE VEC KNAME(softcap_value)(VEC s, VEC num, VEC den, const int alibi, VEC minus_slope, VEC distance)
+ * alibi_cols and gemm_scores' register epilogue all call them. -inf (masked) stays. capped: cap *
+ * tanh of s (KNAME(capped)). */
+FA_INLINE VEC KNAME(softcap_value)(VEC s, VEC capped, const int alibi, VEC minus_slope, VEC distance)
 {
     /* ALiBi after the cap, as alibi_cols with scale 1 would add it (softcap_cols with slope 0
      * adds -0: exact, so leaving it out gives the same bits) */
-    if (!alibi) return VSELECT_EQ_DIV(s, VSET1(-INFINITY), s, num, den);
-    return VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VDIV(num, den), VMUL(minus_slope, VABS(distance))));
+    const VEC y = alibi ? VADD(capped, VMUL(minus_slope, VABS(distance))) : capped;
+    return VSUB(y, KNAME(masked_gap)(s));
 }
 FA_INLINE VEC KNAME(alibi_value)(VEC s, VEC scale, VEC minus_slope, VEC distance)
 {
     return VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VMUL(s, scale), VMUL(minus_slope, VABS(distance))));
 }
 
+/* gemm_scores' modifiers with what they need computed once per call (not once per register tile):
+ * scale / cap and q / cap. A copy the stores to C cannot alias: its fields stay where they are. */
+typedef struct KNAME(scores) {
+    fa_cpu_score_mods m;
+    float factor;
+    KNAME(tanh_den) den;
+} KNAME(scores);
+
 /* gemm_scores' epilogue: the modifiers of mods on the raw scores of a register tile (rows i0 + r,
  * columns j0 and j0 + W). The modes are tested once per tile, not per vector, and the two column
  * vectors of a row go through each step together (two independent chains for the pipes). */
-FA_INLINE void KNAME(modify_tile)(VEC *acc0, VEC *acc1, const int mr, const fa_cpu_score_mods *mods, int64_t i0,
+FA_INLINE void KNAME(modify_tile)(VEC *acc0, VEC *acc1, const int mr, const KNAME(scores) *mods, int64_t i0,
                                   int64_t j0)
 {
-    const VEC minus_slope = VSET1(-mods->slope);
-    if (mods->cap > 0.0f) {
-        const VEC factor = VSET1(mods->scale / mods->cap);
-        const KNAME(tanh_den) b = KNAME(tanh_den_for)(mods->cap);
+    const VEC minus_slope = VSET1(-mods->m.slope);
+    if (mods->m.cap > 0.0f) {
+        const VEC factor = VSET1(mods->factor);
         for (int r = 0; r < mr; ++r) {
             VEC num0, den0, num1, den1;
-            KNAME(capped_tanh)(VMUL(acc0[r], factor), &b, &num0, &den0);
-            KNAME(capped_tanh)(VMUL(acc1[r], factor), &b, &num1, &den1);
-            if (mods->alibi) {
-                acc0[r] = KNAME(softcap_value)(acc0[r], num0, den0, 1, minus_slope, KNAME(distance)(mods->first, i0 + r, j0));
-                acc1[r] = KNAME(softcap_value)(acc1[r], num1, den1, 1, minus_slope, KNAME(distance)(mods->first, i0 + r, j0 + W));
+            KNAME(capped_tanh)(VMUL(acc0[r], factor), &mods->den, &num0, &den0);
+            KNAME(capped_tanh)(VMUL(acc1[r], factor), &mods->den, &num1, &den1);
+            const VEC y0 = KNAME(capped)(num0, den0, &mods->den), y1 = KNAME(capped)(num1, den1, &mods->den);
+            if (mods->m.alibi) {
+                acc0[r] = KNAME(softcap_value)(acc0[r], y0, 1, minus_slope, KNAME(distance)(mods->m.first, i0 + r, j0));
+                acc1[r] = KNAME(softcap_value)(acc1[r], y1, 1, minus_slope, KNAME(distance)(mods->m.first, i0 + r, j0 + W));
             } else {
-                acc0[r] = KNAME(softcap_value)(acc0[r], num0, den0, 0, minus_slope, VZERO());
-                acc1[r] = KNAME(softcap_value)(acc1[r], num1, den1, 0, minus_slope, VZERO());
+                acc0[r] = KNAME(softcap_value)(acc0[r], y0, 0, minus_slope, VZERO());
+                acc1[r] = KNAME(softcap_value)(acc1[r], y1, 0, minus_slope, VZERO());
             }
         }
-    } else if (mods->alibi) {
-        const VEC scale = VSET1(mods->scale);
+    } else if (mods->m.alibi) {
+        const VEC scale = VSET1(mods->m.scale);
         for (int r = 0; r < mr; ++r) {
-            acc0[r] = KNAME(alibi_value)(acc0[r], scale, minus_slope, KNAME(distance)(mods->first, i0 + r, j0));
-            acc1[r] = KNAME(alibi_value)(acc1[r], scale, minus_slope, KNAME(distance)(mods->first, i0 + r, j0 + W));
+            acc0[r] = KNAME(alibi_value)(acc0[r], scale, minus_slope, KNAME(distance)(mods->m.first, i0 + r, j0));
+            acc1[r] = KNAME(alibi_value)(acc1[r], scale, minus_slope, KNAME(distance)(mods->m.first, i0 + r, j0 + W));
         }
     }
 }
@@ -124,7 +141,7 @@ FA_INLINE void KNAME(modify_tile)(VEC *acc0, VEC *acc1, const int mr, const fa_c
  * mods (gemm_scores; NULL = none): the tile is rows i0.., columns j0.. of C. */
 FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t ldb,
                            float *c, int64_t ldc, const float *row_scale, int accumulate, const int mr,
-                           const int masked, MASK_T m0, MASK_T m1, float *col_max, const fa_cpu_score_mods *mods,
+                           const int masked, MASK_T m0, MASK_T m1, float *col_max, const KNAME(scores) *mods,
                            int64_t i0, int64_t j0)
 {
     VEC acc0[MR], acc1[MR];
@@ -181,7 +198,7 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
  * leftover rows in tiles of 8, 4, 2, 1. */
 FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                             int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate,
-                            const int masked, MASK_T m0, MASK_T m1, float *col_max, const fa_cpu_score_mods *mods,
+                            const int masked, MASK_T m0, MASK_T m1, float *col_max, const KNAME(scores) *mods,
                             int64_t j0)
 {
     int64_t i = 0;
@@ -213,7 +230,7 @@ FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, i
  * so a 128-row panel (8 KiB) did not stay in L1. Same products in the same order: same bits. */
 FA_INLINE void KNAME(panels)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
                              const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
-                             int accumulate, float *col_max, const fa_cpu_score_mods *mods)
+                             int accumulate, float *col_max, const KNAME(scores) *mods)
 {
     int64_t j = 0;
 #if GEMM_PACK_KMAX > 0
@@ -247,7 +264,7 @@ FA_INLINE void KNAME(panels)(int64_t m, int64_t n, int64_t k, const float *a, in
 
 FA_INLINE void KNAME(gemm_any)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
                                const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
-                               int accumulate, float *col_max, const fa_cpu_score_mods *mods)
+                               int accumulate, float *col_max, const KNAME(scores) *mods)
 {
     if (col_max)
         for (int64_t j = 0; j < n; ++j) col_max[j] = -INFINITY;
@@ -281,7 +298,8 @@ static void KNAME(gemm_scores)(int64_t m, int64_t n, int64_t k, const float *a, 
                                const float *b, int64_t ldb, float *c, int64_t ldc, const fa_cpu_score_mods *mods,
                                float *col_max)
 {
-    const fa_cpu_score_mods local = *mods; /* a copy the stores to c cannot alias: its fields stay in registers */
+    const KNAME(scores) local = {*mods, mods->cap > 0.0f ? mods->scale / mods->cap : 0.0f,
+                                 KNAME(tanh_den_for)(mods->cap > 0.0f ? mods->cap : 1.0f)};
     KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0, col_max, &local);
 }
 
@@ -428,7 +446,8 @@ FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const i
     const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
     VEC num, den;
     KNAME(capped_tanh)(VMUL(s, factor), b, &num, &den);
-    const VEC y = KNAME(softcap_value)(s, num, den, 1, minus_slope, distance);
+    const VEC capped = KNAME(capped)(num, den, b);
+    const VEC y = KNAME(softcap_value)(s, capped, 1, minus_slope, distance);
     if (masked) VMSTORE(x, m, y);
     else VSTORE(x, y);
     if (col_max) {
@@ -437,7 +456,7 @@ FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const i
         else VSTORE(col_max, best);
     }
     if (!grad) return;
-    const VEC t = VMUL(VDIV(num, den), inv_cap); /* tanh, for the chain rule only (scores never use it) */
+    const VEC t = VMUL(capped, inv_cap); /* tanh, for the chain rule only (scores never use it) */
     const VEC g = VFNMA(t, t, VSET1(1.0f));
     if (masked) VMSTORE(grad, m, g);
     else VSTORE(grad, g);

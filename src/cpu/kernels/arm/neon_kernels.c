@@ -23,6 +23,7 @@
 #define VFMA(a, b, c) vfmaq_f32(c, a, b)
 #define VFNMA(a, b, c) vfmsq_f32(c, a, b)
 #define VADD(a, b) vaddq_f32(a, b)
+#define VSUB(a, b) vsubq_f32(a, b)
 #define VDIV(a, b) vdivq_f32(a, b)
 #define VABS(x) vabsq_f32(x)
 #define VCOPYSIGN(m, s) vbslq_f32(vdupq_n_u32(0x80000000u), s, m)

@@ -19,6 +19,7 @@
 #define VZERO() _mm256_setzero_ps()
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VADD(a, b) _mm256_add_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
 #define VDIV(a, b) _mm256_div_ps(a, b)
 #define VABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
 #define VCOPYSIGN(m, s) _mm256_or_ps(VABS(m), _mm256_and_ps(_mm256_set1_ps(-0.0f), s))

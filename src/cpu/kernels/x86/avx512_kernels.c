@@ -20,14 +20,13 @@
 #define VZERO() _mm512_setzero_ps()
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VADD(a, b) _mm512_add_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
 #define VDIV(a, b) _mm512_div_ps(a, b)
 /* float and/or need AVX-512DQ: the integer forms (AVX-512F) on the same bits */
 #define VABS(x) _mm512_castsi512_ps(_mm512_and_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)))
 #define VCOPYSIGN(m, s)                                                                                       \
     _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(m), _mm512_castps_si512(s),            \
                                                   _mm512_set1_epi32(0x7fffffff), 0xe4)) /* c ? m : s, bitwise */
-/* the division where a != b (unordered: NaN divides too, as VSELECT_EQ's n) */
-#define VSELECT_EQ_DIV(a, b, y, n, d) _mm512_mask_div_ps(y, _mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ), n, d)
 #define VSELECT_GE(a, b, y, n) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GE_OQ), n, y)
 #define VSELECT_EQ(a, b, y, n) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ), n, y)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
