@@ -101,7 +101,7 @@ static const char *cpu_info(void *state)
 {
     fa_cpu_state *s = state;
     snprintf(s->info, sizeof s->info, "cpu: isa %s%s, %d thread(s), L1d %lld KiB, L2 %lld KiB%s", s->kernels->isa,
-             s->kernels->gemm_max_bf16 ? " (bf16 scores by vdpbf16ps)" : "",
+             s->kernels->gemm_max_bf16 ? ", bf16 scores by vdpbf16ps" : "",
              fa_cpu_thread_count(s->num_threads), (long long)(s->caches.l1d_bytes / 1024),
              (long long)(s->caches.l2_bytes / 1024), s->caches.detected ? "" : " (cache sizes not detected, defaults)");
     return s->info;
