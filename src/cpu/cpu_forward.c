@@ -412,7 +412,7 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
         fa_cpu_scratch_take(forward_scratch_layout, &w, team, share, fa_cpu_thread_num());
         /* nowait: a thread leaves after its last task, so the region's end is the only barrier
          * (with the loop's own barrier too, a thread that waited there and slept had to be woken
-         * and rescheduled before the region could end: 8 ms medians at load 4, N = 1024). */
+         * and rescheduled before the region could end: 7.6-8 ms medians at load 4-6, N 512-1024). */
 #pragma omp for schedule(dynamic, 1) nowait
         for (int64_t t = 0; t < plan.tasks; ++t) {
             int64_t bh, tile0;
