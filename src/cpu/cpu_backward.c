@@ -371,23 +371,26 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
         if (fa_cpu_team_ready(block && (dq.buffer || !needs_dq_buffer), &out_of_memory)) {
 #pragma omp for schedule(static)
             for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x) delta[x] = row_delta(&c, x, &w);
+            /* After D, the passes write disjoint outputs (dQ, dK, dV, dbias) and read only the
+             * inputs and D: no barrier between them (nowait), a thread goes on to the next pass's
+             * tasks; the region's end is the one barrier left. */
             if (fused) {
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t t = 0; t < kv_pairs; ++t) kv_head_task(&c, t / p->heads_kv, t % p->heads_kv, &dq, &w);
             } else {
                 /* Longest tasks first under a causal mask: early key tiles, late query tiles. */
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t t = 0; t < kv_pairs * k_tiles; ++t) {
                     const int64_t kt = t / kv_pairs, bh = t % kv_pairs;
                     key_tile_task(&c, bh / p->heads_kv, bh % p->heads_kv, kt * bc, NULL, &w);
                 }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t t = 0; t < q_pairs * q_tiles; ++t) {
                     const int64_t qt = q_tiles - 1 - t / q_pairs, bh = t % q_pairs;
                     query_tile_task(&c, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
                 }
             }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
             for (int64_t t = 0; t < bias_tasks; ++t) bias_task(&c, t, &w);
         }
         fa_host_free(dq.buffer);
