@@ -44,9 +44,6 @@
  *             mods->alibi), else alibi_cols (mods->alibi), with mods->scale, slope and first;
  *             col_max of the results. The same bits as the same ISA's gemm followed by that pass
  *             (what the backward runs): each element takes the same operations in the same order.
- *   gemm_exp: C = A B, then C(i,j) = exp(scale * C(i,j) - shift[j]) in the registers: the same bits
- *             as gemm followed by exp_cols (whose sums it does not produce): the backward's
- *             P^T = exp(scale K Q^T - lse) of a fully visible tile without a pass over S^T.
  *   gemm_ds:  C = A B, then C(i,j) = p[i*ldp + j] * (C(i,j) - delta[j]) in the registers (one
  *             subtraction, one multiplication, each rounded): the backward's
  *             dS^T = P^T o (V dO^T - D) without storing dP^T and sweeping it again.
@@ -150,8 +147,6 @@ typedef struct fa_cpu_kernels {
                      int64_t ldb, float *c, int64_t ldc, float *col_max);
     void (*gemm_scores)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                         int64_t ldb, float *c, int64_t ldc, const fa_cpu_score_mods *mods, float *col_max);
-    void (*gemm_exp)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
-                     int64_t ldb, float *c, int64_t ldc, float scale, const float *shift);
     void (*gemm_ds)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                     int64_t ldb, float *c, int64_t ldc, const float *p, int64_t ldp, const float *delta);
     void (*gemm_max_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda, const uint32_t *b,

@@ -98,77 +98,26 @@ FA_INLINE VEC KNAME(alibi_value)(VEC s, VEC scale, VEC minus_slope, VEC distance
     return VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VMUL(s, scale), VMUL(minus_slope, VABS(distance))));
 }
 
-/* exp(x) = 2^n e^r, see exp_poly.h. VEXP_RANGE clamps x to [FA_EXP_LO, FA_EXP_HI] where VSCALE2
- * needs n in [-126, 127]; an ISA whose VSCALE2 takes any n defines it as x (two operations of
- * about eighteen saved); x below FA_EXP_LO (-inf included) gives 0 either way. VEXP_T(x) is
- * n = round(x log2 e) in whatever form VEXP_SCALE2(y, t) takes, VEXP_N(t) n as a float (by
- * default VROUND and VSCALE2). VEXP_ESTRIN (default 0: Horner's rule) evaluates the polynomial in
- * Estrin's form: as many operations, a dependency chain two FMA latencies shorter. */
-#ifndef VEXP_RANGE
-#define VEXP_RANGE(x, lo) VMIN(VMAX(x, lo), VSET1(FA_EXP_HI))
-#endif
-#ifndef VEXP_T
-#define VEXP_T(x) VROUND(VMUL(x, VSET1(FA_EXP_LOG2E)))
-#define VEXP_N(t) (t)
-#define VEXP_SCALE2(y, t) VSCALE2(y, t)
-#endif
-#ifndef VEXP_ESTRIN
-#define VEXP_ESTRIN 0
-#endif
-FA_INLINE VEC KNAME(exp)(VEC x)
-{
-    const VEC lo = VSET1(FA_EXP_LO);
-    const VEC xc = VEXP_RANGE(x, lo);
-    const VEC t = VEXP_T(xc), n = VEXP_N(t);
-    const VEC r = VFNMA(n, VSET1(FA_EXP_LN2_LO), VFNMA(n, VSET1(FA_EXP_LN2_HI), xc));
-    const VEC r2 = VMUL(r, r);
-#if VEXP_ESTRIN
-    const VEC p01 = VFMA(VSET1(FA_EXP_P0), r, VSET1(FA_EXP_P1)), p23 = VFMA(VSET1(FA_EXP_P2), r, VSET1(FA_EXP_P3)),
-              p45 = VFMA(VSET1(FA_EXP_P4), r, VSET1(FA_EXP_P5));
-    const VEC poly = VFMA(VFMA(p01, r2, p23), r2, p45);
-#else
-    VEC poly = VSET1(FA_EXP_P0);
-    poly = VFMA(poly, r, VSET1(FA_EXP_P1));
-    poly = VFMA(poly, r, VSET1(FA_EXP_P2));
-    poly = VFMA(poly, r, VSET1(FA_EXP_P3));
-    poly = VFMA(poly, r, VSET1(FA_EXP_P4));
-    poly = VFMA(poly, r, VSET1(FA_EXP_P5));
-#endif
-    const VEC y = VFMA(poly, r2, VADD(r, VSET1(1.0f)));
-    return VZERO_BELOW(VEXP_SCALE2(y, t), x, lo);
-}
-#define VEXP(x) KNAME(exp)(x)
-
 /* gemm_scores' modifiers with what they need computed once per call (not once per register tile):
  * scale / cap and q / cap. A copy the stores to C cannot alias: its fields stay where they are. */
 typedef struct KNAME(scores) {
     fa_cpu_score_mods m;
     float factor;
     KNAME(tanh_den) den;
-    /* The backward's epilogues instead of the modifiers (kernels.h): gemm_exp's exponential
-     * (exp_scale, shift) or gemm_ds' dS = P o (C - delta) (p, ldp, delta). */
-    enum { KNAME(epilogue_mods), KNAME(epilogue_exp), KNAME(epilogue_ds) } epilogue;
-    float exp_scale;
-    const float *shift, *p, *delta;
+    /* gemm_ds: the backward's dS = P o (C - delta) (p, ldp, delta) instead of the modifiers. */
+    enum { KNAME(epilogue_mods), KNAME(epilogue_ds) } epilogue;
+    const float *p, *delta;
     int64_t ldp;
 } KNAME(scores);
 
 /* gemm_scores' epilogue: the modifiers of mods on the raw scores of a register tile (rows i0 + r,
- * columns j0 and j0 + W). The modes are tested once per tile, not per vector, and the two column
+ * columns j0 and j0 + W; masked, m0, m1 as the tile's), or gemm_ds' dS. The modes are tested once per tile, not per vector, and the two column
  * vectors of a row go through each step together (two independent chains for the pipes). */
 FA_INLINE void KNAME(modify_tile)(VEC *acc0, VEC *acc1, const int mr, const KNAME(scores) *mods, int64_t i0,
                                   int64_t j0, const int masked, MASK_T m0, MASK_T m1)
 {
     const VEC minus_slope = VSET1(-mods->m.slope);
-    if (mods->epilogue == KNAME(epilogue_exp)) { /* exp_cols' operations on each element, in the registers */
-        const VEC scale = VSET1(mods->exp_scale);
-        const VEC nshift0 = VMUL(masked ? VMLOAD(mods->shift + j0, m0) : VLOAD(mods->shift + j0), VSET1(-1.0f));
-        const VEC nshift1 = VMUL(masked ? VMLOAD(mods->shift + j0 + W, m1) : VLOAD(mods->shift + j0 + W), VSET1(-1.0f));
-        for (int r = 0; r < mr; ++r) {
-            acc0[r] = VEXP(VFMA(acc0[r], scale, nshift0));
-            acc1[r] = VEXP(VFMA(acc1[r], scale, nshift1));
-        }
-    } else if (mods->epilogue == KNAME(epilogue_ds)) { /* P o (dP - D), as the backward's loop computed it */
+    if (mods->epilogue == KNAME(epilogue_ds)) { /* P o (dP - D), as the backward's loop computed it */
         const VEC delta0 = masked ? VMLOAD(mods->delta + j0, m0) : VLOAD(mods->delta + j0);
         const VEC delta1 = masked ? VMLOAD(mods->delta + j0 + W, m1) : VLOAD(mods->delta + j0 + W);
         for (int r = 0; r < mr; ++r) {
@@ -225,7 +174,7 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
         ap += csa;
         bp += ldb;
     }
-    if (mods) KNAME(modify_tile)(acc0, acc1, mr, mods, i0, j0, masked, m0, m1); /* gemm_scores, gemm_exp, gemm_ds */
+    if (mods) KNAME(modify_tile)(acc0, acc1, mr, mods, i0, j0, masked, m0, m1); /* gemm_scores, gemm_ds */
     if (col_max) { /* gemm_max: the tile's column max merged into col_max[0, 2W) */
         VEC max0 = masked ? VMLOAD(col_max, m0) : VLOAD(col_max), max1 = masked ? VMLOAD(col_max + W, m1) : VLOAD(col_max + W);
         for (int r = 0; r < mr; ++r) {
@@ -366,15 +315,8 @@ static void KNAME(gemm_scores)(int64_t m, int64_t n, int64_t k, const float *a, 
     KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0, col_max, &local);
 }
 
-/* The backward's two products with their pass in the epilogue (kernels.h): the same bits as gemm
- * followed by exp_cols (without the sums), or by the loop dS = P o (dP - D). */
-static void KNAME(gemm_exp)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
-                            int64_t ldb, float *c, int64_t ldc, float scale, const float *shift)
-{
-    const KNAME(scores) local = {.epilogue = KNAME(epilogue_exp), .exp_scale = scale, .shift = shift};
-    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0, NULL, &local);
-}
-
+/* The backward's dP^T product with the pass dS = P o (dP - D) in its epilogue (kernels.h): the same
+ * bits as gemm followed by that loop. */
 static void KNAME(gemm_ds)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                            int64_t ldb, float *c, int64_t ldc, const float *p, int64_t ldp, const float *delta)
 {
@@ -442,6 +384,46 @@ static void KNAME(col_max)(const float *x, int64_t ld, int64_t rows, int64_t col
     }
 }
 
+/* exp(x) = 2^n e^r, see exp_poly.h. VEXP_RANGE clamps x to [FA_EXP_LO, FA_EXP_HI] where VSCALE2
+ * needs n in [-126, 127]; an ISA whose VSCALE2 takes any n defines it as x (two operations of
+ * about eighteen saved); x below FA_EXP_LO (-inf included) gives 0 either way. VEXP_T(x) is
+ * n = round(x log2 e) in whatever form VEXP_SCALE2(y, t) takes, VEXP_N(t) n as a float (by
+ * default VROUND and VSCALE2). VEXP_ESTRIN (default 0: Horner's rule) evaluates the polynomial in
+ * Estrin's form: as many operations, a dependency chain two FMA latencies shorter. */
+#ifndef VEXP_RANGE
+#define VEXP_RANGE(x, lo) VMIN(VMAX(x, lo), VSET1(FA_EXP_HI))
+#endif
+#ifndef VEXP_T
+#define VEXP_T(x) VROUND(VMUL(x, VSET1(FA_EXP_LOG2E)))
+#define VEXP_N(t) (t)
+#define VEXP_SCALE2(y, t) VSCALE2(y, t)
+#endif
+#ifndef VEXP_ESTRIN
+#define VEXP_ESTRIN 0
+#endif
+FA_INLINE VEC KNAME(exp)(VEC x)
+{
+    const VEC lo = VSET1(FA_EXP_LO);
+    const VEC xc = VEXP_RANGE(x, lo);
+    const VEC t = VEXP_T(xc), n = VEXP_N(t);
+    const VEC r = VFNMA(n, VSET1(FA_EXP_LN2_LO), VFNMA(n, VSET1(FA_EXP_LN2_HI), xc));
+    const VEC r2 = VMUL(r, r);
+#if VEXP_ESTRIN
+    const VEC p01 = VFMA(VSET1(FA_EXP_P0), r, VSET1(FA_EXP_P1)), p23 = VFMA(VSET1(FA_EXP_P2), r, VSET1(FA_EXP_P3)),
+              p45 = VFMA(VSET1(FA_EXP_P4), r, VSET1(FA_EXP_P5));
+    const VEC poly = VFMA(VFMA(p01, r2, p23), r2, p45);
+#else
+    VEC poly = VSET1(FA_EXP_P0);
+    poly = VFMA(poly, r, VSET1(FA_EXP_P1));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P2));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P3));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P4));
+    poly = VFMA(poly, r, VSET1(FA_EXP_P5));
+#endif
+    const VEC y = VFMA(poly, r2, VADD(r, VSET1(1.0f)));
+    return VZERO_BELOW(VEXP_SCALE2(y, t), x, lo);
+}
+#define VEXP(x) KNAME(exp)(x)
 
 static void KNAME(exp_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, float scale, const float *shift,
                             float *sum)
@@ -914,5 +896,5 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
 #define FA_VECTOR_KERNEL_FIELDS(name)                                                                     \
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .bias_cols = KNAME(bias_cols), .transpose = KNAME(transpose),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
-        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .gemm_scores = KNAME(gemm_scores), .gemm_exp = KNAME(gemm_exp), .gemm_ds = KNAME(gemm_ds), .fma_chains = KNAME(fma_chains), \
+        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .gemm_scores = KNAME(gemm_scores), .gemm_ds = KNAME(gemm_ds), .fma_chains = KNAME(fma_chains), \
         .decode_scores = KNAME(decode_scores), .decode_values = KNAME(decode_values), .mr = MR, .nr = 2 * W, .tile_step = 16
