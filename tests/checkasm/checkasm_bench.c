@@ -1,6 +1,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, CLOCK_THREAD_CPUTIME_ID */
 /* checkasm --bench: every kernel on the tile shapes the CPU drivers give it (the forward's
- * S^T = K Q^T, col_max, exp_cols and O = alpha O + P V; the backward's dV += P^T dO; the decode's
+ * S^T = K Q^T, col_max, exp_cols and O = alpha O + P V; the backward's dV += P^T dO and gemm_ds;
+ * the decode's
  * gemm_nt, decode_scores and decode_values; the conversions), in ns per call of this thread's CPU time (other jobs on a shared
  * machine do not count), best of 9 samples after a warm-up, against the reference kernel, and
  * for the products the fraction of the one-thread FMA peak of the same ISA (fma_peak.h). Then, per
@@ -44,6 +45,9 @@ static void run_pv(const fa_cpu_kernels *k, const buffers *m, const bench_case *
 { k->gemm(c->br, c->d, c->bc, m->c, 1, c->br, m->a, c->d, m->d, c->d, m->vec0, 1); }
 static void run_dv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->gemm(c->bc, c->d, c->br, m->c, c->br, 1, m->b, c->d, m->d, c->d, NULL, 1); }
+/* The backward's dS^T = P^T o (V dO^T - D) in one product. */
+static void run_dp_ds(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
+{ k->gemm_ds(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->d, c->br, m->c, c->br, m->vec1); }
 static void run_col_max(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->col_max(m->c, c->br, c->bc, c->br, m->vec1); }
 static void run_exp_cols(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
@@ -95,6 +99,8 @@ static void run_to_f16(const fa_cpu_kernels *k, const buffers *m, const bench_ca
 static const bench_case cases[] = {
     TILE_PAIR_CASES(64, 1024, 64),
     TILE_PAIR_CASES(128, 512, 128),
+    {"gemm_ds", "dS^T = P^T o (V dO^T - D) (bwd)", 64, 1024, 64, run_dp_ds, PRODUCT(64, 1024, 64)},
+    {"gemm_ds", "dS^T = P^T o (V dO^T - D) (bwd)", 128, 512, 128, run_dp_ds, PRODUCT(128, 512, 128)},
     /* FLOPs as the f32 product counts them, 2 m n k (a multiply and an add per k step: one
      * vdpbf16ps lane does two k steps, 4 FLOPs), so the fraction is of the f32 FMA peak and may
      * exceed 1. */

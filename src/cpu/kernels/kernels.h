@@ -44,6 +44,9 @@
  *             mods->alibi), else alibi_cols (mods->alibi), with mods->scale, slope and first;
  *             col_max of the results. The same bits as the same ISA's gemm followed by that pass
  *             (what the backward runs): each element takes the same operations in the same order.
+ *   gemm_ds:  C = A B, then C(i,j) = p[i*ldp + j] * (C(i,j) - delta[j]) in the registers (one
+ *             subtraction, one multiplication, each rounded): the backward's
+ *             dS^T = P^T o (V dO^T - D) without storing dP^T and sweeping it again.
  *   gemm_max_bf16: gemm_max for bfloat16 operands (the forward's and backward's S^T = K Q^T when q
  *             and k are bf16), NULL in a table whose CPU cannot run it (only the AVX-512 table
  *             handed out on a CPU with AVX512_BF16 has it: vdpbf16ps, and only where select.c's
@@ -144,6 +147,8 @@ typedef struct fa_cpu_kernels {
                      int64_t ldb, float *c, int64_t ldc, float *col_max);
     void (*gemm_scores)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                         int64_t ldb, float *c, int64_t ldc, const fa_cpu_score_mods *mods, float *col_max);
+    void (*gemm_ds)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                    int64_t ldb, float *c, int64_t ldc, const float *p, int64_t ldp, const float *delta);
     void (*gemm_max_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda, const uint32_t *b,
                           int64_t ldb, float *c, int64_t ldc, float *col_max); /* NULL: not on this CPU */
     double (*fma_chains)(int64_t iterations, float *sink);

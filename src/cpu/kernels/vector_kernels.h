@@ -104,16 +104,28 @@ typedef struct KNAME(scores) {
     fa_cpu_score_mods m;
     float factor;
     KNAME(tanh_den) den;
+    /* gemm_ds: the backward's dS = P o (C - delta) (p, ldp, delta) instead of the modifiers. */
+    enum { KNAME(epilogue_mods), KNAME(epilogue_ds) } epilogue;
+    const float *p, *delta;
+    int64_t ldp;
 } KNAME(scores);
 
 /* gemm_scores' epilogue: the modifiers of mods on the raw scores of a register tile (rows i0 + r,
- * columns j0 and j0 + W). The modes are tested once per tile, not per vector, and the two column
+ * columns j0 and j0 + W; masked, m0, m1 as the tile's), or gemm_ds' dS. The modes are tested once per tile, not per vector, and the two column
  * vectors of a row go through each step together (two independent chains for the pipes). */
 FA_INLINE void KNAME(modify_tile)(VEC *acc0, VEC *acc1, const int mr, const KNAME(scores) *mods, int64_t i0,
-                                  int64_t j0)
+                                  int64_t j0, const int masked, MASK_T m0, MASK_T m1)
 {
     const VEC minus_slope = VSET1(-mods->m.slope);
-    if (mods->m.cap > 0.0f) {
+    if (mods->epilogue == KNAME(epilogue_ds)) { /* P o (dP - D), as the backward's loop computed it */
+        const VEC delta0 = masked ? VMLOAD(mods->delta + j0, m0) : VLOAD(mods->delta + j0);
+        const VEC delta1 = masked ? VMLOAD(mods->delta + j0 + W, m1) : VLOAD(mods->delta + j0 + W);
+        for (int r = 0; r < mr; ++r) {
+            const float *pr = mods->p + (i0 + r) * mods->ldp + j0;
+            acc0[r] = VMUL(masked ? VMLOAD(pr, m0) : VLOAD(pr), VSUB(acc0[r], delta0));
+            acc1[r] = VMUL(masked ? VMLOAD(pr + W, m1) : VLOAD(pr + W), VSUB(acc1[r], delta1));
+        }
+    } else if (mods->m.cap > 0.0f) {
         const VEC factor = VSET1(mods->factor);
         for (int r = 0; r < mr; ++r) {
             VEC num0, den0, num1, den1;
@@ -162,7 +174,7 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
         ap += csa;
         bp += ldb;
     }
-    if (mods) KNAME(modify_tile)(acc0, acc1, mr, mods, i0, j0); /* gemm_scores */
+    if (mods) KNAME(modify_tile)(acc0, acc1, mr, mods, i0, j0, masked, m0, m1); /* gemm_scores, gemm_ds */
     if (col_max) { /* gemm_max: the tile's column max merged into col_max[0, 2W) */
         VEC max0 = masked ? VMLOAD(col_max, m0) : VLOAD(col_max), max1 = masked ? VMLOAD(col_max + W, m1) : VLOAD(col_max + W);
         for (int r = 0; r < mr; ++r) {
@@ -272,7 +284,7 @@ FA_INLINE void KNAME(gemm_any)(int64_t m, int64_t n, int64_t k, const float *a, 
     /* Long k (P V and dS K, k = Bc): blocks of GEMM_KC, so that each block's B panel is reused
      * from L1 by every row tile; C takes the blocks' sums in turn (p still in increasing order,
      * the blocking depends on k only). */
-    if (k > GEMM_KC && !col_max) {
+    if (k > GEMM_KC && !col_max && !mods) {
         for (int64_t p0 = 0; p0 < k; p0 += GEMM_KC)
             KNAME(panels)(m, n, k - p0 < GEMM_KC ? k - p0 : GEMM_KC, a + p0 * csa, rsa, csa, b + p0 * ldb, ldb, c, ldc,
                           p0 ? NULL : row_scale, p0 ? 1 : accumulate, NULL, NULL);
@@ -298,9 +310,18 @@ static void KNAME(gemm_scores)(int64_t m, int64_t n, int64_t k, const float *a, 
                                const float *b, int64_t ldb, float *c, int64_t ldc, const fa_cpu_score_mods *mods,
                                float *col_max)
 {
-    const KNAME(scores) local = {*mods, mods->cap > 0.0f ? mods->scale / mods->cap : 0.0f,
-                                 KNAME(tanh_den_for)(mods->cap > 0.0f ? mods->cap : 1.0f)};
+    const KNAME(scores) local = {.m = *mods, .factor = mods->cap > 0.0f ? mods->scale / mods->cap : 0.0f,
+                                 .den = KNAME(tanh_den_for)(mods->cap > 0.0f ? mods->cap : 1.0f)};
     KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0, col_max, &local);
+}
+
+/* The backward's dP^T product with the pass dS = P o (dP - D) in its epilogue (kernels.h): the same
+ * bits as gemm followed by that loop. */
+static void KNAME(gemm_ds)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                           int64_t ldb, float *c, int64_t ldc, const float *p, int64_t ldp, const float *delta)
+{
+    const KNAME(scores) local = {.epilogue = KNAME(epilogue_ds), .p = p, .ldp = ldp, .delta = delta};
+    KNAME(gemm_any)(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0, NULL, &local);
 }
 
 /* One block of C = A B^T: C[mi x nj], each element's products in the lanes of its own vector
@@ -875,5 +896,5 @@ static double KNAME(fma_chains)(int64_t iterations, float *sink)
 #define FA_VECTOR_KERNEL_FIELDS(name)                                                                     \
         .isa = name, .gemm = KNAME(gemm), .col_max = KNAME(col_max), .exp_cols = KNAME(exp_cols), .softcap_cols = KNAME(softcap_cols), .alibi_cols = KNAME(alibi_cols), .bias_cols = KNAME(bias_cols), .transpose = KNAME(transpose),          \
         .f16_to_f32 = KNAME(f16_to_f32), .bf16_to_f32 = KNAME(bf16_to_f32), .f32_to_f16 = KNAME(f32_to_f16), \
-        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .gemm_scores = KNAME(gemm_scores), .fma_chains = KNAME(fma_chains), \
+        .gemm_nt = KNAME(gemm_nt), .gemm_max = KNAME(gemm_max), .gemm_scores = KNAME(gemm_scores), .gemm_ds = KNAME(gemm_ds), .fma_chains = KNAME(fma_chains), \
         .decode_scores = KNAME(decode_scores), .decode_values = KNAME(decode_values), .mr = MR, .nr = 2 * W, .tile_step = 16

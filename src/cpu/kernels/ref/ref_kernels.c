@@ -136,6 +136,15 @@ static void ref_gemm_scores(int64_t m, int64_t n, int64_t k, const float *a, int
     ref_col_max(c, ldc, m, n, col_max);
 }
 
+/* The pass itself after the product (the vector kernels run it in gemm's registers). */
+static void ref_gemm_ds(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
+                        int64_t ldb, float *c, int64_t ldc, const float *p, int64_t ldp, const float *delta)
+{
+    ref_gemm(m, n, k, a, rsa, csa, b, ldb, c, ldc, NULL, 0);
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = p[i * ldp + j] * (c[i * ldc + j] - delta[j]);
+}
+
 /* vdpbf16ps' inputs: a subnormal reads as a signed zero (DAZ). */
 static float bf16_dot_daz(float x) { return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x; }
 
@@ -255,6 +264,7 @@ const fa_cpu_kernels fa_cpu_kernels_ref = {
     .gemm_nt = ref_gemm_nt,
     .gemm_max = ref_gemm_max,
     .gemm_scores = ref_gemm_scores,
+    .gemm_ds = ref_gemm_ds,
     .fma_chains = ref_fma_chains,
     .decode_scores = ref_decode_scores,
     .decode_values = ref_decode_values,
