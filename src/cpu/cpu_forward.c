@@ -158,10 +158,7 @@ static int partial_scores(const forward_task_ctx *c, forward_scratch *w, const q
     const fa_cpu_kernels *kern = c->kern;
     const int64_t d = p->head_dim, ld = c->ld;
     int64_t all_lo = key0, all_hi = key0 + keys; /* the keys every row sees */
-    for (int64_t r = 0; r < count; ++r) {
-        if (rows->range[r].lo > all_lo) all_lo = rows->range[r].lo;
-        if (rows->range[r].hi < all_hi) all_hi = rows->range[r].hi;
-    }
+    fa_cpu_rows_shared_keys(rows, &all_lo, &all_hi);
     if (all_hi - all_lo < kern->mr) return 0;
     const float *qt = t->qt + r0;
     kern->gemm_max(all_hi - all_lo, count, d, k + (all_lo - key0) * c->ldk, c->ldk, 1, qt, ld, w->st + (all_lo - key0) * ld,

@@ -180,10 +180,7 @@ void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0,
     } else if (!p->block_mask) {
         all_lo = INT64_MIN;
         all_hi = INT64_MAX;
-        for (int64_t r = 0; r < rows->count; ++r) {
-            if (rows->range[r].lo > all_lo) all_lo = rows->range[r].lo;
-            if (rows->range[r].hi < all_hi) all_hi = rows->range[r].hi;
-        }
+        fa_cpu_rows_shared_keys(rows, &all_lo, &all_hi);
     }
     if (p->block_mask && vis != FA_TILE_FULL) { /* every element tested */
         for (int64_t c = 0; c < cols; ++c) {

@@ -62,6 +62,17 @@ typedef struct fa_cpu_rows {
 void fa_cpu_rows_init(const fa_problem *p, int64_t b, int64_t i0, int64_t count, fa_key_range *storage,
                       fa_cpu_rows *rows);
 
+/* The keys every row of `rows` sees (a block mask aside): the intersection [*lo, *hi) of their
+ * ranges, within [*lo, *hi) as given (empty when *hi <= *lo). On a causal or window diagonal it
+ * is all of a tile but a band of about rows->count keys. */
+static inline void fa_cpu_rows_shared_keys(const fa_cpu_rows *rows, int64_t *lo, int64_t *hi)
+{
+    for (int64_t r = 0; r < rows->count; ++r) {
+        if (rows->range[r].lo > *lo) *lo = rows->range[r].lo;
+        if (rows->range[r].hi < *hi) *hi = rows->range[r].hi;
+    }
+}
+
 typedef enum fa_tile_visibility { FA_TILE_EMPTY, FA_TILE_PARTIAL, FA_TILE_FULL } fa_tile_visibility;
 
 /* Whether any (FULL: every) element of rows x keys [j0, j0 + cols) is visible, block mask included. */

@@ -1,4 +1,5 @@
 /* Runtime kernel selection: newest ISA the CPU supports, or the one FLASHATTN_CPU_ISA forces. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,7 @@ static int cpu_has_avx512(void)
     if (!cpu_has_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     return (b & bit_AVX512F) != 0 && (os_saved_states() & XCR0_AVX512) == XCR0_AVX512;
 }
+#ifdef FA_HAVE_AVX512BF16
 /* vdpbf16ps: cpuid leaf 7 subleaf 1, EAX bit 5 (AVX512_BF16). */
 static int cpu_has_avx512_bf16(void)
 {
@@ -53,10 +55,10 @@ static int cpu_has_avx512_bf16(void)
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
     return (a & (1u << 5)) != 0;
 }
+#endif
 #else
 static int cpu_has_avx2(void) { return 0; }
 static int cpu_has_avx512(void) { return 0; }
-static int cpu_has_avx512_bf16(void) { return 0; }
 #endif
 
 #if defined(FA_HAVE_AVX512) && defined(FA_HAVE_AVX512BF16)
@@ -90,7 +92,18 @@ static int bf16_kernel_matches_twin(void)
     return edge[0] == 0.0f && edge[1] == 0x1p-126f;
 }
 
-static int bf16_kernel_usable(void) { return cpu_has_avx512_bf16() && bf16_kernel_matches_twin(); }
+/* Probed once per process: every context creation and checkasm's lookups by name select kernels.
+ * The probe's answer never changes, so threads racing to the first selection at worst run it twice. */
+static int bf16_kernel_usable(void)
+{
+    static atomic_int answer; /* 0 not probed yet, 1 usable, 2 not */
+    int known = atomic_load_explicit(&answer, memory_order_relaxed);
+    if (!known) {
+        known = cpu_has_avx512_bf16() && bf16_kernel_matches_twin() ? 1 : 2;
+        atomic_store_explicit(&answer, known, memory_order_relaxed);
+    }
+    return known == 1;
+}
 #endif
 
 /* Newest first, the reference last. Every ISA name is listed on every target so that forcing one
@@ -99,9 +112,9 @@ static const isa_entry isas[] = {
 #if defined(FA_HAVE_AVX512) && defined(FA_HAVE_AVX512BF16)
     {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, &fa_cpu_kernels_avx512_bf16, bf16_kernel_usable},
 #elif defined(FA_HAVE_AVX512)
-    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, NULL, cpu_has_avx512_bf16},
+    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, NULL, NULL},
 #else
-    {"avx512", NULL, cpu_has_avx512, NULL, cpu_has_avx512_bf16},
+    {"avx512", NULL, cpu_has_avx512, NULL, NULL},
 #endif
 #ifdef FA_HAVE_AVX2
     {"avx2", &fa_cpu_kernels_avx2, cpu_has_avx2, NULL, NULL},
