@@ -5,11 +5,13 @@
  * its extra time against (bias bytes) / (the read bandwidth of a sum over the same f32 bias
  * array on the same threads, timed in the same rounds), for f32, f16 and bf16 biases.
  *   fa-bench-modifiers [--n 2048] [--d 64] [--heads 8] [--rounds 5] [--threads 2] [--clock wall|cpu]
- *                      [--only VARIANT]
+ *                      [--only VARIANT] [--backward]
  * --clock cpu: process CPU time / threads instead of wall time (a loaded machine: use --threads 1).
  * --only runs one variant (its name as printed, e.g. softcap) and prints nothing: for counting its
  * cycles under `perf stat -e cycles:u` (two round counts' difference: that many forwards), which a
- * loaded machine disturbs less than the wall clock. */
+ * loaded machine disturbs less than the wall clock. --backward times each forward with the
+ * backward after it (fa_backward_ex, with dbias in the bias's dtype for the bias variants): the
+ * cost of the modifiers on training, fwd+bwd against plain fwd+bwd. */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +52,14 @@ static double array_sum(const float *x, size_t n, int threads)
 int main(int argc, char **argv)
 {
     int64_t n = 2048, d = 64, heads = 8;
-    int rounds = 5, threads = 2, only = -1;
+    int rounds = 5, threads = 2, only = -1, backward = 0;
+    for (int i = 1; i < argc; ++i)
+        if (!strcmp(argv[i], "--backward")) { /* a flag: taken out of the option pairs */
+            backward = 1;
+            for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+            --argc;
+            break;
+        }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--n")) n = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--d")) d = atoll(argv[i + 1]);
@@ -101,6 +110,16 @@ int main(int argc, char **argv)
     to.data = o;
     fa_bias fb = {bias, FA_DTYPE_F32, 0, n * n, n}, fb16 = {bias_f16, FA_DTYPE_F16, 0, n * n, n};
     fa_bias fbf16 = {bias_bf16, FA_DTYPE_BF16, 0, n * n, n};
+    float *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    void *dbias32 = NULL, *dbias16 = NULL;
+    if (backward) {
+        dout = malloc(elems * 4), dq = malloc(elems * 4), dk = malloc(elems * 4), dv = malloc(elems * 4);
+        dbias32 = malloc(bias_elems * 4), dbias16 = malloc(bias_elems * 2);
+        if (!dout || !dq || !dk || !dv || !dbias32 || !dbias16) return 1;
+        for (size_t i = 0; i < elems; ++i) dout[i] = (float)((i * 41) % 83) / 41.0f - 1.0f;
+    }
+    fa_tensor tdo = tq, tdq = tq, tdk = tq, tdv = tq;
+    tdo.data = dout, tdq.data = dq, tdk.data = dk, tdv.data = dv;
     volatile double sink = 0.0;
     double *times = calloc((size_t)(VARIANTS * rounds), sizeof *times);
     for (int r = 0; r < rounds + 1; ++r) /* round 0 warms up */
@@ -120,12 +139,24 @@ int main(int argc, char **argv)
             else if (fa_forward(ctx, &desc, &tq, &tk, &tv, &to, lse)) {
                 fprintf(stderr, "%s\n", fa_last_error());
                 return 1;
+            } else if (backward) {
+                fa_bias db = {0};
+                if (desc.bias) {
+                    db = *desc.bias;
+                    db.data = desc.bias->dtype == FA_DTYPE_F32 ? dbias32 : dbias16;
+                }
+                if (fa_backward_ex(ctx, &desc, &tq, &tk, &tv, &to, &tdo, lse, &tdq, &tdk, &tdv, NULL,
+                                   desc.bias ? &db : NULL)) {
+                    fprintf(stderr, "%s\n", fa_last_error());
+                    return 1;
+                }
             }
             if (r) times[x * rounds + r - 1] = bench_seconds() - t0;
         }
     if (only >= 0) return 0;
-    printf("# CPU forward, N = %lld, d = %lld, heads = %lld, batch 1, f32, %d threads, median of %d rounds, %s\n",
-           (long long)n, (long long)d, (long long)heads, threads, rounds,
+    printf("# CPU %s, N = %lld, d = %lld, heads = %lld, batch 1, f32, %d threads, median of %d rounds, %s\n",
+           backward ? "forward + backward (dbias for the bias)" : "forward", (long long)n, (long long)d,
+           (long long)heads, threads, rounds,
            bench_use_cpu_clock ? "process CPU time / threads" : "wall clock");
     printf("# %s\n", fa_context_info(ctx));
     printf("%-22s %10s %10s\n", "variant", "ms", "x plain");
@@ -134,6 +165,10 @@ int main(int argc, char **argv)
         qsort(times + x * rounds, (size_t)rounds, sizeof *times, cmp);
         median[x] = times[x * rounds + rounds / 2];
         printf("%-22s %10.2f %10.3f\n", names[x], 1e3 * median[x], median[x] / median[PLAIN]);
+    }
+    if (backward) { /* the read rates below are the forward's */
+        fa_context_destroy(ctx);
+        return 0;
     }
     /* The bias's extra time against reading its bytes at the array sum's rate: >= 1 is at (or,
      * overlapped with the arithmetic, beyond) full memory speed. */

@@ -29,6 +29,8 @@
                                                   _mm512_set1_epi32(0x7fffffff), 0xe4)) /* c ? m : s, bitwise */
 #define VSELECT_GE(a, b, y, n) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GE_OQ), n, y)
 #define VSELECT_EQ(a, b, y, n) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ), n, y)
+/* a where a == b, else x + y: VSELECT_EQ(a, b, a, VADD(x, y)) in one masked addition */
+#define VADD_UNLESS_EQ(a, b, x, y) _mm512_mask_add_ps(a, _mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ), x, y)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VMAX(a, b) _mm512_max_ps(a, b)
 #define VMIN(a, b) _mm512_min_ps(a, b)
@@ -108,8 +110,11 @@ static inline __attribute__((always_inline)) void avx512_load_transposed16(const
     }
 }
 
-/* 8 keys of 16 bias rows: f32, two 8 x 8 blocks in ymm registers, their halves joined per key;
- * f16/bf16 transposed before they are widened. */
+/* 8 keys of 16 bias rows. f32: rows l and l + 8 side by side in one zmm (l < 8), the 8 x 8
+ * transposition's in-lane steps on both halves at once, its 128-bit lane step as one two-source
+ * permute per key: 32 zmm operations, no spill (two 8 x 8 ymm transpositions joined by inserts
+ * spilled: 10.9 ms of a 13.7 ms bias pass was this, not memory; bench/results). f16/bf16
+ * transposed before they are widened. */
 static inline __attribute__((always_inline)) void avx512_load_transposed(const void *const *row, int64_t i, const int dt,
                                                                          __m512 *t)
 {
@@ -117,11 +122,30 @@ static inline __attribute__((always_inline)) void avx512_load_transposed(const v
         avx512_load_transposed16(row, i, dt, t);
         return;
     }
-    __m256 lo[8], hi[8];
-    fa_avx_load_transposed8(row, i, dt, lo);
-    fa_avx_load_transposed8(row + 8, i, dt, hi);
-    for (int c = 0; c < 8; ++c)
-        t[c] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo[c])), _mm256_castps_pd(hi[c]), 1));
+    __m512 z[8], u[8], s[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) {
+        const __m256 lo = _mm256_loadu_ps((const float *)row[l] + i), hi = _mm256_loadu_ps((const float *)row[l + 8] + i);
+        z[l] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+    }
+    for (int l = 0; l < 8; l += 2) {
+        u[l] = _mm512_unpacklo_ps(z[l], z[l + 1]);
+        u[l + 1] = _mm512_unpackhi_ps(z[l], z[l + 1]);
+    }
+    for (int l = 0; l < 8; l += 4) {
+        s[l] = _mm512_shuffle_ps(u[l], u[l + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[l + 1] = _mm512_shuffle_ps(u[l], u[l + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[l + 2] = _mm512_shuffle_ps(u[l + 1], u[l + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[l + 3] = _mm512_shuffle_ps(u[l + 1], u[l + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    /* key c: lanes 0-3 of s[c] and s[c + 4] (rows 0-7), then lanes 8-11 of each (rows 8-15); key
+     * c + 4 the lanes 4 higher */
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+    const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(4));
+    for (int c = 0; c < 4; ++c) {
+        t[c] = _mm512_permutex2var_ps(s[c], first, s[c + 4]);
+        t[c + 4] = _mm512_permutex2var_ps(s[c], second, s[c + 4]);
+    }
 }
 #define VLOAD_TRANSPOSED(row, i, dt, t) avx512_load_transposed(row, i, dt, t)
 #include "../vector_kernels.h"

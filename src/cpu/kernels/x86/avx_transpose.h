@@ -1,7 +1,8 @@
 /* An 8 x 8 f32 block transposed in ymm registers (unpack, shuffle, 128-bit permute): the
  * transpose kernel's block for the AVX2 and the AVX-512 builds (on CPUs that split 512-bit
- * operations, as Zen 4 does, the 256-bit form is as fast and simpler), and bias_cols' block of 8
- * keys of 8 bias rows, widened on the way in. Pure data movement. */
+ * operations, as Zen 4 does, the 256-bit form is as fast and simpler), and the AVX2 bias_cols'
+ * block of 8 keys of 8 bias rows, widened on the way in (the AVX-512 one transposes 16 rows in zmm
+ * registers: avx512_kernels.c). Pure data movement. */
 #ifndef FA_AVX_TRANSPOSE_H
 #define FA_AVX_TRANSPOSE_H
 #include <immintrin.h>
