@@ -254,6 +254,28 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     fa_cpu_nan_step(&c->nan_tile, p, &rows, key0, keys, t->poison + r0, t->o + r0 * d);
 }
 
+/* K_j, V_j of the task's (b, kv head) for keys [j0, j0 + cols), and their NaN check. With bf16
+ * scores, S^T reads K_j's bf16 rows in place (k_bf16) and nothing reads an f32 K_j, so it is not
+ * widened (that widening only fed the NaN check: 1-2% of a bf16 forward); the check scans the
+ * bf16 rows instead. c->k then points at the idle f32 tile, only so that rows_step's offsets
+ * into it stay defined pointer arithmetic: no path of rows_step reads it when k_bf16 is set. */
+static void key_tile_load(forward_task_ctx *c, const forward_scratch *w, int64_t j0, int64_t cols)
+{
+    const fa_problem *p = c->p;
+    if (w->bf16) {
+        c->k_bf16 = fa_row_ptr(&p->k, c->b, j0, c->hk);
+        c->ldk_bf16 = p->k.stride_seq;
+        c->k = w->k;
+        c->ldk = p->head_dim;
+    } else {
+        c->k = fa_cpu_view_rows(&p->k, c->kern, c->b, j0, c->hk, cols, w->k, &c->ldk);
+    }
+    int64_t ldv;
+    const float *v = fa_cpu_view_rows(&p->v, c->kern, c->b, j0, c->hk, cols, w->v, &ldv);
+    fa_cpu_nan_tile_begin(&c->nan_tile, p, c->b, c->hk, j0, cols, w->bf16 ? NULL : c->k, c->ldk, v, ldv,
+                          w->v_clean);
+}
+
 /* One task: up to `count` (<= the scratch's group) consecutive query tiles of (b, h) from i0.
  * Each key tile K_j, V_j is loaded once for the whole group (the K/V traffic from memory drops
  * by the group size), then every query tile runs one online-softmax step on the keys of K_j it
@@ -283,22 +305,16 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
     for (int64_t j0 = key_lo < key_hi ? key_lo / bc * bc : key_hi; j0 < key_hi; j0 += bc) {
         const int64_t cols = key_hi - j0 < bc ? key_hi - j0 : bc;
         c.j0 = j0;
-        c.k = NULL;
+        int loaded = 0;
         for (int64_t g = 0; g < tiles; ++g) {
             query_tile *t = &w->tiles[g];
             fa_cpu_rows rows;
             int64_t lo;
             const int64_t keys = visible_span(t, 0, t->rows.count, j0, j0 + cols, &rows, &lo);
             if (keys == 0 || fa_cpu_tile_visibility(p, &rows, lo, keys) == FA_TILE_EMPTY) continue;
-            if (!c.k) { /* loaded once, for the first query tile that sees it */
-                int64_t ldv;
-                c.k = fa_cpu_view_rows(&p->k, kern, b, j0, c.hk, cols, w->k, &c.ldk);
-                if (w->bf16) {
-                    c.k_bf16 = fa_row_ptr(&p->k, b, j0, c.hk);
-                    c.ldk_bf16 = p->k.stride_seq;
-                }
-                const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, c.hk, cols, w->v, &ldv);
-                fa_cpu_nan_tile_begin(&c.nan_tile, p, b, c.hk, j0, cols, c.k, c.ldk, v, ldv, w->v_clean);
+            if (!loaded) { /* loaded once, for the first query tile that sees it */
+                loaded = 1;
+                key_tile_load(&c, w, j0, cols);
             }
             rows_step(&c, w, t, 0, t->rows.count, lo, lo + keys);
         }

@@ -30,7 +30,9 @@ typedef struct fa_cpu_nan_tile {
     const float *v_clean; /* V_j with NaN replaced by 0 (stride head_dim); NULL when V_j has none */
 } fa_cpu_nan_tile;
 
-/* Once per key tile of cols keys, K_j at k (stride ldk). Masked probabilities are exactly 0, and
+/* Once per key tile of cols keys, K_j at k (stride ldk), or k NULL where K_j is not widened (the
+ * bf16 scores read its bf16 rows in place): then the tensor's rows are scanned, NaN alike (a
+ * widened NaN is a NaN). Masked probabilities are exactly 0, and
  * 0 * NaN would poison rows that cannot see the key: a V_j holding a NaN is copied without it
  * into buffer (cols x head_dim floats), and fa_cpu_nan_step puts the NaN back where a row sees it. */
 void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_problem *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,

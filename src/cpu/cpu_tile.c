@@ -98,6 +98,19 @@ const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, in
     return scratch;
 }
 
+/* dst[i] = fa_f32_to_bf16(src[i]), bit for bit, without its branch: both results are computed and
+ * one is selected, so the loop vectorises (the scalar loop was 2% of a bf16 forward at N = 1024,
+ * d = 64, out alone, and as much of a forward+backward: perf, Zen 4). */
+static void narrow_bf16(const float *src, uint16_t *dst, int64_t n)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t u = fa_f32_bits(src[i]);
+        const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+        const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+        dst[i] = (uint16_t)(nan ? quiet : rounded);
+    }
+}
+
 void fa_cpu_store_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
                        int64_t rows, const float *src, int64_t ld)
 {
@@ -113,7 +126,7 @@ void fa_cpu_store_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b
             kern->f32_to_f16(in, dst, d);
             break;
         case FA_DTYPE_BF16:
-            for (int64_t c = 0; c < d; ++c) ((uint16_t *)dst)[c] = fa_f32_to_bf16(in[c]);
+            narrow_bf16(in, dst, d);
             break;
         }
     }
