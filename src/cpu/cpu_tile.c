@@ -42,8 +42,8 @@ void fa_cpu_load_transposed(const fa_tensor *t, const fa_cpu_kernels *kern, int6
     const int64_t d = t->head_dim;
     /* f32 rows are transposed in place by the vector kernel (register blocks; the scalar loop
      * it replaces was 3% of a forward at N = 1024, d = 64: perf, Zen 4). f16/bf16 rows are
-     * widened by the vector kernels into a small block first, then transposed from it (this
-     * runs once per tile pair in the backward). */
+     * widened by the vector kernels into a small block first, then transposed from it (the
+     * forward's Q_i^T, once per query tile; the backward transposes the rows it has widened). */
     if (t->dtype == FA_DTYPE_F32) {
         if (rows > 0) kern->transpose(fa_row_ptr(t, b, s0, h), t->stride_seq, rows, d, dst, ld);
         return;
