@@ -20,6 +20,10 @@
 /* A query tile's rows from its packed Q^T (qt[c * ld + r], head_dim columns): poison[r] = 1 where
  * row r sees a key and its q row holds a NaN, else 0. */
 void fa_cpu_nan_rows_begin(const fa_cpu_rows *rows, const float *qt, int64_t ld, int64_t head_dim, float *poison);
+/* The same from a Q^T packed as bf16 pairs only (fa_cpu_load_bf16_pairs' layout, ceil(head_dim / 2)
+ * words per row): a bf16 NaN in either half. */
+void fa_cpu_nan_rows_begin_bf16_pairs(const fa_cpu_rows *rows, const uint32_t *pairs, int64_t ld, int64_t head_dim,
+                                      float *poison);
 
 /* One loaded key tile of (b, kv head hk): keys j0.., its V_j rows at v (stride ldv). */
 typedef struct fa_cpu_nan_tile {

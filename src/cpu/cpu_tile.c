@@ -70,6 +70,21 @@ void fa_cpu_pack_bf16_pairs(const float *qt, int64_t ld, int64_t rows, int64_t h
     }
 }
 
+int fa_cpu_load_bf16_pairs(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
+                           int64_t rows, uint32_t *pairs, int64_t ld)
+{
+    const int64_t d = t->head_dim, words = d / 2;
+    const uint16_t *first = fa_row_ptr(t, b, s0, h);
+    if (t->dtype != FA_DTYPE_BF16 || (uintptr_t)first % sizeof(uint32_t) != 0 || (rows > 1 && t->stride_seq % 2 != 0))
+        return 0;
+    /* 32-bit words moved as floats: the transpose is data movement only (kernels.h), NaN patterns included */
+    if (words > 0 && rows > 0) kern->transpose((const float *)(const void *)first, t->stride_seq / 2, rows, words,
+                                               (float *)(void *)pairs, ld);
+    if (d % 2 != 0)
+        for (int64_t r = 0; r < rows; ++r) pairs[words * ld + r] = ((const uint16_t *)fa_row_ptr(t, b, s0 + r, h))[d - 1];
+    return 1;
+}
+
 const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
                               int64_t rows, float *scratch, int64_t *ld)
 {

@@ -63,6 +63,14 @@ static inline int64_t fa_cpu_bf16_pairs_words(int64_t head_dim, int64_t ld) { re
  * for c + 1 = head_dim), c even, r < rows: a Q^T widened from bf16 (exact, so its top halves are
  * the input's bits) repacked for gemm_max_bf16, no rounding. */
 void fa_cpu_pack_bf16_pairs(const float *qt, int64_t ld, int64_t rows, int64_t head_dim, uint32_t *pairs);
+/* The same pairs straight from a bf16 tensor's rows s0 .. s0 + rows of (b, h), without the f32
+ * Q^T: the word at element c (even) of a row holds elements c (low half) and c + 1 (high half),
+ * so the pairs are the rows' 32-bit words transposed (one kern->transpose, which only moves bits;
+ * an odd head_dim's last column is moved alone, its high half 0). Returns 0 (nothing written)
+ * where the rows' words are not 4-byte aligned (an odd address or row stride): then the caller
+ * packs from the widened Q^T. */
+int fa_cpu_load_bf16_pairs(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
+                           int64_t rows, uint32_t *pairs, int64_t ld);
 
 /* Per query row of a tile: the visible key range (causal, window, padding). */
 typedef struct fa_cpu_rows {
