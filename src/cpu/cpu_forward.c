@@ -4,8 +4,9 @@
  * held transposed (S^T[key][query], see kernels/kernels.h) so the per-query statistics are vector
  * lanes; the rescale of O by exp(m_old - m_new) is folded into the P V update, and O is
  * normalised once at the end (the deferred division of FlashAttention-2, exact in arithmetic).
- * f32 K and V are read in place; f16/bf16 tiles are widened once per tile; Q^T is packed once per
- * task and reused against every key tile. Extra memory: one set of tiles per thread. */
+ * Contiguous f32 K and V are read in place (strided ones copied), f16/bf16 tiles widened once per
+ * tile, except K under bf16 scores (read in place as bf16); Q^T is packed once per task and reused
+ * against every key tile. Extra memory: one set of tiles per thread. */
 #include <math.h>
 #include <string.h>
 
