@@ -86,8 +86,9 @@ static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t
     for (int64_t r = 0; r < rows_n; ++r) t->poison[r] = 0.0f;
     if (t->rows.key_hi <= t->rows.key_lo) return; /* no row sees a key: Q_i is never read */
     /* bf16 scores read only the pairs (rows_step takes t->qt on the f32 paths alone): they come
-     * straight from the bf16 rows, with no f32 Q^T (widening, transposing and packing it was
-     * 1.5% of a bf16 forward at N = 1024, d = 64: perf, Zen 4). */
+     * straight from the bf16 rows, with no f32 Q^T (widening, transposing, packing and checking
+     * it: 2.5% of a bf16 forward at N = 1024, d = 64; the words' transpose and check: 1.5%; perf,
+     * Zen 4). */
     if (t->qt_pairs && fa_cpu_load_bf16_pairs(&p->q, f->kern, b, i0, h, rows_n, t->qt_pairs, f->ld)) {
         fa_cpu_nan_rows_begin_bf16_pairs(&t->rows, t->qt_pairs, f->ld, p->head_dim, t->poison);
         return;
@@ -264,8 +265,9 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
 
 /* K_j, V_j of the task's (b, kv head) for keys [j0, j0 + cols), and their NaN check. With bf16
  * scores, S^T reads K_j's bf16 rows in place (k_bf16) and nothing reads an f32 K_j, so it is not
- * widened (that widening only fed the NaN check: 1-2% of a bf16 forward); the check scans the
- * bf16 rows instead. c->k then points at the idle f32 tile, only so that rows_step's offsets
+ * widened (that widening only fed the NaN check); the check scans the bf16 rows instead, which
+ * now takes the cache misses the widening took (perf: about even at N = 1024, d = 64; 1-2% saved
+ * at N = 512, d = 128). c->k then points at the idle f32 tile, only so that rows_step's offsets
  * into it stay defined pointer arithmetic: no path of rows_step reads it when k_bf16 is set. */
 static void key_tile_load(forward_task_ctx *c, const forward_scratch *w, int64_t j0, int64_t cols)
 {
