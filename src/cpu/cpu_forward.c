@@ -266,8 +266,8 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
 /* K_j, V_j of the task's (b, kv head) for keys [j0, j0 + cols), and their NaN check. With bf16
  * scores, S^T reads K_j's bf16 rows in place (k_bf16) and nothing reads an f32 K_j, so it is not
  * widened (that widening only fed the NaN check); the check scans the bf16 rows instead, which
- * now takes the cache misses the widening took (perf: about even at N = 1024, d = 64; 1-2% saved
- * at N = 512, d = 128). c->k then points at the idle f32 tile, only so that rows_step's offsets
+ * now takes the cache misses the widening took (perf: about even at N = 1024, d = 64, only the f32
+ * writes saved). c->k then points at the idle f32 tile, only so that rows_step's offsets
  * into it stay defined pointer arithmetic: no path of rows_step reads it when k_bf16 is set. */
 static void key_tile_load(forward_task_ctx *c, const forward_scratch *w, int64_t j0, int64_t cols)
 {
