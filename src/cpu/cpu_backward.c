@@ -107,9 +107,16 @@ static void load_query_side(const backward_ctx *c, int64_t b, int64_t h, const f
     const int64_t base = (b * p->heads_q + h) * p->seqlen_q + rows->i0, lse_base = fa_lse_index(p, b, h, rows->i0);
     w->q_rows = fa_cpu_view_rows(&p->q, c->kern, b, rows->i0, h, rows->count, w->q, &w->ldq);
     w->dout_rows = fa_cpu_view_rows(&p->dout, c->kern, b, rows->i0, h, rows->count, w->dout, &w->lddo);
-    fa_cpu_load_transposed(&p->q, c->kern, b, rows->i0, h, rows->count, w->qt, c->ld);
-    if (w->qt_pairs) fa_cpu_pack_bf16_pairs(w->qt, c->ld, rows->count, p->head_dim, w->qt_pairs);
-    fa_cpu_load_transposed(&p->dout, c->kern, b, rows->i0, h, rows->count, w->dout_t, c->ld);
+    /* Transposed from those f32 rows, not from the tensors: f16/bf16 rows are widened once, not
+     * twice, and strided f32 rows are read from the contiguous copy just made (the same bits:
+     * a transpose only moves them). */
+    if (!w->qt_pairs) { /* bf16 scores read only the pairs (tile_gradients), from the bf16 rows if they can */
+        c->kern->transpose(w->q_rows, w->ldq, rows->count, p->head_dim, w->qt, c->ld);
+    } else if (!fa_cpu_load_bf16_pairs(&p->q, c->kern, b, rows->i0, h, rows->count, w->qt_pairs, c->ld)) {
+        c->kern->transpose(w->q_rows, w->ldq, rows->count, p->head_dim, w->qt, c->ld);
+        fa_cpu_pack_bf16_pairs(w->qt, c->ld, rows->count, p->head_dim, w->qt_pairs);
+    }
+    c->kern->transpose(w->dout_rows, w->lddo, rows->count, p->head_dim, w->dout_t, c->ld);
     for (int64_t r = 0; r < rows->count; ++r) {
         w->shift[r] = p->lse[lse_base + r] == -INFINITY ? INFINITY : p->lse[lse_base + r];
         w->delta[r] = c->delta[base + r];

@@ -4,8 +4,9 @@
  * held transposed (S^T[key][query], see kernels/kernels.h) so the per-query statistics are vector
  * lanes; the rescale of O by exp(m_old - m_new) is folded into the P V update, and O is
  * normalised once at the end (the deferred division of FlashAttention-2, exact in arithmetic).
- * f32 K and V are read in place; f16/bf16 tiles are widened once per tile; Q^T is packed once per
- * task and reused against every key tile. Extra memory: one set of tiles per thread. */
+ * Contiguous f32 K and V are read in place (strided ones copied), f16/bf16 tiles widened once per
+ * tile, except K under bf16 scores (read in place as bf16); Q^T is packed once per task and reused
+ * against every key tile. Extra memory: one set of tiles per thread. */
 #include <math.h>
 #include <string.h>
 
@@ -84,6 +85,14 @@ static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t
     memset(t->o, 0, (size_t)(rows_n * p->head_dim) * sizeof(float));
     for (int64_t r = 0; r < rows_n; ++r) t->poison[r] = 0.0f;
     if (t->rows.key_hi <= t->rows.key_lo) return; /* no row sees a key: Q_i is never read */
+    /* bf16 scores read only the pairs (rows_step takes t->qt on the f32 paths alone): they come
+     * straight from the bf16 rows, with no f32 Q^T (widening, transposing, packing and checking
+     * it: 2.5% of a bf16 forward at N = 1024, d = 64; the words' transpose and check: 1.5%; perf,
+     * Zen 4). */
+    if (t->qt_pairs && fa_cpu_load_bf16_pairs(&p->q, f->kern, b, i0, h, rows_n, t->qt_pairs, f->ld)) {
+        fa_cpu_nan_rows_begin_bf16_pairs(&t->rows, t->qt_pairs, f->ld, p->head_dim, t->poison);
+        return;
+    }
     fa_cpu_load_transposed(&p->q, f->kern, b, i0, h, rows_n, t->qt, f->ld);
     fa_cpu_nan_rows_begin(&t->rows, t->qt, f->ld, p->head_dim, t->poison);
     if (t->qt_pairs) fa_cpu_pack_bf16_pairs(t->qt, f->ld, rows_n, p->head_dim, t->qt_pairs);
@@ -251,6 +260,29 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     fa_cpu_nan_step(&c->nan_tile, p, &rows, key0, keys, t->poison + r0, t->o + r0 * d);
 }
 
+/* K_j, V_j of the task's (b, kv head) for keys [j0, j0 + cols), and their NaN check. With bf16
+ * scores, S^T reads K_j's bf16 rows in place (k_bf16) and nothing reads an f32 K_j, so it is not
+ * widened (that widening only fed the NaN check); the check scans the bf16 rows instead, which
+ * now takes the cache misses the widening took (perf: about even at N = 1024, d = 64, only the f32
+ * writes saved). c->k then points at the idle f32 tile, only so that rows_step's offsets
+ * into it stay defined pointer arithmetic: no path of rows_step reads it when k_bf16 is set. */
+static void key_tile_load(forward_task_ctx *c, const forward_scratch *w, int64_t j0, int64_t cols)
+{
+    const fa_problem *p = c->p;
+    if (w->bf16) {
+        c->k_bf16 = fa_row_ptr(&p->k, c->b, j0, c->hk);
+        c->ldk_bf16 = p->k.stride_seq;
+        c->k = w->k;
+        c->ldk = p->head_dim;
+    } else {
+        c->k = fa_cpu_view_rows(&p->k, c->kern, c->b, j0, c->hk, cols, w->k, &c->ldk);
+    }
+    int64_t ldv;
+    const float *v = fa_cpu_view_rows(&p->v, c->kern, c->b, j0, c->hk, cols, w->v, &ldv);
+    fa_cpu_nan_tile_begin(&c->nan_tile, p, c->b, c->hk, j0, cols, w->bf16 ? NULL : c->k, c->ldk, v, ldv,
+                          w->v_clean);
+}
+
 /* One task: up to `count` (<= the scratch's group) consecutive query tiles of (b, h) from i0.
  * Each key tile K_j, V_j is loaded once for the whole group (the K/V traffic from memory drops
  * by the group size), then every query tile runs one online-softmax step on the keys of K_j it
@@ -280,22 +312,16 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
     for (int64_t j0 = key_lo < key_hi ? key_lo / bc * bc : key_hi; j0 < key_hi; j0 += bc) {
         const int64_t cols = key_hi - j0 < bc ? key_hi - j0 : bc;
         c.j0 = j0;
-        c.k = NULL;
+        int loaded = 0;
         for (int64_t g = 0; g < tiles; ++g) {
             query_tile *t = &w->tiles[g];
             fa_cpu_rows rows;
             int64_t lo;
             const int64_t keys = visible_span(t, 0, t->rows.count, j0, j0 + cols, &rows, &lo);
             if (keys == 0 || fa_cpu_tile_visibility(p, &rows, lo, keys) == FA_TILE_EMPTY) continue;
-            if (!c.k) { /* loaded once, for the first query tile that sees it */
-                int64_t ldv;
-                c.k = fa_cpu_view_rows(&p->k, kern, b, j0, c.hk, cols, w->k, &c.ldk);
-                if (w->bf16) {
-                    c.k_bf16 = fa_row_ptr(&p->k, b, j0, c.hk);
-                    c.ldk_bf16 = p->k.stride_seq;
-                }
-                const float *v = fa_cpu_view_rows(&p->v, kern, b, j0, c.hk, cols, w->v, &ldv);
-                fa_cpu_nan_tile_begin(&c.nan_tile, p, b, c.hk, j0, cols, c.k, c.ldk, v, ldv, w->v_clean);
+            if (!loaded) { /* loaded once, for the first query tile that sees it */
+                loaded = 1;
+                key_tile_load(&c, w, j0, cols);
             }
             rows_step(&c, w, t, 0, t->rows.count, lo, lo + keys);
         }

@@ -32,13 +32,31 @@ static int key_visible(const fa_problem *p, fa_key_range range, int64_t i, int64
     return j >= range.lo && j < range.hi && (!bm || bm->mask[(i / bm->block_q) * bm->cols + j / bm->block_k]);
 }
 
+/* poison[r] (a count of NaN found in row r) becomes 1 where row r holds one and sees a key, else 0. */
+static void rows_poisoned(const fa_cpu_rows *rows, float *poison)
+{
+    for (int64_t r = 0; r < rows->count; ++r)
+        poison[r] = poison[r] > 0.0f && rows->range[r].hi > rows->range[r].lo ? 1.0f : 0.0f;
+}
+
 void fa_cpu_nan_rows_begin(const fa_cpu_rows *rows, const float *qt, int64_t ld, int64_t head_dim, float *poison)
 {
     for (int64_t r = 0; r < rows->count; ++r) poison[r] = 0.0f;
     for (int64_t c = 0; c < head_dim; ++c) /* rows in the inner loop: it vectorises */
         for (int64_t r = 0; r < rows->count; ++r) poison[r] += qt[c * ld + r] != qt[c * ld + r] ? 1.0f : 0.0f;
-    for (int64_t r = 0; r < rows->count; ++r)
-        poison[r] = poison[r] > 0.0f && rows->range[r].hi > rows->range[r].lo ? 1.0f : 0.0f;
+    rows_poisoned(rows, poison);
+}
+
+void fa_cpu_nan_rows_begin_bf16_pairs(const fa_cpu_rows *rows, const uint32_t *pairs, int64_t ld, int64_t head_dim,
+                                      float *poison)
+{
+    for (int64_t r = 0; r < rows->count; ++r) poison[r] = 0.0f;
+    for (int64_t c = 0; c < (head_dim + 1) / 2; ++c) /* rows in the inner loop: it vectorises */
+        for (int64_t r = 0; r < rows->count; ++r) {
+            const uint32_t x = pairs[c * ld + r];
+            poison[r] += (x & 0x7fffu) > 0x7f80u || (x >> 16 & 0x7fffu) > 0x7f80u ? 1.0f : 0.0f;
+        }
+    rows_poisoned(rows, poison);
 }
 
 /* dst[t * d + c] = v[t * ldv + c] with NaN replaced by 0. */
@@ -55,7 +73,15 @@ void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_problem *p, int64_t b, i
                            const float *k, int64_t ldk, const float *v, int64_t ldv, float *buffer)
 {
     *t = (fa_cpu_nan_tile){.b = b, .hk = hk, .j0 = j0, .v = v, .ldv = ldv};
-    t->k_nan = tile_has_nan(k, ldk, cols, p->head_dim);
+    if (k) {
+        t->k_nan = tile_has_nan(k, ldk, cols, p->head_dim);
+    } else { /* K_j read in place in its own type: its stored rows, prefetched as fa_cpu_view_rows does */
+        enum { PREFETCH_ROWS = 16 };
+        for (int64_t x = 0; x < cols; ++x) {
+            if (x + PREFETCH_ROWS < cols) fa_cpu_prefetch_rows(&p->k, b, j0 + x + PREFETCH_ROWS, hk, 1);
+            t->k_nan |= row_has_nan(&p->k, b, j0 + x, hk);
+        }
+    }
     if (tile_has_nan(v, ldv, cols, p->head_dim)) {
         copy_without_nan(v, ldv, cols, p->head_dim, buffer);
         t->v_clean = buffer;

@@ -20,6 +20,10 @@
 /* A query tile's rows from its packed Q^T (qt[c * ld + r], head_dim columns): poison[r] = 1 where
  * row r sees a key and its q row holds a NaN, else 0. */
 void fa_cpu_nan_rows_begin(const fa_cpu_rows *rows, const float *qt, int64_t ld, int64_t head_dim, float *poison);
+/* The same from a Q^T packed as bf16 pairs only (fa_cpu_load_bf16_pairs' layout, ceil(head_dim / 2)
+ * words per row): a bf16 NaN in either half. */
+void fa_cpu_nan_rows_begin_bf16_pairs(const fa_cpu_rows *rows, const uint32_t *pairs, int64_t ld, int64_t head_dim,
+                                      float *poison);
 
 /* One loaded key tile of (b, kv head hk): keys j0.., its V_j rows at v (stride ldv). */
 typedef struct fa_cpu_nan_tile {
@@ -30,7 +34,9 @@ typedef struct fa_cpu_nan_tile {
     const float *v_clean; /* V_j with NaN replaced by 0 (stride head_dim); NULL when V_j has none */
 } fa_cpu_nan_tile;
 
-/* Once per key tile of cols keys, K_j at k (stride ldk). Masked probabilities are exactly 0, and
+/* Once per key tile of cols keys, K_j at k (stride ldk), or k NULL where K_j is not widened (the
+ * bf16 scores read its bf16 rows in place): then the tensor's rows are scanned, NaN alike (a
+ * widened NaN is a NaN). Masked probabilities are exactly 0, and
  * 0 * NaN would poison rows that cannot see the key: a V_j holding a NaN is copied without it
  * into buffer (cols x head_dim floats), and fa_cpu_nan_step puts the NaN back where a row sees it. */
 void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_problem *p, int64_t b, int64_t hk, int64_t j0, int64_t cols,

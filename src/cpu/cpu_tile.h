@@ -34,6 +34,18 @@ void fa_cpu_load_transposed(const fa_tensor *t, const fa_cpu_kernels *kern, int6
  * converted into scratch (ld = head_dim). Returns the matrix and sets *ld. */
 const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
                               int64_t rows, float *scratch, int64_t *ld);
+/* Asks for rows s0 .. s0 + rows of (b, h) to be brought into the caches (software prefetch): rows
+ * of interleaved heads lie apart, often a row or two per 4 KiB page, where the hardware
+ * prefetchers stop, and a row read without it waited on memory. */
+static inline void fa_cpu_prefetch_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows)
+{
+    enum { LINE = 64 };
+    const int64_t row_bytes = t->head_dim * (int64_t)fa_dtype_size(t->dtype);
+    for (int64_t r = 0; r < rows; ++r) {
+        const char *row = fa_row_ptr(t, b, s0 + r, h);
+        for (int64_t off = 0; off < row_bytes; off += LINE) __builtin_prefetch(row + off);
+    }
+}
 /* tensor[b, s0 + r, h, c] = src[r * ld + c], converted from f32. */
 void fa_cpu_store_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
                        int64_t rows, const float *src, int64_t ld);
@@ -51,6 +63,14 @@ static inline int64_t fa_cpu_bf16_pairs_words(int64_t head_dim, int64_t ld) { re
  * for c + 1 = head_dim), c even, r < rows: a Q^T widened from bf16 (exact, so its top halves are
  * the input's bits) repacked for gemm_max_bf16, no rounding. */
 void fa_cpu_pack_bf16_pairs(const float *qt, int64_t ld, int64_t rows, int64_t head_dim, uint32_t *pairs);
+/* The same pairs straight from a bf16 tensor's rows s0 .. s0 + rows of (b, h), without the f32
+ * Q^T: the word at element c (even) of a row holds elements c (low half) and c + 1 (high half),
+ * so the pairs are the rows' 32-bit words transposed (one kern->transpose, which only moves bits;
+ * an odd head_dim's last column is moved alone, its high half 0). Returns 0 (nothing written)
+ * where the rows' words are not 4-byte aligned (an odd address or row stride): then the caller
+ * packs from the widened Q^T. */
+int fa_cpu_load_bf16_pairs(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
+                           int64_t rows, uint32_t *pairs, int64_t ld);
 
 /* Per query row of a tile: the visible key range (causal, window, padding). */
 typedef struct fa_cpu_rows {
