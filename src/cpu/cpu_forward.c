@@ -215,7 +215,7 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
             return;
         }
     }
-    const float *k = c->k + (key0 - c->j0) * c->ldk;
+    const float *k = c->k ? c->k + (key0 - c->j0) * c->ldk : NULL; /* NULL: bf16 scores (k_bf16) */
     int64_t ldv;
     const float *v = fa_cpu_nan_values(&c->nan_tile, key0, d, &ldv);
     /* S^T = K Q^T. A fully visible tile with the scale folded into the exponential keeps its raw
@@ -264,16 +264,15 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
  * scores, S^T reads K_j's bf16 rows in place (k_bf16) and nothing reads an f32 K_j, so it is not
  * widened (that widening only fed the NaN check); the check scans the bf16 rows instead, which
  * now takes the cache misses the widening took (perf: about even at N = 1024, d = 64, only the f32
- * writes saved). c->k then points at the idle f32 tile, only so that rows_step's offsets
- * into it stay defined pointer arithmetic: no path of rows_step reads it when k_bf16 is set. */
+ * writes saved). c->k is then NULL: no path of rows_step reads an f32 K_j when k_bf16 is set. */
 static void key_tile_load(forward_task_ctx *c, const forward_scratch *w, int64_t j0, int64_t cols)
 {
     const fa_problem *p = c->p;
     if (w->bf16) {
         c->k_bf16 = fa_row_ptr(&p->k, c->b, j0, c->hk);
         c->ldk_bf16 = p->k.stride_seq;
-        c->k = w->k;
-        c->ldk = p->head_dim;
+        c->k = NULL;
+        c->ldk = 0;
     } else {
         c->k = fa_cpu_view_rows(&p->k, c->kern, c->b, j0, c->hk, cols, w->k, &c->ldk);
     }
