@@ -165,7 +165,7 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
         acc1[r] = VZERO();
     }
 #if GEMM_PREFETCH_C
-    if (accumulate) /* C's rows, read after the k loop, into L1 meanwhile */
+    if (accumulate && !masked) /* C's rows (all 2W columns exist), read after the k loop, into L1 meanwhile */
         for (int r = 0; r < mr; ++r) {
             __builtin_prefetch(c + r * ldc, 1, 3);
             __builtin_prefetch(c + r * ldc + 2 * W - 1, 1, 3);
