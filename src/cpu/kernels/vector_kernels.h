@@ -9,7 +9,8 @@
  *   optionally VEXP_RANGE(x, lo) (the exponential's argument clamp), VEXP_T, VEXP_N and VEXP_SCALE2
  *   (its n = round(x log2 e) and 2^n) and VEXP_ESTRIN (its polynomial's form), see KNAME(exp),
  *   GEMM_KC (k blocking of gemm, see KNAME(gemm_any)) and GEMM_PACK_KMAX (B panels copied, see
- *   KNAME(panels)),
+ *   KNAME(panels)), optionally GEMM_PREFETCH_C (1: an accumulating tile prefetches its C rows when it
+ *   starts) and GEMM_TAIL_4X4 (1: m = MR q + 2 ends with two 4-row tiles, see KNAME(panel)),
  *   VLOAD_F16(p) (W binary16 values widened), VLOAD_BF16(p) (W bfloat16 values widened),
  *   VSTORE_F16(p, v) (W values rounded to binary16, to nearest even, and stored),
  *   VHSUM(v) (the sum of the lanes, in a fixed order), NT_NR (columns of a gemm_nt block:
@@ -149,23 +150,53 @@ FA_INLINE void KNAME(modify_tile)(VEC *acc0, VEC *acc1, const int mr, const KNAM
     }
 }
 
+#ifndef GEMM_KC
+#define GEMM_KC 0 /* no k blocking: one pass over k (see gemm_any) */
+#endif
+
+#ifndef GEMM_PACK_KMAX
+#define GEMM_PACK_KMAX 0 /* no packing of B panels (see panels) */
+#endif
+#if GEMM_PACK_KMAX > 0 /* tile's and panel's pack argument, only where panels are copied */
+#define FA_PACK_PARAM , float *pack
+#define FA_PACK_ARG(x) , x
+#else
+#define FA_PACK_PARAM
+#define FA_PACK_ARG(x)
+#endif
+
 /* One register tile: C[mr x 2W] (+)= A[mr x k] B[k x 2W]; masked: B and C columns limited by m0, m1.
- * mods (gemm_scores; NULL = none): the tile is rows i0.., columns j0.. of C. */
+ * mods (gemm_scores; NULL = none): the tile is rows i0.., columns j0.. of C. pack (NULL = none, never
+ * with masked): each line of B as loaded is also stored to pack[p * 2W, (p + 1) * 2W), the panel
+ * copy of KNAME(panels) made by the panel's first tile. */
 FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b, int64_t ldb,
                            float *c, int64_t ldc, const float *row_scale, int accumulate, const int mr,
                            const int masked, MASK_T m0, MASK_T m1, float *col_max, const KNAME(scores) *mods,
-                           int64_t i0, int64_t j0)
+                           int64_t i0, int64_t j0 FA_PACK_PARAM)
 {
     VEC acc0[MR], acc1[MR];
     for (int r = 0; r < mr; ++r) {
         acc0[r] = VZERO();
         acc1[r] = VZERO();
     }
+#if GEMM_PREFETCH_C
+    if (accumulate && !masked) /* C's rows (all 2W columns exist), read after the k loop, into L1 meanwhile */
+        for (int r = 0; r < mr; ++r) {
+            __builtin_prefetch(c + r * ldc, 1, 3);
+            __builtin_prefetch(c + r * ldc + 2 * W - 1, 1, 3);
+        }
+#endif
     const float *ap = a;
     const float *bp = b;
     for (int64_t p = 0; p < k; ++p) {
         const VEC b0 = masked ? VMLOAD(bp, m0) : VLOAD(bp);
         const VEC b1 = masked ? VMLOAD(bp + W, m1) : VLOAD(bp + W);
+#if GEMM_PACK_KMAX > 0
+        if (pack) {
+            VSTORE(pack + p * 2 * W, b0);
+            VSTORE(pack + p * 2 * W + W, b1);
+        }
+#endif
         for (int r = 0; r < mr; ++r) {
             const VEC av = VSET1(ap[r * rsa]);
             acc0[r] = VFMA(av, b0, acc0[r]);
@@ -211,35 +242,45 @@ FA_INLINE void KNAME(tile)(int64_t k, const float *a, int64_t rsa, int64_t csa, 
 FA_INLINE void KNAME(panel)(int64_t m, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                             int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate,
                             const int masked, MASK_T m0, MASK_T m1, float *col_max, const KNAME(scores) *mods,
-                            int64_t j0)
+                            int64_t j0 FA_PACK_PARAM)
 {
     int64_t i = 0;
 #define FA_TILE_AT(rows)                                                                                        \
     KNAME(tile)(k, a + i * rsa, rsa, csa, b, ldb, c + i * ldc, ldc, row_scale ? row_scale + i : NULL, accumulate, \
-                rows, masked, m0, m1, col_max, mods, i, j0)
+                rows, masked, m0, m1, col_max, mods, i, j0 FA_PACK_ARG(NULL))
+#if GEMM_PACK_KMAX > 0
+    if (pack) { /* the first tile copies B to pack as it reads it; the others read the copy */
+        KNAME(tile)(k, a, rsa, csa, b, ldb, c, ldc, row_scale, accumulate, MR, masked, m0, m1, col_max, mods, 0, j0 FA_PACK_ARG(pack));
+        i = MR;
+        b = pack;
+        ldb = 2 * W;
+    }
+#endif
+#if GEMM_TAIL_4X4
+    /* m = MR q + 2: two tiles of 4 rows instead of a last full tile and one of 2 (its 4 accumulators
+     * leave the FMA pipes half idle), the same products: the same bits. */
+    const int64_t full_end = m % MR == 2 && m >= MR + 2 ? m - (MR + 2) : m;
+    for (; i + MR <= full_end; i += MR) FA_TILE_AT(MR);
+    while (i + 4 <= m) { FA_TILE_AT(4); i += 4; }
+#else
     for (; i + MR <= m; i += MR) FA_TILE_AT(MR);
 #if MR > 8
     if (i + 8 <= m) { FA_TILE_AT(8); i += 8; }
 #endif
     if (i + 4 <= m) { FA_TILE_AT(4); i += 4; }
+#endif
     if (i + 2 <= m) { FA_TILE_AT(2); i += 2; }
     if (i < m) FA_TILE_AT(1);
 #undef FA_TILE_AT
 }
 
-#ifndef GEMM_KC
-#define GEMM_KC 0 /* no k blocking: one pass over k (see gemm_any) */
-#endif
-
-#ifndef GEMM_PACK_KMAX
-#define GEMM_PACK_KMAX 0 /* no packing of B panels (see panels) */
-#endif
-
 /* Column panels outermost: the k x 2W panel of B stays in L1 while A streams past it. col_max:
  * NULL, or gemm_max's output (each tile merges its maximum). With GEMM_PACK_KMAX, a full panel of
  * k <= GEMM_PACK_KMAX rows is first copied to contiguous memory when B's rows are further apart:
  * ldb = 128 floats puts every panel row in the same 8 of L1's 64 sets (8 ways: 64 lines, 4 KiB),
- * so a 128-row panel (8 KiB) did not stay in L1. Same products in the same order: same bits. */
+ * so a 128-row panel (8 KiB) did not stay in L1. The panel's first row tile makes the copy as it
+ * reads B (not a pass of its own before it: the loads from L2 then overlap that tile's FMAs).
+ * Same products in the same order: same bits. */
 FA_INLINE void KNAME(panels)(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa,
                              const float *b, int64_t ldb, float *c, int64_t ldc, const float *row_scale,
                              int accumulate, float *col_max, const KNAME(scores) *mods)
@@ -248,29 +289,15 @@ FA_INLINE void KNAME(panels)(int64_t m, int64_t n, int64_t k, const float *a, in
 #if GEMM_PACK_KMAX > 0
     float packed[GEMM_PACK_KMAX * 2 * W] __attribute__((aligned(64)));
     const int pack = k <= GEMM_PACK_KMAX && ldb > 2 * W && m >= 4 * MR;
-#else
-    const int pack = 0;
-    float *packed = NULL;
 #endif
-    for (; j + 2 * W <= n; j += 2 * W) {
-        const float *bj = b + j;
-        int64_t ldbj = ldb;
-        if (pack) {
-            for (int64_t p = 0; p < k; ++p) {
-                VSTORE(packed + p * 2 * W, VLOAD(bj + p * ldb));
-                VSTORE(packed + p * 2 * W + W, VLOAD(bj + p * ldb + W));
-            }
-            bj = packed;
-            ldbj = 2 * W;
-        }
-        KNAME(panel)(m, k, a, rsa, csa, bj, ldbj, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W),
-                     col_max ? col_max + j : NULL, mods, j);
-    }
+    for (; j + 2 * W <= n; j += 2 * W)
+        KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 0, VMASK(W), VMASK(W),
+                     col_max ? col_max + j : NULL, mods, j FA_PACK_ARG(pack ? packed : NULL));
     if (j < n) {
         const int64_t left = n - j;
         KNAME(panel)(m, k, a, rsa, csa, b + j, ldb, c + j, ldc, row_scale, accumulate, 1,
                      VMASK(left < W ? left : W), VMASK(left > W ? left - W : 0), col_max ? col_max + j : NULL,
-                     mods, j);
+                     mods, j FA_PACK_ARG(NULL));
     }
 }
 

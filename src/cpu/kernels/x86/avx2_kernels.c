@@ -74,6 +74,12 @@ static inline __m256 avx2_transpose_sum(const __m256 *a)
  * 256 keep the B panel in L1: 0.81-0.85 (checkasm --bench, 3 interleaved rounds, load 13). */
 #define GEMM_KC 256
 #define GEMM_PACK_KMAX 256
+/* O = alpha O + P V with m = Br = 128 = 21 x 6 + 2: the 2-row tile ran its 4 accumulators at half
+ * the FMA rate (2 of 128 rows, ~1.5% of the product); two 4-row tiles instead. And O's rows, which
+ * the forward last touched 7 query tiles ago (L3), are prefetched when a tile starts: P V with
+ * O cold 163 -> 159 us, with everything hot unchanged (128 x 512, d = 128, best of 60). */
+#define GEMM_TAIL_4X4 1
+#define GEMM_PREFETCH_C 1
 
 static inline float avx2_hsum(__m256 v)
 {
