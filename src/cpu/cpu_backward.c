@@ -110,11 +110,10 @@ static void load_query_side(const backward_ctx *c, int64_t b, int64_t h, const f
     /* Transposed from those f32 rows, not from the tensors: f16/bf16 rows are widened once, not
      * twice, and strided f32 rows are read from the contiguous copy just made (the same bits:
      * a transpose only moves them). */
-    if (!w->qt_pairs) { /* bf16 scores read only the pairs (tile_gradients), from the bf16 rows if they can */
+    /* bf16 scores read only the pairs (tile_gradients): from the bf16 rows where they can */
+    if (!w->qt_pairs || !fa_cpu_load_bf16_pairs(&p->q, c->kern, b, rows->i0, h, rows->count, w->qt_pairs, c->ld)) {
         c->kern->transpose(w->q_rows, w->ldq, rows->count, p->head_dim, w->qt, c->ld);
-    } else if (!fa_cpu_load_bf16_pairs(&p->q, c->kern, b, rows->i0, h, rows->count, w->qt_pairs, c->ld)) {
-        c->kern->transpose(w->q_rows, w->ldq, rows->count, p->head_dim, w->qt, c->ld);
-        fa_cpu_pack_bf16_pairs(w->qt, c->ld, rows->count, p->head_dim, w->qt_pairs);
+        if (w->qt_pairs) fa_cpu_pack_bf16_pairs(w->qt, c->ld, rows->count, p->head_dim, w->qt_pairs);
     }
     c->kern->transpose(w->dout_rows, w->lddo, rows->count, p->head_dim, w->dout_t, c->ld);
     for (int64_t r = 0; r < rows->count; ++r) {

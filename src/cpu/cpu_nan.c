@@ -76,9 +76,8 @@ void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_problem *p, int64_t b, i
     if (k) {
         t->k_nan = tile_has_nan(k, ldk, cols, p->head_dim);
     } else { /* K_j read in place in its own type: its stored rows, prefetched as fa_cpu_view_rows does */
-        enum { PREFETCH_ROWS = 16 };
         for (int64_t x = 0; x < cols; ++x) {
-            if (x + PREFETCH_ROWS < cols) fa_cpu_prefetch_rows(&p->k, b, j0 + x + PREFETCH_ROWS, hk, 1);
+            fa_cpu_prefetch_ahead(&p->k, b, j0, hk, x, cols);
             t->k_nan |= row_has_nan(&p->k, b, j0 + x, hk);
         }
     }

@@ -34,17 +34,19 @@ void fa_cpu_load_transposed(const fa_tensor *t, const fa_cpu_kernels *kern, int6
  * converted into scratch (ld = head_dim). Returns the matrix and sets *ld. */
 const float *fa_cpu_view_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
                               int64_t rows, float *scratch, int64_t *ld);
-/* Asks for rows s0 .. s0 + rows of (b, h) to be brought into the caches (software prefetch): rows
- * of interleaved heads lie apart, often a row or two per 4 KiB page, where the hardware
- * prefetchers stop, and a row read without it waited on memory. */
-static inline void fa_cpu_prefetch_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t rows)
+/* Called once per row r of a walk over rows s0 .. s0 + rows of (b, h): asks for the row
+ * FA_CPU_PREFETCH_ROWS ahead to be brought into the caches (software prefetch). Rows of
+ * interleaved heads lie apart, often a row or two per 4 KiB page, where the hardware prefetchers
+ * stop, and a row read without it waited on memory (the strided K/V copy: 9% of a forward at
+ * N = 4096, d = 64, 8 heads, perf). */
+enum { FA_CPU_PREFETCH_ROWS = 16 };
+static inline void fa_cpu_prefetch_ahead(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int64_t r, int64_t rows)
 {
     enum { LINE = 64 };
+    if (r + FA_CPU_PREFETCH_ROWS >= rows) return;
     const int64_t row_bytes = t->head_dim * (int64_t)fa_dtype_size(t->dtype);
-    for (int64_t r = 0; r < rows; ++r) {
-        const char *row = fa_row_ptr(t, b, s0 + r, h);
-        for (int64_t off = 0; off < row_bytes; off += LINE) __builtin_prefetch(row + off);
-    }
+    const char *row = fa_row_ptr(t, b, s0 + r + FA_CPU_PREFETCH_ROWS, h);
+    for (int64_t off = 0; off < row_bytes; off += LINE) __builtin_prefetch(row + off);
 }
 /* tensor[b, s0 + r, h, c] = src[r * ld + c], converted from f32. */
 void fa_cpu_store_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b, int64_t s0, int64_t h,
