@@ -3,6 +3,7 @@
  * the BLAS sgemm rate, both measured in the same run, speedup over standard attention, peak extra
  * memory) with a progress line on stderr, and optionally CSV.
  * Run `fa-bench --help` for the options. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,7 +280,11 @@ static void print_info(fa_context *ctx, const options *o)
                    (long long)t.block_rows, (long long)t.block_cols, (long long)sram);
     }
 #ifdef FA_BENCH_HAVE_OPENBLAS
-    printf("standard attention: OpenBLAS sgemm + vectorised softmax\n");
+    const char *was = getenv("FA_BENCH_BLAS_CORE_WAS");
+    printf("standard attention: OpenBLAS sgemm (%s kernels) + vectorised softmax\n", openblas_core_name());
+    if (was)
+        printf("  OpenBLAS took %s kernels on this CPU, which it does not know; fa-bench ran itself again with "
+               "OPENBLAS_CORETYPE=%s (set OPENBLAS_CORETYPE to choose)\n", was, getenv("OPENBLAS_CORETYPE"));
 #else
     printf("standard attention: not built (OpenBLAS not found at configure time)\n");
 #endif
@@ -290,6 +295,20 @@ int main(int argc, char **argv)
     options o;
     if (parse_options(argc, argv, &o)) return 2;
     bench_cpu_threads = o.threads;
+#if defined(FA_BENCH_HAVE_OPENBLAS) && defined(__linux__)
+    /* OpenBLAS reads OPENBLAS_CORETYPE when it is loaded, before main: a baseline on SSE3 kernels
+     * (a CPU newer than the OpenBLAS) would flatter every speedup, so run again under the core
+     * the CPU can run, and say so. */
+    const fa_cpu_kernels *isa_kernels = NULL;
+    const char *blas_core = fa_cpu_select_kernels(&isa_kernels) == FA_SUCCESS ? std_blas_core_for(isa_kernels->isa) : NULL;
+    if (blas_core && !getenv("FA_BENCH_BLAS_CORE_WAS")) {
+        setenv("FA_BENCH_BLAS_CORE_WAS", openblas_core_name(), 1);
+        setenv("OPENBLAS_CORETYPE", blas_core, 1);
+        execv("/proc/self/exe", argv);
+        fprintf(stderr, "fa-bench: could not run again with OPENBLAS_CORETYPE=%s; standard attention keeps %s kernels\n",
+                blas_core, openblas_core_name());
+    }
+#endif
     fa_context *ctx = NULL;
     if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) != FA_SUCCESS ||
         fa_context_set_num_threads(ctx, o.threads) != FA_SUCCESS) {

@@ -124,6 +124,25 @@ int std_forward(const std_problem *p) { return for_each_head(p, 1, 0); }
 int std_backward(const std_problem *p) { return for_each_head(p, 2, 1); }
 int std_forward_backward(const std_problem *p) { return for_each_head(p, 2, 2); }
 
+const char *openblas_core_name(void)
+{
+    const char *core = openblas_get_corename();
+    return core ? core : "unknown";
+}
+
+const char *std_blas_core_for(const char *isa)
+{
+    /* Cores before AVX: what OpenBLAS's dynamic dispatch falls back to on a CPU it does not know
+     * (Debian's 0.3.21 on an Emerald Rapids: "Prescott", SSE3 kernels at 0.18 of the FMA peak). */
+    static const char *const old_cores[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom"};
+    const char *core = openblas_core_name();
+    if (!isa || getenv("OPENBLAS_CORETYPE")) return NULL;
+    const char *want = strcmp(isa, "avx512") == 0 ? "SkylakeX" : strcmp(isa, "avx2") == 0 ? "Haswell" : NULL;
+    for (size_t i = 0; want && i < sizeof old_cores / sizeof old_cores[0]; ++i)
+        if (strcmp(core, old_cores[i]) == 0) return want;
+    return NULL;
+}
+
 double std_sgemm_rate(int64_t n, int threads, int reps)
 {
     float *a = malloc((size_t)(3 * n * n) * sizeof(float));

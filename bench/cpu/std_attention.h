@@ -17,6 +17,12 @@ typedef struct std_problem {
 int std_forward(const std_problem *p);
 int std_backward(const std_problem *p);          /* recomputes P from Q, K, then Algorithm 3 */
 int std_forward_backward(const std_problem *p);  /* Algorithm 0 keeping P, then Algorithm 3 */
+/* OpenBLAS's name for the kernels it runs ("SkylakeX", "Haswell", "Zen", "Prescott", ...). */
+const char *openblas_core_name(void);
+/* NULL, or the OPENBLAS_CORETYPE to run under when OpenBLAS took kernels older than AVX on a CPU
+ * whose flashattn kernels are isa ("avx512": SkylakeX, "avx2": Haswell) because it does not know
+ * the CPU; NULL too when OPENBLAS_CORETYPE is set already (the user's choice stands). */
+const char *std_blas_core_for(const char *isa);
 /* Single-threaded or threaded OpenBLAS sgemm rate (GFLOP/s) of n x n x n, best of reps. */
 double std_sgemm_rate(int64_t n, int threads, int reps);
 #endif

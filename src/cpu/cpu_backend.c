@@ -100,8 +100,11 @@ static fa_status cpu_tiling(void *state, int64_t head_dim, fa_dtype dtype, fa_ti
 static const char *cpu_info(void *state)
 {
     fa_cpu_state *s = state;
+    const fa_cpu_kernels *all = fa_cpu_kernels_by_name(s->kernels->isa); /* with every kernel the CPU can run */
     snprintf(s->info, sizeof s->info, "cpu: isa %s%s, %d thread(s), L1d %lld KiB, L2 %lld KiB%s", s->kernels->isa,
-             s->kernels->gemm_max_bf16 ? ", bf16 scores by vdpbf16ps" : "",
+             s->kernels->gemm_max_bf16 ? ", bf16 scores by vdpbf16ps"
+             : all && all->gemm_max_bf16 ? ", bf16 scores on widened f32 tiles (not vdpbf16ps: see FLASHATTN_CPU_BF16_DOT)"
+                                         : "",
              fa_cpu_thread_count(s->num_threads), (long long)(s->caches.l1d_bytes / 1024),
              (long long)(s->caches.l2_bytes / 1024), s->caches.detected ? "" : " (cache sizes not detected, defaults)");
     return s->info;

@@ -1,5 +1,6 @@
 /* Every bad argument of the public API returns its status with a one-line fa_last_error() that
  * names the argument, and leaves the outputs untouched (they hold a canary that must survive). */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -566,6 +567,16 @@ static void test_context_errors(void **state)
     prime_last_error();
     assert_int_equal(fa_context_create(FA_BACKEND_CPU, 1, &ctx), FA_ERROR_INVALID_VALUE);
     check_message("device");
+    /* the CPU's environment switches: a bad value is an error, not a silent default */
+    setenv("FLASHATTN_CPU_BF16_DOT", "yes", 1);
+    prime_last_error();
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_ERROR_INVALID_VALUE);
+    check_message("FLASHATTN_CPU_BF16_DOT");
+    assert_null(ctx);
+    setenv("FLASHATTN_CPU_BF16_DOT", "0", 1);
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
+    fa_context_destroy(ctx);
+    unsetenv("FLASHATTN_CPU_BF16_DOT");
     fa_context_destroy(NULL); /* fine */
     assert_int_equal(fa_context_backend(NULL), FA_BACKEND_AUTO);
     prime_last_error();

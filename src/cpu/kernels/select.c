@@ -11,7 +11,8 @@ typedef struct isa_entry {
     const fa_cpu_kernels *kernels; /* NULL when not built for this target */
     int (*supported)(void);
     const fa_cpu_kernels *extended; /* the same with an extension's kernels (NULL: none built) */
-    int (*extension)(void);         /* whether the CPU has that extension */
+    int (*extension)(void);         /* whether the CPU has that extension (checkasm tests it there) */
+    int (*extension_pays)(void);    /* whether contexts use it by default: faster on this CPU */
 } isa_entry;
 
 static int always(void) { return 1; }
@@ -92,6 +93,20 @@ static int bf16_kernel_matches_twin(void)
     return edge[0] == 0.0f && edge[1] == 0x1p-126f;
 }
 
+/* vdpbf16ps does 32 products per instruction against vfmadd231ps' 16, but its rate differs by
+ * vendor. On AMD's Zen 4 it issues like an FMA: bf16 forwards took 0.72-0.83 of the f32 time
+ * (bench/results/cpu-f16-bf16-2026-11-24-s9.md). Intel's cores issue one every two cycles against
+ * two f32 FMAs per cycle (an Emerald Rapids: 86 against 175 GFLOP/s per core, register-only
+ * chains), so there S^T on bf16 pairs costs twice the f32 product (bf16 forwards at 1.25-1.50x
+ * the f32 time) and bf16 takes the f32 product on widened tiles. The choice reads the vendor,
+ * never a timing: a process always gets the same kernels, hence the same bits. */
+static int cpu_is_amd(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
+}
+
 /* Probed once per process: every context creation and checkasm's lookups by name select kernels.
  * The probe's answer never changes, so threads racing to the first selection at worst run it twice. */
 static int bf16_kernel_usable(void)
@@ -110,31 +125,48 @@ static int bf16_kernel_usable(void)
  * that is not built here gives "not supported" rather than "unknown". */
 static const isa_entry isas[] = {
 #if defined(FA_HAVE_AVX512) && defined(FA_HAVE_AVX512BF16)
-    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, &fa_cpu_kernels_avx512_bf16, bf16_kernel_usable},
+    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, &fa_cpu_kernels_avx512_bf16, bf16_kernel_usable, cpu_is_amd},
 #elif defined(FA_HAVE_AVX512)
-    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, NULL, NULL},
+    {"avx512", &fa_cpu_kernels_avx512, cpu_has_avx512, NULL, NULL, NULL},
 #else
-    {"avx512", NULL, cpu_has_avx512, NULL, NULL},
+    {"avx512", NULL, cpu_has_avx512, NULL, NULL, NULL},
 #endif
 #ifdef FA_HAVE_AVX2
-    {"avx2", &fa_cpu_kernels_avx2, cpu_has_avx2, NULL, NULL},
+    {"avx2", &fa_cpu_kernels_avx2, cpu_has_avx2, NULL, NULL, NULL},
 #else
-    {"avx2", NULL, cpu_has_avx2, NULL, NULL},
+    {"avx2", NULL, cpu_has_avx2, NULL, NULL, NULL},
 #endif
 #ifdef FA_HAVE_NEON
-    {"neon", &fa_cpu_kernels_neon, always, NULL, NULL}, /* NEON is mandatory on aarch64 */
+    {"neon", &fa_cpu_kernels_neon, always, NULL, NULL, NULL}, /* NEON is mandatory on aarch64 */
 #else
-    {"neon", NULL, always, NULL, NULL},
+    {"neon", NULL, always, NULL, NULL, NULL},
 #endif
-    {"ref", &fa_cpu_kernels_ref, always, NULL, NULL},
+    {"ref", &fa_cpu_kernels_ref, always, NULL, NULL, NULL},
 };
 enum { isa_count = sizeof isas / sizeof isas[0] };
 _Static_assert((int)isa_count == (int)FA_CPU_ISA_COUNT, "FA_CPU_ISA_COUNT is the length of isas[]");
 
-/* The entry's kernels for this CPU: with its extension's kernels where the CPU has them. */
+/* The entry's kernels for this CPU: with its extension's kernels where the CPU has them (checkasm
+ * tests every kernel the CPU can run). */
 static const fa_cpu_kernels *kernels_for_cpu(const isa_entry *e)
 {
     return e->extended && e->extension() ? e->extended : e->kernels;
+}
+
+/* The kernels a context uses: the extension's only where it pays on this CPU, unless
+ * FLASHATTN_CPU_BF16_DOT says otherwise (1: wherever the CPU has it, 0: never; the only extension
+ * is AVX512_BF16's gemm_max_bf16). */
+static fa_status kernels_for_contexts(const isa_entry *e, const fa_cpu_kernels **kernels)
+{
+    const char *dot = getenv("FLASHATTN_CPU_BF16_DOT");
+    int use = e->extension_pays && e->extension_pays();
+    if (dot && dot[0]) {
+        if (strcmp(dot, "0") != 0 && strcmp(dot, "1") != 0)
+            return fa_set_error(FA_ERROR_INVALID_VALUE, "FLASHATTN_CPU_BF16_DOT: '%s' is not 0 or 1", dot);
+        use = dot[0] == '1'; (void)0;
+    }
+    *kernels = use && e->extended && e->extension() ? e->extended : e->kernels;
+    return FA_SUCCESS;
 }
 
 const char *fa_cpu_isa_name(int index) { return index >= 0 && index < isa_count ? isas[index].name : NULL; }
@@ -159,8 +191,7 @@ fa_status fa_cpu_select_kernels(const fa_cpu_kernels **kernels)
             if (!isas[i].supported())
                 return fa_set_error(FA_ERROR_NOT_SUPPORTED, "FLASHATTN_CPU_ISA: '%s' is not supported by this CPU",
                                     forced);
-            *kernels = kernels_for_cpu(&isas[i]);
-            return FA_SUCCESS;
+            return kernels_for_contexts(&isas[i], kernels);
         }
         char known[64] = "";
         for (size_t i = 0; i < isa_count; ++i) {
@@ -169,7 +200,7 @@ fa_status fa_cpu_select_kernels(const fa_cpu_kernels **kernels)
         }
         return fa_set_error(FA_ERROR_INVALID_VALUE, "FLASHATTN_CPU_ISA: unknown ISA '%s' (use %s)", forced, known);
     }
-    for (size_t i = 0; i < isa_count && !*kernels; ++i)
-        if (isas[i].kernels && isas[i].supported()) *kernels = kernels_for_cpu(&isas[i]);
+    for (size_t i = 0; i < isa_count; ++i)
+        if (isas[i].kernels && isas[i].supported()) return kernels_for_contexts(&isas[i], kernels);
     return FA_SUCCESS;
 }
