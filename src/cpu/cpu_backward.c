@@ -356,7 +356,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);
     const int threads = fa_cpu_thread_count(s->num_threads);
-    float *delta = fa_host_alloc((size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float));
+    float *delta = fa_host_scratch_alloc((size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float));
     if (!delta) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "backward: cannot allocate D (%lld floats)",
                                     (long long)(p->batch * p->heads_q * p->seqlen_q));
     const int64_t k_tiles = (p->seqlen_k + bc - 1) / bc, q_tiles = (p->seqlen_q + br - 1) / br;
@@ -377,7 +377,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
         void *block = fa_cpu_scratch_make(backward_scratch_layout, &w);
         const int needs_dq_buffer = fused && dq_buffer_floats;
         dq_target dq = {NULL};
-        if (block && needs_dq_buffer) dq.buffer = fa_host_alloc((size_t)dq_buffer_floats * sizeof(float));
+        if (block && needs_dq_buffer) dq.buffer = fa_host_scratch_alloc((size_t)dq_buffer_floats * sizeof(float));
         /* The tasks read every thread's share of D, and a failed call writes no gradient. */
         if (fa_cpu_team_ready(block && (dq.buffer || !needs_dq_buffer), &out_of_memory)) {
 #pragma omp for schedule(static)
@@ -404,10 +404,10 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t t = 0; t < bias_tasks; ++t) bias_task(&c, t, &w);
         }
-        fa_host_free(dq.buffer);
-        fa_host_free(block);
+        fa_host_scratch_free(dq.buffer);
+        fa_host_scratch_free(block);
     }
-    fa_host_free(delta);
+    fa_host_scratch_free(delta);
     if (out_of_memory)
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY,
                             "backward: cannot allocate per-thread tiles (dq, dk, dv and dbias are not written)");

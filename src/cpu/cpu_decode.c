@@ -392,11 +392,11 @@ fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t tasks = plan.units * plan.chunks;
     const size_t per_thread = scratch_bytes(p);
-    float *partials = fa_host_alloc((size_t)tasks * plan.partial_floats * sizeof(float));
-    char *scratch = fa_host_alloc(per_thread * (size_t)threads);
+    float *partials = fa_host_scratch_alloc((size_t)tasks * plan.partial_floats * sizeof(float));
+    char *scratch = fa_host_scratch_alloc(per_thread * (size_t)threads);
     if (!partials || !scratch) {
-        fa_host_free(partials);
-        fa_host_free(scratch);
+        fa_host_scratch_free(partials);
+        fa_host_scratch_free(scratch);
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_forward_kvcache: cannot allocate %lld partial tiles",
                             (long long)tasks);
     }
@@ -418,7 +418,7 @@ fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
         for (int64_t t = 0; t < plan.units * p->heads_kv; ++t)
             merge_head(kp, s->kernels, &plan, t / p->heads_kv, t % p->heads_kv, partials, w.acc);
     }
-    fa_host_free(scratch);
-    fa_host_free(partials);
+    fa_host_scratch_free(scratch);
+    fa_host_scratch_free(partials);
     return FA_SUCCESS;
 }

@@ -442,6 +442,6 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
             if (count) forward_task(&f, bh / p->heads_q, bh % p->heads_q, tile0 * br, count, &w);
         }
     }
-    fa_host_free(team);
+    fa_host_scratch_free(team);
     return FA_SUCCESS;
 }

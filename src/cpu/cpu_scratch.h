@@ -45,12 +45,12 @@ static inline fa_key_range *fa_cpu_scratch_ranges(fa_cpu_scratch *s, int64_t cou
 }
 
 /* Runs layout(s, scratch) to measure, allocates, runs it again to carve. Returns the block (to
- * fa_host_free) or NULL when the allocation fails. */
+ * fa_host_scratch_free) or NULL when the allocation fails. */
 static inline void *fa_cpu_scratch_make(void (*layout)(fa_cpu_scratch *s, void *scratch), void *scratch)
 {
     fa_cpu_scratch s = {NULL, 0};
     layout(&s, scratch);
-    s.base = fa_host_alloc(s.used);
+    s.base = fa_host_scratch_alloc(s.used);
     if (!s.base) return NULL;
     s.used = 0;
     layout(&s, scratch);
@@ -58,7 +58,7 @@ static inline void *fa_cpu_scratch_make(void (*layout)(fa_cpu_scratch *s, void *
 }
 
 /* The scratch of `threads` threads in one allocation (made outside the parallel region): the
- * layout measured once, each share rounded up to 64 bytes. Returns the block (to fa_host_free)
+ * layout measured once, each share rounded up to 64 bytes. Returns the block (to fa_host_scratch_free)
  * and sets *share, or NULL when the allocation fails or its size overflows. */
 static inline void *fa_cpu_scratch_make_team(void (*layout)(fa_cpu_scratch *s, void *scratch), void *scratch,
                                              int threads, size_t *share)
@@ -67,7 +67,7 @@ static inline void *fa_cpu_scratch_make_team(void (*layout)(fa_cpu_scratch *s, v
     layout(&s, scratch);
     *share = (s.used + 63) / 64 * 64;
     if (threads <= 0 || *share > (size_t)-1 / (size_t)threads) return NULL;
-    return fa_host_alloc(*share * (size_t)threads);
+    return fa_host_scratch_alloc(*share * (size_t)threads);
 }
 
 /* Thread t's share of a team block: runs layout(s, scratch) on it. */
