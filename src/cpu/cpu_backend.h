@@ -12,8 +12,12 @@ typedef struct fa_cpu_state {
     char info[256];
 } fa_cpu_state;
 
-/* Br, Bc for this head_dim: the paper's formula with M = the L2 size in f32 elements (tiles are
- * held in f32 whatever the input dtype), snapped to the kernels' register tile. */
+/* The on-chip memory M the tiles are cut for: a core's L2, at most this many bytes. */
+#define FA_CPU_TILE_BYTES_MAX ((int64_t)1 << 20)
+
+/* Br, Bc for this head_dim: the paper's formula with M = the L2 size (at most
+ * FA_CPU_TILE_BYTES_MAX) in f32 elements (tiles are held in f32 whatever the input dtype),
+ * snapped to the kernels' register tile. */
 void fa_cpu_tiles(const fa_cpu_state *s, int64_t head_dim, int64_t *block_rows, int64_t *block_cols,
                   int64_t *sram_elements);
 
