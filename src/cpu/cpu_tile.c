@@ -123,13 +123,8 @@ void fa_cpu_store_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b
                        int64_t rows, const float *src, int64_t ld)
 {
     const int64_t d = t->head_dim;
-    const int64_t row_bytes = d * (int64_t)fa_dtype_size(t->dtype);
     for (int64_t r = 0; r < rows; ++r) {
         void *dst = fa_row_ptr(t, b, s0 + r, h);
-        if (r + FA_CPU_PREFETCH_ROWS < rows) {
-            const char *ahead = fa_row_ptr(t, b, s0 + r + FA_CPU_PREFETCH_ROWS, h);
-            for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(ahead + off, 1, 3);
-        }
         const float *in = src + r * ld;
         switch (t->dtype) {
         case FA_DTYPE_F32:
