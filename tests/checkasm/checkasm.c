@@ -26,6 +26,7 @@
 #include "checkasm_bench.h"
 #include "common/dtype.h"
 #include "common/half.h"
+#include "cpu/kernels/exp_poly.h"
 #include "cpu/kernels/kernels.h"
 #include "flashattn.h"
 
@@ -481,9 +482,10 @@ static void test_col_max(void **state)
         }
 }
 
-/* exp within 2 ulp of expf on [-87, 8], plus the effect of rounding the argument scale * x - shift
+/* exp within 2 ulp of expf on [-44.4, 8], plus the effect of rounding the argument scale * x - shift
  * (fused in the ISA kernels, two roundings in the reference: (|scale x| + |shift|) 2^-23 relative),
- * exact zeros for -inf scores and +inf shifts. */
+ * exact zeros for -inf scores and +inf shifts, zeros below FA_EXP_LO (results under 2^-64; where
+ * the two roundings of an argument fall on either side of it, one side may be 0). */
 static void test_exp_cols(void **state)
 {
     const fa_cpu_kernels *isa = isa_or_skip(state), *ref = &fa_cpu_kernels_ref;
@@ -500,10 +502,10 @@ static void test_exp_cols(void **state)
             for (int64_t r = 0; r < rows; ++r)
                 for (int64_t c = 0; c < ld; ++c) {
                     const float want = x_ref[r * ld + c], got = x_isa[r * ld + c];
-                    const int exact = c >= cols || c == 1 || want == 0.0f || want < 1.2e-38f;
+                    const int exact = c >= cols || c == 1 || isinf(x_in[r * ld + c]); /* untouched, masked */
                     const float arg = fabsf(0.9f * x_in[r * ld + c]) + (c < cols ? fabsf(shift[c]) : 0.0f);
-                    const float tol = exact ? (want < 1.2e-38f && c < cols ? 1.2e-38f : 0.0f)
-                                            : want * (2.4e-7f + arg * 1.2e-7f);
+                    const int flushed = want == 0.0f || got == 0.0f; /* the other side within 2^-64 */
+                    const float tol = exact ? 0.0f : flushed ? 0x1.02p-64f : want * (2.4e-7f + arg * 1.2e-7f);
                     if (c < cols) sum_tol[c] += tol + want * 1.2e-7f * (float)rows; /* element error + summation order */
                     if (!(got == want || fabsf(got - want) <= tol))
                         fail_msg("exp_cols %s (%lld, %lld): %.9g vs %.9g", isa->isa, (long long)r, (long long)c, got, want);
@@ -514,24 +516,22 @@ static void test_exp_cols(void **state)
             assert_true(sum_isa[cols] == 99.0f);
         }
     /* The ends of the range, exact arguments (scale 1, shift 0): 1024 consecutive floats up from
-     * -87.34 (results around FLT_MIN, where an ISA may flush to zero, and where 2^n takes its
-     * smallest exponents), 1024 down from 88 (the largest), and 2048 steps over [-87.5, -86.5]
-     * and [87, 88]: within 2 ulp of expf above FLT_MIN, 0 or within 2^-148 below. */
+     * just below FA_EXP_LO (the flush point, -64 ln 2), 1024 down from 88 (the largest), and 2048
+     * steps over [-45, -44] and [87, 88]: 0 exactly below FA_EXP_LO, within 2 ulp of expf above. */
     enum { EDGE = 4096, EDGE_COLS = 64 };
     static float edge[EDGE], edge_in[EDGE];
     float zero_shift[EDGE_COLS] = {0}, edge_sum[EDGE_COLS];
     for (int e = 0; e < 1024; ++e) {
-        edge[e] = e ? nextafterf(edge[e - 1], 0.0f) : -87.34f;
+        edge[e] = e ? nextafterf(edge[e - 1], 0.0f) : FA_EXP_LO - 1e-5f;
         edge[1024 + e] = e ? nextafterf(edge[1024 + e - 1], 0.0f) : 88.0f;
-        edge[2048 + e] = -87.5f + (float)e / 1024.0f;
+        edge[2048 + e] = -45.0f + (float)e / 1024.0f;
         edge[3072 + e] = 87.0f + (float)e / 1024.0f;
     }
     memcpy(edge_in, edge, sizeof edge);
     isa->exp_cols(edge, EDGE_COLS, EDGE / EDGE_COLS, EDGE_COLS, 1.0f, zero_shift, edge_sum);
     for (int e = 0; e < EDGE; ++e) {
         const float want = expf(edge_in[e]), got = edge[e];
-        const int ok = want < 1.17549435e-38f ? (got == 0.0f || fabsf(got - want) <= 0x1p-148f)
-                                              : fabsf(got - want) <= want * 2.4e-7f;
+        const int ok = edge_in[e] < FA_EXP_LO ? got == 0.0f : fabsf(got - want) <= want * 2.4e-7f;
         if (!ok) fail_msg("exp_cols %s: exp(%.9g) = %.9g, expf %.9g", isa->isa, edge_in[e], got, want);
     }
 }

@@ -21,8 +21,8 @@
  *             visible tile without a second pass over S^T. C is the same bits as gemm's.
  *   exp_cols: x[i*ld + j] = exp(scale * x[i*ld + j] - shift[j]); sum[j] = sum over i of the results.
  *             exp(-inf) = 0, and shift[j] = +inf gives zeros. Accuracy: within 2 ulp of expf for
- *             arguments in [-87.3, 88]; below -87.3 (results under FLT_MIN) ISA kernels may flush
- *             to zero or return a subnormal within 2^-148 (AVX-512 does, down to e^-110).
+ *             arguments in [FA_EXP_LO, 88]; below FA_EXP_LO (-64 ln 2: results under 2^-64) every
+ *             kernel, the reference included, returns 0 (exp_poly.h says why).
  *   softcap_cols: x[i*ld + j] = cap * tanh(x[i*ld + j] * (scale / cap)) + (-slope * |(first - i) + j|)
  *             (cap > 0; scale / cap one float; the ALiBi term as alibi_cols', slope 0 adds -0:
  *             softcap and ALiBi in one pass), -inf left as it is (masked stays masked); grad (NULL = not wanted, same

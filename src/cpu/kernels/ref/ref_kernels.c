@@ -5,6 +5,7 @@
 #include "../../../common/dtype.h"
 #include "../../../common/half.h"
 #include "../kernels.h"
+#include "../exp_poly.h"
 
 static void ref_gemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa, int64_t csa, const float *b,
                      int64_t ldb, float *c, int64_t ldc, const float *row_scale, int accumulate)
@@ -33,7 +34,8 @@ static void ref_exp_cols(float *x, int64_t ld, int64_t rows, int64_t cols, float
     for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < cols; ++j) {
             float *e = x + i * ld + j;
-            *e = expf(scale * *e - shift[j]);
+            const float arg = scale * *e - shift[j];
+            *e = arg < FA_EXP_LO ? 0.0f : expf(arg); /* the vector kernels' flush (exp_poly.h) */
             sum[j] += *e;
         }
 }

@@ -37,8 +37,8 @@
  * --bench exp_cols, 64K scores: 24.9 -> 21 us): n = round(x log2 e) by one FMA with
  * FA_EXP_ROUNDER, whose sum keeps n in its low mantissa bits (not VROUND and a conversion), 2^n
  * applied by adding n << 23 to y's exponent field (an integer add, not a multiply: the same bits
- * while the result is normal). It is: x <= FA_EXP_HI gives n <= 127 and y < 2; FA_EXP_LO is -126 ln 2
- * rounded up, so n = -126 comes with r > 0, y >= 1. Below FA_EXP_LO whatever comes out (-inf
+ * while the result is normal). It is: x <= FA_EXP_HI gives n <= 127 and y < 2; x >= FA_EXP_LO
+ * (-64 ln 2) gives n >= -64. Below FA_EXP_LO whatever comes out (-inf
  * included) is replaced by VZERO_BELOW's 0, so x needs no lower clamp; NaN (hi first in min,
  * which returns its second operand on NaN) comes out as NaN. */
 #define VEXP_RANGE(x, lo) _mm256_min_ps(_mm256_set1_ps(FA_EXP_HI), x)

@@ -38,14 +38,15 @@
 #define VROUND(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define VSCALE2(y, n) _mm512_scalef_ps(y, n)
 /* The exponential in fewer operations (exp_cols was 7% of a forward at d = 64): scalef takes any
- * n (IEEE under- and overflow), so x only needs a floor that keeps -inf (a masked score) out of
- * the reduction (-inf - -inf would be NaN): below -110, e^x rounds to 0 at any n, and scalef
- * rounds the results in [e^-110, FLT_MIN) to the subnormal nearest y 2^n (within 2^-149), with
- * no compare and select afterwards. max returns its second operand for a NaN: NaN stays NaN.
- * n = round(x log2 e) from one FMA with 1.5 * 2^23 (as AVX2's), not a multiply and a
- * roundscale: n differs only where x log2 e rounds to a half-integer, within the same accuracy. */
-#define VEXP_RANGE(x, lo) ((void)(lo), _mm512_max_ps(_mm512_set1_ps(-110.0f), x)) /* lo (FA_EXP_LO) is not needed */
-#define VZERO_BELOW(y, x, lo) (y)
+ * n (IEEE under- and overflow), so x needs no clamp: results below FA_EXP_LO, -inf's NaN (from
+ * -inf - -inf in the reduction) included, are zeroed by a mask from one compare, as AVX2 and NEON
+ * zero them (exp_poly.h says why below 2^-64: not the subnormals scalef would round to, which
+ * cost an ALiBi forward 4.7x on an Emerald Rapids). The compare is not-less-than,
+ * unordered: NaN keeps its lane, NaN stays NaN. n = round(x log2 e) from one FMA with
+ * 1.5 * 2^23 (as AVX2's), not a multiply and a roundscale: n differs only where x log2 e rounds
+ * to a half-integer, within the same accuracy. */
+#define VEXP_RANGE(x, lo) ((void)(lo), (x))
+#define VZERO_BELOW(y, x, lo) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), y)
 #define VEXP_T(x) _mm512_fmadd_ps(x, _mm512_set1_ps(FA_EXP_LOG2E), _mm512_set1_ps(FA_EXP_ROUNDER))
 #define VEXP_N(t) _mm512_sub_ps(t, _mm512_set1_ps(FA_EXP_ROUNDER))
 #define VEXP_SCALE2(y, t) _mm512_scalef_ps(y, VEXP_N(t))
