@@ -100,6 +100,8 @@ void fa_host_scratch_free(void *ptr)
     free(block);
 }
 
+int fa_host_scratch_parking(void) { return SCRATCH_PARKING; }
+
 void fa_host_scratch_release(void)
 {
     for (int i = 0; i < SCRATCH_SLOTS; ++i) {

@@ -18,6 +18,8 @@ void *fa_host_scratch_alloc(size_t bytes);
 void fa_host_scratch_free(void *ptr);
 /* Every parked block back to the C library (fa-bench, before measuring a call's peak memory). */
 void fa_host_scratch_release(void);
+/* 1 when freed scratch is parked (0 under ASan, which should see each call's blocks). */
+int fa_host_scratch_parking(void);
 
 /* Test hook (not in the public header): fail the k-th allocation from now (1-based), 0 = never.
  * Returns the number of allocations made since the last call. */

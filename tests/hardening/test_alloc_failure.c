@@ -227,9 +227,46 @@ static void walk_kvcache(int modifiers)
 static void kvcache_decode(void **state) { (void)state; walk_kvcache(0); }
 static void kvcache_modifiers(void **state) { (void)state; walk_kvcache(1); }
 
+/* Scratch parked between calls (fa_host_scratch_alloc): a freed block serves the next request it
+ * is large enough for, whole and 64-byte aligned; a larger request gets a new block; an injected
+ * failure still fails a request a parked block could serve, and counts once. */
+static void scratch_parking(void **state)
+{
+    (void)state;
+    enum { MIB = 1 << 20 };
+    fa_host_scratch_release();
+    fa_debug_fail_allocation(0);
+    char *a = fa_host_scratch_alloc(MIB);
+    assert_non_null(a);
+    assert_int_equal((uintptr_t)a % 64, 0);
+    memset(a, 1, MIB);
+    fa_host_scratch_free(a);
+    char *b = fa_host_scratch_alloc(1000);
+    assert_non_null(b);
+    if (fa_host_scratch_parking()) assert_ptr_equal(b, a);
+    memset(b, 2, MIB); /* the parked block is whole, not only the 1000 bytes asked for */
+    fa_host_scratch_free(b);
+    char *c = fa_host_scratch_alloc(2 * MIB); /* b is parked but too small */
+    assert_non_null(c);
+    assert_ptr_not_equal(c, b);
+    assert_int_equal((uintptr_t)c % 64, 0);
+    memset(c, 3, 2 * MIB);
+    fa_host_scratch_free(c);
+    fa_host_scratch_free(NULL);
+    assert_int_equal(fa_debug_fail_allocation(1), 3);
+    assert_null(fa_host_scratch_alloc(1000)); /* two blocks are parked, and still it fails */
+    assert_int_equal(fa_debug_fail_allocation(0), 1);
+    char *d = fa_host_scratch_alloc(1000);
+    assert_non_null(d);
+    if (fa_host_scratch_parking()) assert_true(d == b || d == c);
+    fa_host_scratch_free(d);
+    fa_host_scratch_release();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(scratch_parking),
         cmocka_unit_test(context_create),
         cmocka_unit_test(backend_malloc),
         cmocka_unit_test(forward_one_thread),
