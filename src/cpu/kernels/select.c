@@ -163,7 +163,7 @@ static fa_status kernels_for_contexts(const isa_entry *e, const fa_cpu_kernels *
     if (dot && dot[0]) {
         if (strcmp(dot, "0") != 0 && strcmp(dot, "1") != 0)
             return fa_set_error(FA_ERROR_INVALID_VALUE, "FLASHATTN_CPU_BF16_DOT: '%s' is not 0 or 1", dot);
-        use = dot[0] == '1'; (void)0;
+        use = dot[0] == '1';
     }
     *kernels = use && e->extended && e->extension() ? e->extended : e->kernels;
     return FA_SUCCESS;
