@@ -298,12 +298,15 @@ int main(int argc, char **argv)
     options o;
     if (parse_options(argc, argv, &o)) return 2;
     bench_cpu_threads = o.threads;
+    /* The kernels the context will select (FLASHATTN_CPU_ISA included): their ISA picks OpenBLAS's
+     * core below and their FMA chains measure the peak. */
+    const fa_cpu_kernels *kernels = NULL;
+    if (fa_cpu_select_kernels(&kernels) != FA_SUCCESS) { fprintf(stderr, "fa-bench: %s\n", fa_last_error()); return 1; }
 #if defined(FA_BENCH_HAVE_OPENBLAS) && defined(__linux__)
     /* OpenBLAS reads OPENBLAS_CORETYPE when it is loaded, before main: a baseline on SSE3 kernels
      * (a CPU newer than the OpenBLAS) would flatter every speedup, so run again under the core
      * the CPU can run, and say so. */
-    const fa_cpu_kernels *isa_kernels = NULL;
-    const char *blas_core = fa_cpu_select_kernels(&isa_kernels) == FA_SUCCESS ? std_blas_core_for(isa_kernels->isa) : NULL;
+    const char *blas_core = std_blas_core_for(kernels->isa);
     if (blas_core && !getenv("FA_BENCH_BLAS_CORE_WAS")) {
         setenv("FA_BENCH_BLAS_CORE_WAS", openblas_core_name(), 1);
         setenv("OPENBLAS_CORETYPE", blas_core, 1);
@@ -327,10 +330,8 @@ int main(int argc, char **argv)
     }
     if (o.info) { torch_column_stop(&torch); fa_context_destroy(ctx); return 0; }
 
-    /* The physical limit: register-only FMA chains of the kernels the context selected
-     * (FLASHATTN_CPU_ISA included), on the benchmark's threads, in this run. */
-    const fa_cpu_kernels *kernels = NULL;
-    if (fa_cpu_select_kernels(&kernels) != FA_SUCCESS) { fprintf(stderr, "fa-bench: %s\n", fa_last_error()); return 1; }
+    /* The physical limit: register-only FMA chains of the kernels the context selected, on the
+     * benchmark's threads, in this run. */
     fprintf(stderr, "measuring the FMA peak (%s, %d threads)...\n", kernels->isa, o.threads);
     double fma_peak = fa_cpu_fma_peak(kernels, o.threads);
     printf("FMA peak, %s kernels, %d threads: %.1f GFLOP/s (register-only FMA chains, probed again before each row; "

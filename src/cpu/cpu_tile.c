@@ -281,7 +281,8 @@ void fa_cpu_softmax_step_given_max(const fa_cpu_kernels *kern, float scale_in_ex
         }
         shift[r] = m_new;
         /* 0 on the first visible tile; flushed below 2^-64 as P is (exp_poly.h: no subnormal O) */
-        alpha[r] = m[r] - m_new < FA_EXP_LO ? 0.0f : expf(m[r] - m_new);
+        const float gap = m[r] - m_new;
+        alpha[r] = gap < FA_EXP_LO ? 0.0f : expf(gap);
         m[r] = m_new;
     }
     kern->exp_cols(st, ld, cols, rows, scale_in_exp, shift, tile_sum);
