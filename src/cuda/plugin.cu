@@ -115,7 +115,8 @@ static const char *tc_layer_name(const fa_gpu_state *s)
 {
     if (s->family == FA_GPU_FAMILY_FMA) return "plain-FMA tile layer";
 #if defined(__HIPCC__)
-    return s->matrix_cores ? "MFMA for f16, plain-FMA tile layer for bf16" : "plain-FMA tile layer: no MFMA on this GPU";
+    return s->matrix_cores ? "MFMA for f16, plain-FMA tile layer for bf16, never run on AMD hardware"
+                           : "plain-FMA tile layer: no MFMA on this GPU; never run on AMD hardware";
 #else
     return "mma.sync";
 #endif
@@ -128,7 +129,12 @@ static fa_status gpu_open(int device, void **state)
     if (!s) return FA_ERR(FA_ERROR_OUT_OF_MEMORY, "ctx: cannot allocate the %s backend state", FA_GPU_VENDOR);
     s->ordinal = g_devices[device];
     const char *requested = getenv("FLASHATTN_GPU_KERNELS");
-    s->family = fa_gpu_parse_family(requested);
+#if defined(__HIPCC__)
+    s->family = fa_gpu_parse_family(requested, FA_GPU_DEFAULT_FAMILY_HIP);
+#else
+    s->family = fa_gpu_parse_family(requested, FA_GPU_DEFAULT_FAMILY_CUDA);
+#endif
+    const int forced = requested && *requested;
     const char *sync = getenv("FLASHATTN_GPU_SYNC");
     s->sync_launches = sync && strcmp(sync, "1") == 0;
     if (s->family == FA_GPU_FAMILY_INVALID) {
@@ -152,9 +158,11 @@ static fa_status gpu_open(int device, void **state)
     s->matrix_cores = strncmp(s->props.gcnArchName, "gfx908", 6) == 0 || strncmp(s->props.gcnArchName, "gfx90a", 6) == 0;
 #endif
     char kernels[240];
-    if (s->family == FA_GPU_FAMILY_GENERIC) snprintf(kernels, sizeof kernels, "generic");
-    else snprintf(kernels, sizeof kernels, "FLASHATTN_GPU_KERNELS=%s for f16/bf16, forward d <= 256, backward d <= 128 (%s, never run on hardware), generic otherwise",
-                  fa_gpu_family_name(s->family), tc_layer_name(s));
+    char chosen[64];
+    snprintf(chosen, sizeof chosen, forced ? "FLASHATTN_GPU_KERNELS=%s" : "%s", fa_gpu_family_name(s->family));
+    if (s->family == FA_GPU_FAMILY_GENERIC) snprintf(kernels, sizeof kernels, "%s", chosen);
+    else snprintf(kernels, sizeof kernels, "%s for f16/bf16, forward d <= 256, backward d <= 128 (%s), generic otherwise",
+                  chosen, tc_layer_name(s));
     int driver = 0, runtime = 0;
     (void)fa_gpu_driver_get_version(&driver); /* left 0 when unknown */
     (void)fa_gpu_runtime_get_version(&runtime);

@@ -49,6 +49,15 @@ void test_gpu_positions_bf16(void **state);
     cmocka_unit_test_setup_teardown(test_gpu_positions_f16, setup, teardown),                    \
     cmocka_unit_test_setup_teardown(test_gpu_positions_bf16, setup, teardown)
 
+/* The same calls twice, bit-identical (test_gpu_repeat.c). */
+void test_gpu_repeat_f32(void **state);
+void test_gpu_repeat_f16(void **state);
+void test_gpu_repeat_bf16(void **state);
+#define GPU_REPEAT_TESTS(setup, teardown)                                                         \
+    cmocka_unit_test_setup_teardown(test_gpu_repeat_f32, setup, teardown),                       \
+    cmocka_unit_test_setup_teardown(test_gpu_repeat_f16, setup, teardown),                       \
+    cmocka_unit_test_setup_teardown(test_gpu_repeat_bf16, setup, teardown)
+
 /* fa_merge_partials on device memory (test_gpu_merge.c). */
 void test_gpu_merge_f32(void **state);
 void test_gpu_merge_f16(void **state);

@@ -430,13 +430,15 @@ static void test_mma_rows_live_in_quads(void **state)
 static void test_family_from_environment_value(void **state)
 {
     (void)state;
-    assert_int_equal(fa_gpu_parse_family(NULL), FA_GPU_FAMILY_GENERIC);
-    assert_int_equal(fa_gpu_parse_family(""), FA_GPU_FAMILY_GENERIC);
-    assert_int_equal(fa_gpu_parse_family("generic"), FA_GPU_FAMILY_GENERIC);
-    assert_int_equal(fa_gpu_parse_family("tc"), FA_GPU_FAMILY_TC);
-    assert_int_equal(fa_gpu_parse_family("fma"), FA_GPU_FAMILY_FMA);
-    assert_int_equal(fa_gpu_parse_family("TC"), FA_GPU_FAMILY_INVALID);
-    assert_int_equal(fa_gpu_parse_family("tensor"), FA_GPU_FAMILY_INVALID);
+    assert_int_equal(fa_gpu_parse_family(NULL, FA_GPU_DEFAULT_FAMILY_CUDA), FA_GPU_FAMILY_TC);
+    assert_int_equal(fa_gpu_parse_family("", FA_GPU_DEFAULT_FAMILY_CUDA), FA_GPU_FAMILY_TC);
+    assert_int_equal(fa_gpu_parse_family(NULL, FA_GPU_DEFAULT_FAMILY_HIP), FA_GPU_FAMILY_GENERIC);
+    assert_int_equal(fa_gpu_parse_family("", FA_GPU_DEFAULT_FAMILY_HIP), FA_GPU_FAMILY_GENERIC);
+    assert_int_equal(fa_gpu_parse_family("generic", FA_GPU_FAMILY_TC), FA_GPU_FAMILY_GENERIC);
+    assert_int_equal(fa_gpu_parse_family("tc", FA_GPU_FAMILY_GENERIC), FA_GPU_FAMILY_TC);
+    assert_int_equal(fa_gpu_parse_family("fma", FA_GPU_FAMILY_TC), FA_GPU_FAMILY_FMA);
+    assert_int_equal(fa_gpu_parse_family("TC", FA_GPU_FAMILY_TC), FA_GPU_FAMILY_INVALID);
+    assert_int_equal(fa_gpu_parse_family("tensor", FA_GPU_FAMILY_TC), FA_GPU_FAMILY_INVALID);
     assert_string_equal(fa_gpu_family_name(FA_GPU_FAMILY_TC), "tc");
     assert_string_equal(fa_gpu_family_name(FA_GPU_FAMILY_FMA), "fma");
 }
