@@ -33,11 +33,18 @@ __device__ __forceinline__ void load_tile(const fa_gpu_params &p, const fa_gpu_t
     const int64_t d = p.head_dim;
     const uint16_t *base = static_cast<const uint16_t *>(t.data);
     if (p.chunked_loads) {
+        /* A thread copies one chunk column x of every row_step-th row: the block's thread count (a
+         * multiple of 32) is a multiple of the chunks per row (8, 16 or 32), so x stays fixed and
+         * the source address steps by a constant (64-bit index math once per tile, not per chunk). */
         constexpr int kChunks = W / FA_TC_CHUNK;
-        for (int e = threadIdx.x; e < rows * kChunks; e += blockDim.x) {
-            const int r = e / kChunks, x = (e % kChunks) * FA_TC_CHUNK;
-            const bool valid = r < valid_rows && x < d;
-            fa_copy16(tile + fa_tc_swizzle(r, x, W), valid ? base + fa_row_offset(t, b, s0 + r, h) + x : base, valid);
+        const int x = (threadIdx.x % kChunks) * FA_TC_CHUNK, row_step = blockDim.x / kChunks;
+        int r = threadIdx.x / kChunks;
+        const uint16_t *src = base + fa_row_offset(t, b, s0 + r, h) + x;
+        const int64_t src_step = (int64_t)row_step * t.stride_seq;
+        const int64_t live_rows = x < d ? valid_rows : 0;
+        for (; r < rows; r += row_step, src += src_step) {
+            const bool valid = r < live_rows;
+            fa_copy16(tile + fa_tc_swizzle(r, x, W), valid ? src : base, valid);
         }
     } else {
         for (int e = threadIdx.x; e < rows * W; e += blockDim.x) {
@@ -104,16 +111,27 @@ __device__ __forceinline__ void softmax_tile(const fa_gpu_params &p, const fa_ge
     float tile_max[L::kSlots], m_use[L::kSlots], alpha[L::kSlots];
 #pragma unroll
     for (int sl = 0; sl < L::kSlots; ++sl) tile_max[sl] = -INFINITY;
+    /* The common tile (every element visible, no modifier) takes a loop without per-element
+     * branches: they cost more than the products (a branch and a convergence barrier each). */
+    if (interior && !p.modified) {
 #pragma unroll
-    for (int it = 0; it < L::items(BC); ++it) {
-        const int sl = L::item_slot(it);
-        const int64_t j = j0 + L::item_col(lane, it);
-        float x = s.v[it] * p.scale_log2;
-        if (!interior && !element_visible(p, range[sl], row_index[sl], j)) x = -INFINITY;
-        else if (p.modified) /* rows past the block's own (zero Q) would read a bias row that may not exist */
-            x = row_index[sl] - qb.i0 < qb.rows ? fa_score_log2(p, qb.b, qb.h, row_index[sl], j, s.v[it], NULL) : -INFINITY;
-        s.v[it] = x;
-        tile_max[sl] = fmaxf(tile_max[sl], x);
+        for (int it = 0; it < L::items(BC); ++it) {
+            const int sl = L::item_slot(it);
+            s.v[it] *= p.scale_log2;
+            tile_max[sl] = fmaxf(tile_max[sl], s.v[it]);
+        }
+    } else {
+#pragma unroll
+        for (int it = 0; it < L::items(BC); ++it) {
+            const int sl = L::item_slot(it);
+            const int64_t j = j0 + L::item_col(lane, it);
+            float x = s.v[it] * p.scale_log2;
+            if (!interior && !element_visible(p, range[sl], row_index[sl], j)) x = -INFINITY;
+            else if (p.modified) /* rows past the block's own (zero Q) would read a bias row that may not exist */
+                x = row_index[sl] - qb.i0 < qb.rows ? fa_score_log2(p, qb.b, qb.h, row_index[sl], j, s.v[it], NULL) : -INFINITY;
+            s.v[it] = x;
+            tile_max[sl] = fmaxf(tile_max[sl], x);
+        }
     }
 #pragma unroll
     for (int sl = 0; sl < L::kSlots; ++sl) {
@@ -126,11 +144,16 @@ __device__ __forceinline__ void softmax_tile(const fa_gpu_params &p, const fa_ge
 #pragma unroll
     for (int it = 0; it < L::items(BC); ++it) {
         const int sl = L::item_slot(it);
-        float prob = fa_exp2(s.v[it] - m_use[sl]);
-        l[sl] += prob;
-        if (p.dropout_p > 0.0f && prob != 0.0f)
-            prob = dropout_kept(p, qb.b, qb.h, row_index[sl], j0 + L::item_col(lane, it)) ? prob * p.keep_scale : 0.0f;
-        s.v[it] = prob;
+        s.v[it] = fa_exp2(s.v[it] - m_use[sl]);
+        l[sl] += s.v[it]; /* the denominator counts dropped elements too */
+    }
+    if (p.dropout_p > 0.0f) {
+#pragma unroll
+        for (int it = 0; it < L::items(BC); ++it)
+            if (s.v[it] != 0.0f)
+                s.v[it] = dropout_kept(p, qb.b, qb.h, row_index[L::item_slot(it)], j0 + L::item_col(lane, it))
+                              ? s.v[it] * p.keep_scale
+                              : 0.0f;
     }
 #pragma unroll
     for (int it = 0; it < L::items(W); ++it) o.v[it] *= alpha[L::item_slot(it)];

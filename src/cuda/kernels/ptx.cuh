@@ -75,4 +75,13 @@ __device__ __forceinline__ uint32_t fa_ptx_cvt_rn_bf16x2(float a, float b)
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(a), "f"(b));
     return d;
 }
+/* ex2.approx.ftz.f32: 2^x in one MUFU.EX2. exp2f is the same instruction plus a rescaling of
+ * inputs below -126 so that subnormal results survive (four more instructions per element);
+ * probabilities below 2^-126 add nothing a row sum of at least 1 can hold, so they flush to 0. */
+__device__ __forceinline__ float fa_ptx_ex2_approx_ftz(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 #endif

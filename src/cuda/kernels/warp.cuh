@@ -5,6 +5,9 @@
 #ifndef FA_GPU_WARP_CUH
 #define FA_GPU_WARP_CUH
 #include "../gpu_runtime.h"
+#if !defined(__HIPCC__)
+#include "ptx.cuh"
+#endif
 
 #if defined(__HIPCC__)
 #  if defined(__AMDGCN_WAVEFRONT_SIZE)
@@ -56,6 +59,11 @@ __device__ __forceinline__ float fa_warp_max(float v)
     return v;
 }
 
-/* 2^x with exp2(-inf) = 0; softmax runs in base 2 with a log2(e)-prescaled scale. */
+/* 2^x with exp2(-inf) = 0; softmax runs in base 2 with a log2(e)-prescaled scale. On NVIDIA one
+ * MUFU.EX2 (ptx.cuh: results below 2^-126 flush to 0). */
+#if defined(__HIPCC__)
 __device__ __forceinline__ float fa_exp2(float x) { return exp2f(x); }
+#else
+__device__ __forceinline__ float fa_exp2(float x) { return fa_ptx_ex2_approx_ftz(x); }
+#endif
 #endif

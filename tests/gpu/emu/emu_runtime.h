@@ -413,6 +413,14 @@ inline uint32_t fa_ptx_cvt_rn_bf16x2(float a, float b)
 {
     return (uint32_t)::emu::bf16_bits_from_float(a) << 16 | ::emu::bf16_bits_from_float(b);
 }
+/* ex2.approx.ftz.f32: subnormal inputs and results flush to (sign-preserving) zero; the hardware's
+ * approximation (2 ulp at most) is modelled by the exact value, like the matrix products. */
+inline float fa_ptx_ex2_approx_ftz(float x)
+{
+    if (fpclassify(x) == FP_SUBNORMAL) x = 0.0f;
+    const float y = exp2f(x);
+    return fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+}
 
 /* ---- AMD instructions (replaces src/hip/amdgcn.cuh) ------------------------------------------- */
 #define FA_HIP_AMDGCN_CUH 1
