@@ -7,7 +7,7 @@ FLOPs: 4 N^2 d heads batch forward, 2.5x that backward, halved when causal.
 
 flashattn is called through ctypes on the tensors' device pointers, on PyTorch's current stream.
 Usage: python3 sdpa_compare.py [--lib build/src/libflashattn.so] [--quick]
-Status: written for a GPU session; never run on hardware yet.
+Status: ran on an NVIDIA H200 (bench/results/gpu-h200-2026-11-24-s11.md).
 """
 import argparse
 import ctypes

@@ -40,6 +40,20 @@ __device__ __forceinline__ element_terms element_gradients(const fa_gpu_params &
     return t;
 }
 
+/* Whether a tile whose elements are all visible may take plain_gradients: no score modifier and
+ * no dropout (their per-element work stays in element_gradients). */
+__device__ __forceinline__ bool plain_terms(const fa_gpu_params &p) { return !p.modified && p.dropout_p == 0.0f; }
+
+/* element_gradients of a visible element without modifiers or dropout (d score = 1), branch-free:
+ * score becomes P (= z) and dp becomes dS, bit for bit what element_gradients gives. */
+__device__ __forceinline__ void plain_gradients(const fa_gpu_params &p, float &score, float &dp, float lse_log2,
+                                                float delta)
+{
+    const float prob = fa_exp2(score * p.scale_log2 - lse_log2);
+    score = prob;
+    dp = prob * (dp - delta);
+}
+
 /* Stores a warp's 16 x W accumulator (rows row0.. of tensor t, head h) times factor. */
 template <class L, int W>
 __device__ __forceinline__ void store_rows(const fa_gpu_params &p, const fa_gpu_tensor &t, int64_t b, int64_t h,
@@ -94,16 +108,26 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
             typename L::template acc<BQ> st, dpt; /* rows: this warp's 16 keys; columns: the query tile */
             L::template qk<W, BQ>(st, sk, warp * FA_TC_WARP_ROWS, sq);
             L::template qk<W, BQ>(dpt, sv, warp * FA_TC_WARP_ROWS, sdo);
+            /* lo of the last query row and hi of the first bound every row's visible keys */
+            if (plain_terms(p) && rows == BQ && keys == BK && fa_row_keys(p, b, i0 + BQ - 1).lo <= j0 &&
+                fa_row_keys(p, b, i0).hi >= j0 + BK && fa_block_mask_all(p, i0, rows, j0, keys)) {
 #pragma unroll
-            for (int it = 0; it < L::items(BQ); ++it) {
-                const int c = L::item_col(lane, it);
-                const int64_t i = i0 + c, j = j0 + warp * FA_TC_WARP_ROWS + L::slot_row(lane, L::item_slot(it));
-                const fa_key_range range = fa_visible_keys_at(fa_diagonal_key(i, p.diag_offset), valid_k, p.causal,
-                                                              p.window_left, p.window_right);
-                const bool visible = c < rows && slse[c] != -INFINITY && element_visible(p, range, i, j);
-                const element_terms t = element_gradients(p, visible, st.v[it], dpt.v[it], slse[c], sdelta[c], b, h, i, j);
-                st.v[it] = t.z;
-                dpt.v[it] = t.ds;
+                for (int it = 0; it < L::items(BQ); ++it) {
+                    const int c = L::item_col(lane, it);
+                    plain_gradients(p, st.v[it], dpt.v[it], slse[c], sdelta[c]);
+                }
+            } else {
+#pragma unroll
+                for (int it = 0; it < L::items(BQ); ++it) {
+                    const int c = L::item_col(lane, it);
+                    const int64_t i = i0 + c, j = j0 + warp * FA_TC_WARP_ROWS + L::slot_row(lane, L::item_slot(it));
+                    const fa_key_range range = fa_visible_keys_at(fa_diagonal_key(i, p.diag_offset), valid_k, p.causal,
+                                                                  p.window_left, p.window_right);
+                    const bool visible = c < rows && slse[c] != -INFINITY && element_visible(p, range, i, j);
+                    const element_terms t = element_gradients(p, visible, st.v[it], dpt.v[it], slse[c], sdelta[c], b, h, i, j);
+                    st.v[it] = t.z;
+                    dpt.v[it] = t.ds;
+                }
             }
             L::template pv<BQ, W>(dv, st, sdo);
             L::template pv<BQ, W>(dk, dpt, sq);
@@ -138,6 +162,8 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dq(const fa_g
         lse_log2[sl] = r < qb.rows ? p.lse[stat] * FA_LOG2E : -INFINITY;
         delta[sl] = r < qb.rows ? p.delta[stat] : 0.0f;
     }
+    /* Keys every row of the block sees: tiles inside [lo_all, hi_all) need no element masks. */
+    const int64_t lo_all = fa_row_keys(p, qb.b, qb.i0 + qb.rows - 1).lo, hi_all = fa_row_keys(p, qb.b, qb.i0).hi;
     typename L::template acc<W> dq;
 #pragma unroll
     for (int it = 0; it < L::items(W); ++it) dq.v[it] = 0.0f;
@@ -158,13 +184,23 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dq(const fa_g
         typename L::template acc<BC> s, dp;
         L::template qk<W, BC>(s, sq, warp * FA_TC_WARP_ROWS, sk);
         L::template qk<W, BC>(dp, sdo, warp * FA_TC_WARP_ROWS, sv);
+        if (plain_terms(p) && qb.rows == BR && j0 >= lo_all && j0 + BC <= hi_all &&
+            fa_block_mask_all(p, qb.i0, qb.rows, j0, cols)) {
 #pragma unroll
-        for (int it = 0; it < L::items(BC); ++it) {
-            const int sl = L::item_slot(it);
-            const int64_t j = j0 + L::item_col(lane, it);
-            const bool visible = lse_log2[sl] != -INFINITY && element_visible(p, range[sl], row_index[sl], j);
-            s.v[it] = element_gradients(p, visible, s.v[it], dp.v[it], lse_log2[sl], delta[sl], qb.b, qb.h,
-                                        row_index[sl], j).ds;
+            for (int it = 0; it < L::items(BC); ++it) {
+                const int sl = L::item_slot(it);
+                plain_gradients(p, s.v[it], dp.v[it], lse_log2[sl], delta[sl]);
+                s.v[it] = dp.v[it];
+            }
+        } else {
+#pragma unroll
+            for (int it = 0; it < L::items(BC); ++it) {
+                const int sl = L::item_slot(it);
+                const int64_t j = j0 + L::item_col(lane, it);
+                const bool visible = lse_log2[sl] != -INFINITY && element_visible(p, range[sl], row_index[sl], j);
+                s.v[it] = element_gradients(p, visible, s.v[it], dp.v[it], lse_log2[sl], delta[sl], qb.b, qb.h,
+                                            row_index[sl], j).ds;
+            }
         }
         L::template pv<BC, W>(dq, s, sk);
     }
