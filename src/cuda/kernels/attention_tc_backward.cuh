@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
 }
 
 template <class L, int W>
-__global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dq(const fa_gpu_params params)
+__global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp, FA_TC_MIN_BLOCKS(3)) backward_dq(const fa_gpu_params params)
 {
     FA_GPU_REQUIRE_BLOCK(FA_TC_WARPS * L::kWarp);
     const fa_gpu_params p = fa_sequence_params(params, blockIdx.z);
