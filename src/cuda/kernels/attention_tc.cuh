@@ -198,8 +198,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp, FA_TC_MIN_BLOCKS(W <= 
 #pragma unroll
     for (int it = 0; it < L::items(W); ++it) o.v[it] = 0.0f;
 
-    /* Keys every row of the block sees: tiles inside [lo_all, hi_all) need no element masks. */
-    const int64_t lo_all = fa_row_keys(p, qb.b, qb.i0 + qb.rows - 1).lo, hi_all = fa_row_keys(p, qb.b, qb.i0).hi;
+    const fa_key_range common = fa_tile_common_keys(p, qb.b, qb.i0, qb.rows);
     const int64_t first = qb.keys.lo / BC;
     int64_t tile = qb.keys.hi > qb.keys.lo ? previous_live_tile<BC>(p, qb, (qb.keys.hi - 1) / BC, first) : first - 1;
     if (tile >= first) {
@@ -216,7 +215,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp, FA_TC_MIN_BLOCKS(W <= 
 
         typename L::template acc<BC> s;
         L::template qk<W, BC>(s, sq, warp * FA_TC_WARP_ROWS, sk);
-        const bool interior = j0 >= lo_all && j0 + BC <= hi_all && fa_block_mask_all(p, qb.i0, qb.rows, j0, tile_cols<BC>(p, tile));
+        const bool interior = fa_tile_all_visible(p, common, qb.i0, qb.rows, j0, BC, tile_cols<BC>(p, tile));
         softmax_tile<L, BC, W>(p, qb, j0, interior, range, row_index, s, o, m, l);
 
         fa_copy_wait_all();

@@ -108,9 +108,8 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
             typename L::template acc<BQ> st, dpt; /* rows: this warp's 16 keys; columns: the query tile */
             L::template qk<W, BQ>(st, sk, warp * FA_TC_WARP_ROWS, sq);
             L::template qk<W, BQ>(dpt, sv, warp * FA_TC_WARP_ROWS, sdo);
-            /* lo of the last query row and hi of the first bound every row's visible keys */
-            if (plain_terms(p) && rows == BQ && keys == BK && fa_row_keys(p, b, i0 + BQ - 1).lo <= j0 &&
-                fa_row_keys(p, b, i0).hi >= j0 + BK && fa_block_mask_all(p, i0, rows, j0, keys)) {
+            if (plain_terms(p) && rows == BQ && keys == BK &&
+                fa_tile_all_visible(p, fa_tile_common_keys(p, b, i0, rows), i0, rows, j0, BK, keys)) {
 #pragma unroll
                 for (int it = 0; it < L::items(BQ); ++it) {
                     const int c = L::item_col(lane, it);
@@ -162,8 +161,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp, FA_TC_MIN_BLOCKS(3)) b
         lse_log2[sl] = r < qb.rows ? p.lse[stat] * FA_LOG2E : -INFINITY;
         delta[sl] = r < qb.rows ? p.delta[stat] : 0.0f;
     }
-    /* Keys every row of the block sees: tiles inside [lo_all, hi_all) need no element masks. */
-    const int64_t lo_all = fa_row_keys(p, qb.b, qb.i0 + qb.rows - 1).lo, hi_all = fa_row_keys(p, qb.b, qb.i0).hi;
+    const fa_key_range common = fa_tile_common_keys(p, qb.b, qb.i0, qb.rows);
     typename L::template acc<W> dq;
 #pragma unroll
     for (int it = 0; it < L::items(W); ++it) dq.v[it] = 0.0f;
@@ -184,8 +182,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp, FA_TC_MIN_BLOCKS(3)) b
         typename L::template acc<BC> s, dp;
         L::template qk<W, BC>(s, sq, warp * FA_TC_WARP_ROWS, sk);
         L::template qk<W, BC>(dp, sdo, warp * FA_TC_WARP_ROWS, sv);
-        if (plain_terms(p) && qb.rows == BR && j0 >= lo_all && j0 + BC <= hi_all &&
-            fa_block_mask_all(p, qb.i0, qb.rows, j0, cols)) {
+        if (plain_terms(p) && qb.rows == BR && fa_tile_all_visible(p, common, qb.i0, qb.rows, j0, BC, cols)) {
 #pragma unroll
             for (int it = 0; it < L::items(BC); ++it) {
                 const int sl = L::item_slot(it);

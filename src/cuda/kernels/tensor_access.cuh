@@ -77,6 +77,16 @@ __device__ __forceinline__ fa_key_range fa_tile_keys(const fa_gpu_params &p, int
     return r;
 }
 
+/* Keys [lo, hi) every row of the query tile [i0, i0 + rows) sees (fa_tile_keys' intersection twin):
+ * lo of the last row, hi of the first. */
+__device__ __forceinline__ fa_key_range fa_tile_common_keys(const fa_gpu_params &p, int64_t b, int64_t i0, int64_t rows)
+{
+    fa_key_range r;
+    r.lo = fa_row_keys(p, b, i0 + rows - 1).lo;
+    r.hi = fa_row_keys(p, b, i0).hi;
+    return r;
+}
+
 /* Whether some block-mask block covering the tile [i0, i0 + rows) x [j0, j0 + cols) is set (set
  * true) or clear (set false). Every thread computes the same answer, so it can guard a barrier. */
 __device__ __forceinline__ bool fa_block_mask_has(const fa_gpu_params &p, int64_t i0, int64_t rows, int64_t j0,
@@ -102,6 +112,15 @@ __device__ __forceinline__ bool fa_block_mask_all(const fa_gpu_params &p, int64_
                                                   int64_t cols)
 {
     return !p.block_mask || !fa_block_mask_has(p, i0, rows, j0, cols, false);
+}
+
+/* Whether every element of the tile [i0, i0 + rows) x [j0, j0 + width) is visible, so no element
+ * mask is needed: the whole tile width (zero-filled keys of a partial tile must not count) lies in
+ * `common` (fa_tile_common_keys of those rows) and the block mask sets its first `cols` keys. */
+__device__ __forceinline__ bool fa_tile_all_visible(const fa_gpu_params &p, fa_key_range common, int64_t i0, int64_t rows,
+                                                    int64_t j0, int64_t width, int64_t cols)
+{
+    return j0 >= common.lo && j0 + width <= common.hi && fa_block_mask_all(p, i0, rows, j0, cols);
 }
 
 __device__ __forceinline__ bool fa_element_visible(const fa_gpu_params &p, fa_key_range range, int64_t i, int64_t j)
