@@ -34,13 +34,17 @@
 
 #define FA_INLINE static inline __attribute__((always_inline))
 
+#ifndef VMAX_UNLESS_EQ /* a where a == b, else max(x, y); AVX-512 has it in one masked max */
+#define VMAX_UNLESS_EQ(a, b, x, y) VSELECT_EQ(a, b, a, VMAX(x, y))
+#endif
+
 /* cap * tanh(x), see tanh_poly.h: x p(z) / q(z), z = min(x^2, FA_TANH_Z_MAX), as one quotient
  * num / den: den = q / cap, the cap folded into q's coefficients once per call
  * (KNAME(tanh_den_for)), so a capped score costs no multiplication beyond tanh's own; one
  * division, not a reciprocal and its Newton step (on Zen 4 the divider works beside the FMA
  * pipes, which the products keep busy). The clamp of z is min's first operand: x86 returns the
  * second when either is NaN, so a NaN x comes out as it went in; an infinite x gives z at the
- * clamp and an infinite num. KNAME(capped) clamps the quotient to [-cap, cap]. */
+ * clamp and an infinite num. KNAME(capped_score) clamps the quotient to [-cap, cap]. */
 typedef struct KNAME(tanh_den) {
     float q0, q1, q2, q3, q4, cap;
 } KNAME(tanh_den);
@@ -61,11 +65,14 @@ FA_INLINE void KNAME(capped_tanh)(VEC x, const KNAME(tanh_den) *b, VEC *num, VEC
     *den = VFMA(q, z, VSET1(b->q0));
     *num = VMUL(x, p);
 }
-/* num / den clamped to [-cap, cap] (the cap first: NaN passes, as in capped_tanh). Past the clamp
- * of z, |num / den| grows beyond cap: the result is then exactly +-cap. */
-FA_INLINE VEC KNAME(capped)(VEC num, VEC den, const KNAME(tanh_den) *b)
+/* num / den clamped to [-cap, cap] (the cap first: NaN passes, as in capped_tanh), or -inf where
+ * the raw score s is -inf (masked stays masked: the lower clamp skips those lanes, on AVX-512 in
+ * one masked max, elsewhere a select after the max; a compare, not three operations after the
+ * clamp on pipes that the products share on Intel). Past the clamp of z, |num / den| grows beyond
+ * cap: the result is then exactly +-cap. */
+FA_INLINE VEC KNAME(capped_score)(VEC s, VEC num, VEC den, const KNAME(tanh_den) *b)
 {
-    return VMIN(VSET1(b->cap), VMAX(VSET1(-b->cap), VDIV(num, den)));
+    return VMIN(VSET1(b->cap), VMAX_UNLESS_EQ(s, VSET1(-INFINITY), VSET1(-b->cap), VDIV(num, den)));
 }
 
 static const float KNAME(lane_index)[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -76,23 +83,15 @@ FA_INLINE VEC KNAME(distance)(int64_t first, int64_t i, int64_t j)
     return VADD(VSET1((float)(first - i)), VADD(VLOAD(KNAME(lane_index)), VSET1((float)j)));
 }
 
-/* 0 where the raw score s is a number or +inf, +inf where it is -inf (masked): subtracted from a
- * finite modified score, it keeps -inf without a compare (min and subtractions run beside the FMA
- * pipes; y - +0 is y, -0 included). A NaN s gives 0 (x86) or NaN (NEON): its score is NaN either way. */
-FA_INLINE VEC KNAME(masked_gap)(VEC s)
-{
-    return VSUB(VSET1(-FLT_MAX), VMIN(s, VSET1(-FLT_MAX)));
-}
-
-/* The score modifiers of one vector of raw scores s, each the one home of its bits: softcap_cols,
+/* The score modifiers of one vector of raw scores, each the one home of its bits: softcap_cols,
  * alibi_cols and gemm_scores' register epilogue all call them. -inf (masked) stays. capped: cap *
- * tanh of s (KNAME(capped)). */
-FA_INLINE VEC KNAME(softcap_value)(VEC s, VEC capped, const int alibi, VEC minus_slope, VEC distance)
+ * tanh of the raw score, -inf where it was -inf (KNAME(capped_score)). */
+FA_INLINE VEC KNAME(softcap_value)(VEC capped, VEC minus_slope, VEC distance)
 {
     /* ALiBi after the cap, as alibi_cols with scale 1 would add it (softcap_cols with slope 0
-     * adds -0: exact, so leaving it out gives the same bits) */
-    const VEC y = alibi ? VADD(capped, VMUL(minus_slope, VABS(distance))) : capped;
-    return VSUB(y, KNAME(masked_gap)(s));
+     * adds -0: exact, so the epilogue without ALiBi leaves it out for the same bits); -inf + a
+     * finite term stays -inf */
+    return VADD(capped, VMUL(minus_slope, VABS(distance)));
 }
 FA_INLINE VEC KNAME(alibi_value)(VEC s, VEC scale, VEC minus_slope, VEC distance)
 {
@@ -132,13 +131,14 @@ FA_INLINE void KNAME(modify_tile)(VEC *acc0, VEC *acc1, const int mr, const KNAM
             VEC num0, den0, num1, den1;
             KNAME(capped_tanh)(VMUL(acc0[r], factor), &mods->den, &num0, &den0);
             KNAME(capped_tanh)(VMUL(acc1[r], factor), &mods->den, &num1, &den1);
-            const VEC y0 = KNAME(capped)(num0, den0, &mods->den), y1 = KNAME(capped)(num1, den1, &mods->den);
+            const VEC y0 = KNAME(capped_score)(acc0[r], num0, den0, &mods->den);
+            const VEC y1 = KNAME(capped_score)(acc1[r], num1, den1, &mods->den);
             if (mods->m.alibi) {
-                acc0[r] = KNAME(softcap_value)(acc0[r], y0, 1, minus_slope, KNAME(distance)(mods->m.first, i0 + r, j0));
-                acc1[r] = KNAME(softcap_value)(acc1[r], y1, 1, minus_slope, KNAME(distance)(mods->m.first, i0 + r, j0 + W));
+                acc0[r] = KNAME(softcap_value)(y0, minus_slope, KNAME(distance)(mods->m.first, i0 + r, j0));
+                acc1[r] = KNAME(softcap_value)(y1, minus_slope, KNAME(distance)(mods->m.first, i0 + r, j0 + W));
             } else {
-                acc0[r] = KNAME(softcap_value)(acc0[r], y0, 0, minus_slope, VZERO());
-                acc1[r] = KNAME(softcap_value)(acc1[r], y1, 0, minus_slope, VZERO());
+                acc0[r] = y0;
+                acc1[r] = y1;
             }
         }
     } else if (mods->m.alibi) {
@@ -494,8 +494,8 @@ FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const i
     const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
     VEC num, den;
     KNAME(capped_tanh)(VMUL(s, factor), b, &num, &den);
-    const VEC capped = KNAME(capped)(num, den, b);
-    const VEC y = KNAME(softcap_value)(s, capped, 1, minus_slope, distance);
+    const VEC capped = KNAME(capped_score)(s, num, den, b);
+    const VEC y = KNAME(softcap_value)(capped, minus_slope, distance);
     if (masked) VMSTORE(x, m, y);
     else VSTORE(x, y);
     if (col_max) {
@@ -504,7 +504,9 @@ FA_INLINE void KNAME(softcap_vec)(float *x, float *grad, float *col_max, const i
         else VSTORE(col_max, best);
     }
     if (!grad) return;
-    const VEC t = VMUL(capped, inv_cap); /* tanh, for the chain rule only (scores never use it) */
+    /* tanh, for the chain rule only (scores never use it); a masked lane's is -1 (its P is 0,
+     * and 0 times a finite factor stays 0) */
+    const VEC t = VMUL(VSELECT_EQ(s, VSET1(-INFINITY), VSET1(-b->cap), capped), inv_cap);
     const VEC g = VFNMA(t, t, VSET1(1.0f));
     if (masked) VMSTORE(grad, m, g);
     else VSTORE(grad, g);

@@ -31,6 +31,7 @@
 #define VSELECT_EQ(a, b, y, n) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ), n, y)
 /* a where a == b, else x + y: VSELECT_EQ(a, b, a, VADD(x, y)) in one masked addition */
 #define VADD_UNLESS_EQ(a, b, x, y) _mm512_mask_add_ps(a, _mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ), x, y)
+#define VMAX_UNLESS_EQ(a, b, x, y) _mm512_mask_max_ps(a, _mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ), x, y)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VMAX(a, b) _mm512_max_ps(a, b)
 #define VMIN(a, b) _mm512_min_ps(a, b)
