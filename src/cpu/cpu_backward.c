@@ -5,16 +5,20 @@
  *   dK_j += tau dS^T Q_i,  dQ_i += tau dS K_j.
  * Tiles are transposed (S^T, dS^T: key rows, query columns; see kernels/kernels.h), so P^T and
  * dS^T multiply dO and Q directly and dS K reads dS^T with swapped strides.
- * Race-free and deterministic, with no atomics and no reduction, in one of two ways chosen from
+ * Race-free and deterministic, with no atomic additions and no reduction, in one of two ways chosen from
  * the problem's shape alone (never the thread count, so results do not depend on it):
- *   fused (enough batch x kv-head pairs): one task owns a whole (batch, kv head) and does the
- *     five tile products of Algorithm 4 per tile pair, accumulating dK_j, dV_j over its query
- *     heads and query tiles, and dQ_i of those heads over key tiles in increasing order (in
- *     place in an f32 dQ, else in a per-thread f32 buffer of group x Nq x d floats);
+ *   fused (enough batch x kv-head pairs): the five tile products of Algorithm 4 per tile pair,
+ *     dK_j, dV_j accumulated over the query heads and query tiles of a (batch, kv head), and dQ_i
+ *     of those heads over key tiles in increasing order. With an f32 dQ, in place, one task per
+ *     key tile: the tasks of one (batch, kv head) may run on different threads at once, and a
+ *     task adds its share of dQ_i only after the previous key tile's task has added its own
+ *     (dq_chain), so every dQ_i still takes its key tiles in increasing order. With f16/bf16 dQ,
+ *     one task per (batch, kv head), in a per-thread f32 buffer of group x Nq x d floats;
  *   two-pass (too few pairs to keep the threads busy, or a dQ buffer too large): pass 1 owns one
  *     key tile per task (dK, dV), pass 2 one query tile per task and recomputes S, P and dP to
  *     accumulate dQ (seven tile products per pair instead of five). */
 #include <math.h>
+#include <sched.h>
 #include <string.h>
 
 #include "../common/alloc.h"
@@ -195,10 +199,30 @@ static float *dq_rows(const fa_problem *p, const dq_target *t, int64_t b, int64_
     return t->buffer + (slot * p->seqlen_q + i0) * p->head_dim;
 }
 
+/* The order of the dQ updates when one (batch, kv head)'s key tiles are separate tasks: a key
+ * tile's task counts in *done the steps (query head, query tile), in its loop order, whose dQ it
+ * has finished, and the next key tile's task waits for that count before adding its own share of
+ * the same step. The first key tile zeroes each step's dQ rows, the last scales them. A task waits
+ * only for tasks handed out before it (the schedule hands out every (batch, kv head)'s key tiles
+ * in increasing order), which never wait for a later task: no deadlock. The waits are rare: the
+ * schedule hands out the first key tile of every (batch, kv head) before any second one. */
+typedef struct dq_chain {
+    const int64_t *prev; /* the previous key tile's count; NULL for the first key tile */
+    int64_t *done;       /* this key tile's count */
+    int last;            /* the last key tile: scales dQ */
+} dq_chain;
+
+static void dq_chain_wait(const dq_chain *chain, int64_t steps)
+{
+    if (chain->prev)
+        while (__atomic_load_n(chain->prev, __ATOMIC_ACQUIRE) < steps) sched_yield();
+}
+
 /* dK_j, dV_j for one (batch, kv head, key tile); with dq, also dQ_i += dS K_j into the fused
- * path's accumulator for every query tile this key tile touches. */
+ * path's accumulator for every query tile this key tile touches, and with chain (f32 dQ, one task
+ * per key tile), in dq_chain's order. */
 static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t j0, const dq_target *dq,
-                          backward_scratch *w)
+                          const dq_chain *chain, backward_scratch *w)
 {
     const fa_problem *p = c->p;
     const fa_cpu_kernels *kern = c->kern;
@@ -208,23 +232,36 @@ static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t 
     memset(dk, 0, (size_t)(cols * d) * sizeof(float));
     memset(dv, 0, (size_t)(cols * d) * sizeof(float));
     const key_tile tile = load_key_tile(c, b, hk, j0, cols, w);
+    int64_t step = 0;
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += br) {
+        for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += br, ++step) {
             fa_cpu_rows rows;
             int64_t lo, hi;
             const fa_tile_visibility vis = tile_span(c, b, i0, j0, cols, w, &rows, &lo, &hi);
-            if (vis == FA_TILE_EMPTY) continue;
-            const key_tile kt = key_subtile(&tile, lo, hi);
-            load_query_side(c, b, h, &rows, w);
-            tile_gradients(c, b, h, &rows, &kt, vis, DS_OF_QK, w);
-            kern->gemm(kt.cols, d, rows.count, w->st, ld, 1, w->dout_rows, w->lddo, dv + (lo - j0) * d, d, NULL,
-                       1); /* dV += Z^T dO */
-            kern->gemm(kt.cols, d, rows.count, w->dst, ld, 1, w->q_rows, w->ldq, dk + (lo - j0) * d, d, NULL,
-                       1); /* dK += dS^T Q */
-            if (dq) {
-                int64_t lddq;
-                float *dq_i = dq_rows(p, dq, b, h, i0, &lddq);
-                kern->gemm(rows.count, d, kt.cols, w->dst, 1, ld, kt.k, kt.ldk, dq_i, lddq, NULL, 1); /* dQ += dS K */
+            if (vis == FA_TILE_EMPTY && !chain) continue;
+            const key_tile kt = vis != FA_TILE_EMPTY ? key_subtile(&tile, lo, hi) : tile;
+            if (vis != FA_TILE_EMPTY) {
+                load_query_side(c, b, h, &rows, w);
+                tile_gradients(c, b, h, &rows, &kt, vis, DS_OF_QK, w);
+                kern->gemm(kt.cols, d, rows.count, w->st, ld, 1, w->dout_rows, w->lddo, dv + (lo - j0) * d, d, NULL,
+                           1); /* dV += Z^T dO */
+                kern->gemm(kt.cols, d, rows.count, w->dst, ld, 1, w->q_rows, w->ldq, dk + (lo - j0) * d, d, NULL,
+                           1); /* dK += dS^T Q */
+            }
+            if (!dq) continue;
+            int64_t lddq;
+            float *dq_i = dq_rows(p, dq, b, h, i0, &lddq);
+            const int64_t n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
+            if (chain) {
+                dq_chain_wait(chain, step + 1);
+                for (int64_t r = 0; !chain->prev && r < n; ++r) memset(dq_i + r * lddq, 0, (size_t)d * sizeof(float));
+            }
+            if (vis != FA_TILE_EMPTY) /* dQ += dS K */
+                kern->gemm(rows.count, d, kt.cols, w->dst, 1, ld, kt.k, kt.ldk, dq_i, lddq, NULL, 1);
+            if (chain) {
+                for (int64_t r = 0; chain->last && r < n; ++r)
+                    for (int64_t x = 0; x < d; ++x) dq_i[r * lddq + x] *= p->scale;
+                __atomic_store_n(chain->done, step + 1, __ATOMIC_RELEASE);
             }
         }
     }
@@ -244,7 +281,7 @@ static void kv_head_task(const backward_ctx *c, int64_t b, int64_t hk, const dq_
             int64_t ld;
             memset(dq_rows(p, dq, b, h, i, &ld), 0, (size_t)d * sizeof(float));
         }
-    for (int64_t j0 = 0; j0 < p->seqlen_k; j0 += c->bc) key_tile_task(c, b, hk, j0, dq, w);
+    for (int64_t j0 = 0; j0 < p->seqlen_k; j0 += c->bc) key_tile_task(c, b, hk, j0, dq, NULL, w);
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         int64_t ld;
         float *rows = dq_rows(p, dq, b, h, 0, &ld);
@@ -369,6 +406,16 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     const int64_t bias_tasks = !db->data ? 0 : (db->stride_batch ? p->batch : 1) * (db->stride_head ? p->heads_q : 1) *
                                                    (db->stride_q ? q_tiles : 1);
     int out_of_memory = 0;
+    /* Fused with an f32 dQ: one task per key tile, dQ updates in dq_chain's order (with no key
+     * tile, kv_head_task still zeroes dQ). */
+    const int chained = fused && !dq_buffer_floats && k_tiles > 0;
+    int64_t *chain_done = chained ? fa_host_calloc((size_t)(kv_pairs * k_tiles), sizeof(int64_t)) : NULL;
+    if (chained && !chain_done) {
+        fa_host_scratch_free(delta);
+        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "backward: cannot allocate the dQ order (%lld counters)",
+                            (long long)(kv_pairs * k_tiles));
+    }
+    int64_t next_task = 0;
 
 #pragma omp parallel num_threads(threads)
     {
@@ -385,7 +432,20 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
             /* After D, the passes write disjoint outputs (dQ, dK, dV, dbias) and read only the
              * inputs and D: no barrier between them (nowait), a thread goes on to the next pass's
              * tasks; the region's end is the one barrier left. */
-            if (fused) {
+            if (chained) {
+                /* Tasks handed out in increasing order (one atomic counter: dq_chain relies on
+                 * it), every pair's first key tile before any second one: longest first under a
+                 * causal mask, and a task rarely waits for its previous key tile. */
+                for (;;) {
+                    const int64_t t = __atomic_fetch_add(&next_task, 1, __ATOMIC_RELAXED);
+                    if (t >= kv_pairs * k_tiles) break;
+                    const int64_t pair = t % kv_pairs, tile = t / kv_pairs;
+                    const dq_chain chain = {.prev = tile ? chain_done + pair * k_tiles + tile - 1 : NULL,
+                                            .done = chain_done + pair * k_tiles + tile,
+                                            .last = tile == k_tiles - 1};
+                    key_tile_task(&c, pair / p->heads_kv, pair % p->heads_kv, tile * bc, &dq, &chain, &w);
+                }
+            } else if (fused) {
 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t t = 0; t < kv_pairs; ++t) kv_head_task(&c, t / p->heads_kv, t % p->heads_kv, &dq, &w);
             } else {
@@ -393,7 +453,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t t = 0; t < kv_pairs * k_tiles; ++t) {
                     const int64_t kt = t / kv_pairs, bh = t % kv_pairs;
-                    key_tile_task(&c, bh / p->heads_kv, bh % p->heads_kv, kt * bc, NULL, &w);
+                    key_tile_task(&c, bh / p->heads_kv, bh % p->heads_kv, kt * bc, NULL, NULL, &w);
                 }
 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t t = 0; t < q_pairs * q_tiles; ++t) {
@@ -408,6 +468,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
         fa_host_scratch_free(block);
     }
     fa_host_scratch_free(delta);
+    fa_host_free(chain_done);
     if (out_of_memory)
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY,
                             "backward: cannot allocate per-thread tiles (dq, dk, dv and dbias are not written)");

@@ -1,9 +1,11 @@
-/* The CPU backward's two strategies (src/cpu/cpu_backward.c): the fused path (one task per
- * (batch, kv head), dQ accumulated in place or in a per-thread f32 buffer) is taken when
- * batch x heads_kv >= 8, the two-pass path otherwise. The shared case table mostly has fewer
- * pairs, so here: fused-shape cases against the oracle in every dtype (f16/bf16 take the buffer),
- * results bit-identical for 1, 2 and 3 threads on both paths, and out-of-memory on every
- * allocation of the fused path reported as FA_ERROR_OUT_OF_MEMORY. */
+/* The CPU backward's two strategies (src/cpu/cpu_backward.c): the fused path (dQ accumulated in
+ * place, one task per key tile chained in key order, or for f16/bf16 dQ one task per (batch, kv
+ * head) in a per-thread f32 buffer) is taken when batch x heads_kv >= 8, the two-pass path
+ * otherwise. The shared case table mostly has fewer pairs, so here: fused-shape cases against the
+ * oracle in every dtype (f16/bf16 take the buffer), results bit-identical for 1, 2 and 3 threads
+ * on both paths, the chained key tiles (several per pair, empty steps under a causal mask) for
+ * 1, 2, 3 and 8 threads, and out-of-memory on every allocation of the fused path reported as
+ * FA_ERROR_OUT_OF_MEMORY. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -125,18 +127,19 @@ static fa_status problem_run(problem *pr, fa_context *ctx)
     return fa_backward(ctx, &desc, &tq, &tk, &tv, &to, &tdo, pr->lse, &tdq, &tdk, &tdv);
 }
 
-static void test_thread_counts_identical(void **state)
+/* Outputs of c in each dtype with each thread count of `threads` against one thread's, bit for bit. */
+static void check_thread_counts(const fa_test_case *c, const fa_dtype *dtypes, size_t dtype_count, const int *threads_list,
+                                size_t threads_count)
 {
-    const fa_test_case *c = *state;
-    static const fa_dtype dtypes[] = {FA_DTYPE_F32, FA_DTYPE_BF16};
-    for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; ++di) {
+    for (size_t di = 0; di < dtype_count; ++di) {
         problem one, many;
         problem_init(&one, c, dtypes[di]);
         fa_context *ctx = NULL;
         assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
         assert_int_equal(fa_context_set_num_threads(ctx, 1), FA_SUCCESS);
         assert_int_equal(problem_run(&one, ctx), FA_SUCCESS);
-        for (int threads = 2; threads <= 3; ++threads) {
+        for (size_t ti = 0; ti < threads_count; ++ti) {
+            const int threads = threads_list[ti];
             problem_init(&many, c, dtypes[di]);
             assert_int_equal(fa_context_set_num_threads(ctx, threads), FA_SUCCESS);
             assert_int_equal(problem_run(&many, ctx), FA_SUCCESS);
@@ -154,6 +157,50 @@ static void test_thread_counts_identical(void **state)
         fa_context_destroy(ctx);
         problem_free(&one);
     }
+}
+
+static void test_thread_counts_identical(void **state)
+{
+    static const fa_dtype dtypes[] = {FA_DTYPE_F32, FA_DTYPE_BF16};
+    static const int threads[] = {2, 3};
+    check_thread_counts(*state, dtypes, 2, threads, 2);
+}
+
+/* Several key tiles per (batch, kv head) with an f32 dQ: one task per key tile, each adding to
+ * dQ after the previous key tile's task (dq_chain). Eight pairs; causal with seqlen_q < seqlen_k,
+ * so the first query tile sees no key of the last key tile (a step the chain passes on without a
+ * product). 8 threads on a smaller machine make tasks of one pair wait for each other. */
+static const fa_test_case chained_case = {"fused_chained_key_tiles", {1, 8, 8, 300, 1100, 128}, 0, 1, -1, -1, 0, 0.0f,
+                                          0, 0, BLOCK_MASK_NONE, 0, 0, LAYOUT_PACKED, 0};
+
+static void test_chained_key_tiles(void **state)
+{
+    (void)state;
+    const fa_test_case *c = &chained_case;
+    fa_context *ctx = NULL;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
+    fa_tiling tiling;
+    assert_int_equal(fa_context_tiling(ctx, c->shape.head_dim, FA_DTYPE_F32, &tiling, NULL), FA_SUCCESS);
+    if (2 * tiling.block_cols >= c->shape.seqlen_k) /* the test is void with fewer than 3 key tiles */
+        fail_msg("key tiles of %lld keys: fewer than 3 for seqlen_k %lld", (long long)tiling.block_cols,
+                 (long long)c->shape.seqlen_k);
+    const char *quick = getenv("FA_TEST_QUICK");
+    if (quick && !strcmp(quick, "1")) { /* the fp64 oracle is too slow under valgrind */
+        print_message("oracle skipped under FA_TEST_QUICK=1 (thread counts still compared)\n");
+    } else {
+        char what[512], why[512];
+        fa_case_describe(c, FA_DTYPE_F32, what, sizeof what);
+        fa_case_errors errors;
+        const fa_status st = fa_run_case(ctx, c, FA_DTYPE_F32, 1, &errors);
+        if (st != FA_SUCCESS) fail_msg("%s: %s: %s", what, fa_status_string(st), fa_last_error());
+        const int ok = fa_case_passes(&errors, FA_DTYPE_F32, 1, why, sizeof why);
+        print_message("%s\n    %s\n", what, why);
+        if (!ok) fail_msg("%s: error above tolerance: %s", what, why);
+    }
+    fa_context_destroy(ctx);
+    static const fa_dtype dtypes[] = {FA_DTYPE_F32};
+    static const int threads[] = {2, 3, 8};
+    check_thread_counts(c, dtypes, 1, threads, 3);
 }
 
 /* Every allocation of a bf16 fused backward (scratch, D, the dQ buffer) failing in turn gives
@@ -186,13 +233,14 @@ static void test_out_of_memory(void **state)
 
 int main(void)
 {
-    struct CMUnitTest tests[2 * case_count + 1];
+    struct CMUnitTest tests[2 * case_count + 2];
     size_t n = 0;
     for (size_t i = 0; i < case_count; ++i)
         tests[n++] = (struct CMUnitTest){cases[i].name, test_against_oracle, NULL, NULL, (void *)&cases[i]};
     for (size_t i = 0; i < case_count; ++i)
         tests[n++] = (struct CMUnitTest){"threads 1/2/3 bit-identical", test_thread_counts_identical, NULL, NULL,
                                          (void *)&cases[i]};
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_chained_key_tiles);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_out_of_memory);
     return _cmocka_run_group_tests("cpu_backward_paths", tests, n, NULL, NULL);
 }
