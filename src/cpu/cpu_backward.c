@@ -367,19 +367,20 @@ static float row_delta(const backward_ctx *c, int64_t x, backward_scratch *w)
     for (int64_t col = 0; col < p->head_dim; ++col) sum += (double)o[col] * (double)dout[col];
     return (float)sum;
 }
-/* The fused path needs enough (batch, kv head) tasks to keep a few threads busy (8 equal tasks
- * balance 2 or 4 threads exactly; with fewer, the two-pass path's finer tasks win despite its
- * two extra products) and, for an f16/bf16 dQ, a per-thread f32 buffer of bounded size. Decided
- * from the shape only, so the arithmetic never depends on the thread count. */
+/* The fused path needs enough tasks to keep a few threads busy (with fewer, the two-pass path's
+ * finer tasks win despite its two extra products): with an f32 dQ its tasks are the key tiles of
+ * every (batch, kv head) (dq_chain), with an f16/bf16 dQ the (batch, kv heads) themselves, each
+ * with a per-thread f32 buffer of bounded size. Decided from the shape (and the tiles) only, so
+ * the arithmetic never depends on the thread count. */
 enum { FUSED_MIN_TASKS = 8 };
 #define FUSED_MAX_DQ_BUFFER_BYTES ((int64_t)32 << 20)
 
-static int backward_is_fused(const fa_problem *p, int64_t *dq_buffer_floats)
+static int backward_is_fused(const fa_problem *p, int64_t k_tiles, int64_t *dq_buffer_floats)
 {
-    const int64_t group = p->heads_q / p->heads_kv;
+    const int64_t group = p->heads_q / p->heads_kv, pairs = p->batch * p->heads_kv;
     *dq_buffer_floats = p->dq.dtype == FA_DTYPE_F32 ? 0 : group * p->seqlen_q * p->head_dim;
-    return p->batch * p->heads_kv >= FUSED_MIN_TASKS &&
-           *dq_buffer_floats * (int64_t)sizeof(float) <= FUSED_MAX_DQ_BUFFER_BYTES;
+    if (!*dq_buffer_floats) return pairs * k_tiles >= FUSED_MIN_TASKS;
+    return pairs >= FUSED_MIN_TASKS && *dq_buffer_floats * (int64_t)sizeof(float) <= FUSED_MAX_DQ_BUFFER_BYTES;
 }
 
 fa_status fa_cpu_backward(void *state, const fa_problem *p)
@@ -399,7 +400,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     const int64_t k_tiles = (p->seqlen_k + bc - 1) / bc, q_tiles = (p->seqlen_q + br - 1) / br;
     const int64_t kv_pairs = p->batch * p->heads_kv, q_pairs = p->batch * p->heads_q;
     int64_t dq_buffer_floats;
-    const int fused = backward_is_fused(p, &dq_buffer_floats);
+    const int fused = backward_is_fused(p, k_tiles, &dq_buffer_floats);
     const int64_t ld = fa_cpu_tile_ld(br);
     const backward_ctx c = {.p = p, .kern = s->kernels, .delta = delta, .br = br, .bc = bc, .ld = ld};
     const fa_bias *db = &p->dbias;

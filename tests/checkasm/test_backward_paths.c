@@ -1,10 +1,11 @@
-/* The CPU backward's two strategies (src/cpu/cpu_backward.c): the fused path (dQ accumulated in
- * place, one task per key tile chained in key order, or for f16/bf16 dQ one task per (batch, kv
- * head) in a per-thread f32 buffer) is taken when batch x heads_kv >= 8, the two-pass path
- * otherwise. The shared case table mostly has fewer pairs, so here: fused-shape cases against the
- * oracle in every dtype (f16/bf16 take the buffer), results bit-identical for 1, 2 and 3 threads
- * on both paths, the chained key tiles (several per pair, empty steps under a causal mask) for
- * 1, 2, 3 and 8 threads, and out-of-memory on every allocation of the fused path reported as
+/* The CPU backward's two strategies (src/cpu/cpu_backward.c): the fused path is taken with an f32
+ * dQ when batch x heads_kv x key tiles >= 8 (dQ in place, one task per key tile chained in key
+ * order), with an f16/bf16 dQ when batch x heads_kv >= 8 (one task per (batch, kv head), dQ in a
+ * per-thread f32 buffer), the two-pass path otherwise. The shared case table mostly has fewer
+ * pairs, so here: fused-shape cases against the oracle in every dtype (f16/bf16 take the buffer),
+ * results bit-identical for 1, 2 and 3 threads on both paths, chained key tiles (8 pairs, and
+ * one pair whose key tiles run as a pipeline; empty steps under a causal mask) for 1, 2, 3 and 8
+ * threads, and out-of-memory on every allocation of the fused path reported as
  * FA_ERROR_OUT_OF_MEMORY. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -167,23 +168,27 @@ static void test_thread_counts_identical(void **state)
 }
 
 /* Several key tiles per (batch, kv head) with an f32 dQ: one task per key tile, each adding to
- * dQ after the previous key tile's task (dq_chain). Eight pairs; causal with seqlen_q < seqlen_k,
- * so the first query tile sees no key of the last key tile (a step the chain passes on without a
- * product). 8 threads on a smaller machine make tasks of one pair wait for each other. */
-static const fa_test_case chained_case = {"fused_chained_key_tiles", {1, 8, 8, 300, 1100, 128}, 0, 1, -1, -1, 0, 0.0f,
-                                          0, 0, BLOCK_MASK_NONE, 0, 0, LAYOUT_PACKED, 0};
+ * dQ after the previous key tile's task (dq_chain). Causal with seqlen_q < seqlen_k, so the first
+ * query tile sees no key of the last key tile (a step the chain passes on without a product).
+ * Eight pairs (8 threads on a smaller machine make tasks of one pair wait for each other), and
+ * one pair (GQA, two query heads) whose key tiles can only run as a pipeline, every task waiting
+ * for the one before it at each step. */
+static const fa_test_case chained_cases[] = {
+    {"fused_chained_key_tiles", {1, 8, 8, 300, 1100, 128}, 0, 1, -1, -1, 0, 0.0f, 0, 0, BLOCK_MASK_NONE, 0, 0, LAYOUT_PACKED, 0},
+    {"fused_chained_one_pair", {1, 2, 1, 260, 4200, 128}, 0.1f, 1, -1, -1, 0, 0.0f, 0, 0, BLOCK_MASK_NONE, 0, 0, LAYOUT_PACKED, 0},
+};
 
 static void test_chained_key_tiles(void **state)
 {
-    (void)state;
-    const fa_test_case *c = &chained_case;
+    const fa_test_case *c = *state;
     fa_context *ctx = NULL;
     assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
     fa_tiling tiling;
     assert_int_equal(fa_context_tiling(ctx, c->shape.head_dim, FA_DTYPE_F32, &tiling, NULL), FA_SUCCESS);
-    if (2 * tiling.block_cols >= c->shape.seqlen_k) /* the test is void with fewer than 3 key tiles */
-        fail_msg("key tiles of %lld keys: fewer than 3 for seqlen_k %lld", (long long)tiling.block_cols,
-                 (long long)c->shape.seqlen_k);
+    /* void with fewer than 3 key tiles, or fewer than 8 tasks (then the two-pass path runs) */
+    const int64_t key_tiles = (c->shape.seqlen_k + tiling.block_cols - 1) / tiling.block_cols;
+    if (key_tiles < 3 || c->shape.batch * c->shape.heads_kv * key_tiles < 8)
+        fail_msg("%lld key tiles of %lld keys: not a chained case", (long long)key_tiles, (long long)tiling.block_cols);
     const char *quick = getenv("FA_TEST_QUICK");
     if (quick && !strcmp(quick, "1")) { /* the fp64 oracle is too slow under valgrind */
         print_message("oracle skipped under FA_TEST_QUICK=1 (thread counts still compared)\n");
@@ -233,14 +238,16 @@ static void test_out_of_memory(void **state)
 
 int main(void)
 {
-    struct CMUnitTest tests[2 * case_count + 2];
+    struct CMUnitTest tests[2 * case_count + 3];
     size_t n = 0;
     for (size_t i = 0; i < case_count; ++i)
         tests[n++] = (struct CMUnitTest){cases[i].name, test_against_oracle, NULL, NULL, (void *)&cases[i]};
     for (size_t i = 0; i < case_count; ++i)
         tests[n++] = (struct CMUnitTest){"threads 1/2/3 bit-identical", test_thread_counts_identical, NULL, NULL,
                                          (void *)&cases[i]};
-    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_chained_key_tiles);
+    for (size_t i = 0; i < sizeof chained_cases / sizeof chained_cases[0]; ++i)
+        tests[n++] = (struct CMUnitTest){chained_cases[i].name, test_chained_key_tiles, NULL, NULL,
+                                         (void *)&chained_cases[i]};
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_out_of_memory);
     return _cmocka_run_group_tests("cpu_backward_paths", tests, n, NULL, NULL);
 }
