@@ -9,11 +9,12 @@
  * the problem's shape alone (never the thread count, so results do not depend on it):
  *   fused (enough batch x kv-head pairs): the five tile products of Algorithm 4 per tile pair,
  *     dK_j, dV_j accumulated over the query heads and query tiles of a (batch, kv head), and dQ_i
- *     of those heads over key tiles in increasing order. With an f32 dQ, in place, one task per
- *     key tile: the tasks of one (batch, kv head) may run on different threads at once, and a
- *     task adds its share of dQ_i only after the previous key tile's task has added its own
- *     (dq_chain), so every dQ_i still takes its key tiles in increasing order. With f16/bf16 dQ,
- *     one task per (batch, kv head), in a per-thread f32 buffer of group x Nq x d floats;
+ *     of those heads over key tiles in increasing order. Chained (f32 dQ in place, or f16/bf16
+ *     dQ in one f32 buffer of the whole dQ of at most 32 MiB): one task per key tile; the tasks
+ *     of one (batch, kv head) may run on different threads at once, and a task adds its share of
+ *     dQ_i only after the previous key tile's task has added its own (dq_chain), so every dQ_i
+ *     still takes its key tiles in increasing order. Otherwise (f16/bf16 dQ, larger): one task
+ *     per (batch, kv head), dQ in a per-thread f32 buffer of group x Nq x d floats;
  *   two-pass (too few pairs to keep the threads busy, or a dQ buffer too large): pass 1 owns one
  *     key tile per task (dK, dV), pass 2 one query tile per task and recomputes S, P and dP to
  *     accumulate dQ (seven tile products per pair instead of five). */
@@ -182,10 +183,12 @@ static fa_tile_visibility tile_span(const backward_ctx *c, int64_t b, int64_t i0
     return *hi > *lo ? fa_cpu_tile_visibility(p, rows, *lo, *hi - *lo) : FA_TILE_EMPTY;
 }
 
-/* Where dQ_i of query head h accumulates in the fused path: the f32 dQ tensor itself, or a
- * per-thread buffer [group][Nq][d] for f16/bf16 dQ. */
+/* Where dQ_i of query head h accumulates in the fused path: the f32 dQ tensor itself, or for
+ * an f16/bf16 dQ an f32 buffer: [batch][heads_q][Nq][d] for the chained tasks (whole), else a
+ * per-thread [group][Nq][d] for one (batch, kv head) at a time. */
 typedef struct dq_target {
     float *buffer; /* NULL: accumulate in place in p->dq (f32) */
+    int whole;     /* buffer holds every (batch, query head) */
 } dq_target;
 
 static float *dq_rows(const fa_problem *p, const dq_target *t, int64_t b, int64_t h, int64_t i0, int64_t *ld)
@@ -194,7 +197,7 @@ static float *dq_rows(const fa_problem *p, const dq_target *t, int64_t b, int64_
         *ld = p->dq.stride_seq;
         return fa_row_ptr(&p->dq, b, i0, h);
     }
-    const int64_t group = p->heads_q / p->heads_kv, slot = h % group;
+    const int64_t group = p->heads_q / p->heads_kv, slot = t->whole ? b * p->heads_q + h : h % group;
     *ld = p->head_dim;
     return t->buffer + (slot * p->seqlen_q + i0) * p->head_dim;
 }
@@ -261,6 +264,7 @@ static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t 
             if (chain) {
                 for (int64_t r = 0; chain->last && r < n; ++r)
                     for (int64_t x = 0; x < d; ++x) dq_i[r * lddq + x] *= p->scale;
+                if (chain->last && dq->buffer) fa_cpu_store_rows(&p->dq, kern, b, i0, h, n, dq_i, lddq);
                 __atomic_store_n(chain->done, step + 1, __ATOMIC_RELEASE);
             }
         }
@@ -368,19 +372,31 @@ static float row_delta(const backward_ctx *c, int64_t x, backward_scratch *w)
     return (float)sum;
 }
 /* The fused path needs enough tasks to keep a few threads busy (with fewer, the two-pass path's
- * finer tasks win despite its two extra products): with an f32 dQ its tasks are the key tiles of
- * every (batch, kv head) (dq_chain), with an f16/bf16 dQ the (batch, kv heads) themselves, each
- * with a per-thread f32 buffer of bounded size. Decided from the shape (and the tiles) only, so
- * the arithmetic never depends on the thread count. */
+ * finer tasks win despite its two extra products): chained, the key tiles of every (batch, kv
+ * head) (dq_chain), with an f16/bf16 dQ accumulated in one f32 buffer of the whole dQ; per pair,
+ * the (batch, kv heads) themselves, each with a per-thread f32 buffer of one pair's dQ. Buffers
+ * of at most FUSED_MAX_DQ_BUFFER_BYTES. Decided from the shape (and the tiles) only, so the
+ * arithmetic never depends on the thread count. */
 enum { FUSED_MIN_TASKS = 8 };
 #define FUSED_MAX_DQ_BUFFER_BYTES ((int64_t)32 << 20)
+typedef enum backward_path { PATH_TWO_PASS, PATH_CHAINED, PATH_PAIRS } backward_path;
 
-static int backward_is_fused(const fa_problem *p, int64_t k_tiles, int64_t *dq_buffer_floats)
+static backward_path backward_path_for(const fa_problem *p, int64_t k_tiles, int64_t *dq_buffer_floats)
 {
-    const int64_t group = p->heads_q / p->heads_kv, pairs = p->batch * p->heads_kv;
-    *dq_buffer_floats = p->dq.dtype == FA_DTYPE_F32 ? 0 : group * p->seqlen_q * p->head_dim;
-    if (!*dq_buffer_floats) return pairs * k_tiles >= FUSED_MIN_TASKS;
-    return pairs >= FUSED_MIN_TASKS && *dq_buffer_floats * (int64_t)sizeof(float) <= FUSED_MAX_DQ_BUFFER_BYTES;
+    const int64_t pairs = p->batch * p->heads_kv, max_floats = FUSED_MAX_DQ_BUFFER_BYTES / (int64_t)sizeof(float);
+    const int64_t whole = p->batch * p->heads_q * p->seqlen_q * p->head_dim;
+    const int64_t pair = p->heads_q / p->heads_kv * p->seqlen_q * p->head_dim;
+    const int f32 = p->dq.dtype == FA_DTYPE_F32;
+    *dq_buffer_floats = 0;
+    if ((f32 || whole <= max_floats) && pairs * k_tiles >= FUSED_MIN_TASKS) {
+        *dq_buffer_floats = f32 ? 0 : whole;
+        return PATH_CHAINED;
+    }
+    if (!f32 && pairs >= FUSED_MIN_TASKS && pair <= max_floats) {
+        *dq_buffer_floats = pair;
+        return PATH_PAIRS;
+    }
+    return PATH_TWO_PASS;
 }
 
 fa_status fa_cpu_backward(void *state, const fa_problem *p)
@@ -400,21 +416,25 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     const int64_t k_tiles = (p->seqlen_k + bc - 1) / bc, q_tiles = (p->seqlen_q + br - 1) / br;
     const int64_t kv_pairs = p->batch * p->heads_kv, q_pairs = p->batch * p->heads_q;
     int64_t dq_buffer_floats;
-    const int fused = backward_is_fused(p, k_tiles, &dq_buffer_floats);
+    const backward_path path = backward_path_for(p, k_tiles, &dq_buffer_floats);
     const int64_t ld = fa_cpu_tile_ld(br);
     const backward_ctx c = {.p = p, .kern = s->kernels, .delta = delta, .br = br, .bc = bc, .ld = ld};
     const fa_bias *db = &p->dbias;
     const int64_t bias_tasks = !db->data ? 0 : (db->stride_batch ? p->batch : 1) * (db->stride_head ? p->heads_q : 1) *
                                                    (db->stride_q ? q_tiles : 1);
     int out_of_memory = 0;
-    /* Fused with an f32 dQ: one task per key tile, dQ updates in dq_chain's order (with no key
-     * tile, kv_head_task still zeroes dQ). */
-    const int chained = fused && !dq_buffer_floats && k_tiles > 0;
+    /* Chained: one task per key tile, dQ updates in dq_chain's order, an f16/bf16 dQ in one
+     * buffer of the whole dQ (k_tiles >= 1: FUSED_MIN_TASKS counts them). */
+    const int chained = path == PATH_CHAINED;
     int64_t *chain_done = chained ? fa_host_calloc((size_t)(kv_pairs * k_tiles), sizeof(int64_t)) : NULL;
-    if (chained && !chain_done) {
+    float *whole_dq = chained && dq_buffer_floats ? fa_host_scratch_alloc((size_t)dq_buffer_floats * sizeof(float)) : NULL;
+    if (chained && (!chain_done || (dq_buffer_floats && !whole_dq))) {
+        fa_host_free(chain_done);
+        fa_host_scratch_free(whole_dq);
         fa_host_scratch_free(delta);
-        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "backward: cannot allocate the dQ order (%lld counters)",
-                            (long long)(kv_pairs * k_tiles));
+        return fa_set_error(FA_ERROR_OUT_OF_MEMORY,
+                            "backward: cannot allocate the dQ order (%lld counters) or the f32 dQ (%lld floats)",
+                            (long long)(kv_pairs * k_tiles), (long long)dq_buffer_floats);
     }
     int64_t next_task = 0;
 
@@ -423,8 +443,8 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
         backward_scratch w = {.br = br, .bc = bc, .d = p->head_dim, .ld = ld, .bias_floats = bias_tasks ? br * bc : 0,
                               .bf16 = fa_cpu_bf16_scores(p, c.kern)};
         void *block = fa_cpu_scratch_make(backward_scratch_layout, &w);
-        const int needs_dq_buffer = fused && dq_buffer_floats;
-        dq_target dq = {NULL};
+        const int needs_dq_buffer = path == PATH_PAIRS; /* per thread */
+        dq_target dq = {whole_dq, whole_dq != NULL};
         if (block && needs_dq_buffer) dq.buffer = fa_host_scratch_alloc((size_t)dq_buffer_floats * sizeof(float));
         /* The tasks read every thread's share of D, and a failed call writes no gradient. */
         if (fa_cpu_team_ready(block && (dq.buffer || !needs_dq_buffer), &out_of_memory)) {
@@ -446,7 +466,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
                                             .last = tile == k_tiles - 1};
                     key_tile_task(&c, pair / p->heads_kv, pair % p->heads_kv, tile * bc, &dq, &chain, &w);
                 }
-            } else if (fused) {
+            } else if (path == PATH_PAIRS) {
 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t t = 0; t < kv_pairs; ++t) kv_head_task(&c, t / p->heads_kv, t % p->heads_kv, &dq, &w);
             } else {
@@ -465,11 +485,12 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t t = 0; t < bias_tasks; ++t) bias_task(&c, t, &w);
         }
-        fa_host_scratch_free(dq.buffer);
+        if (needs_dq_buffer) fa_host_scratch_free(dq.buffer);
         fa_host_scratch_free(block);
     }
     fa_host_scratch_free(delta);
     fa_host_free(chain_done);
+    fa_host_scratch_free(whole_dq);
     if (out_of_memory)
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY,
                             "backward: cannot allocate per-thread tiles (dq, dk, dv and dbias are not written)");

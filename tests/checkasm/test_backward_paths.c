@@ -1,12 +1,13 @@
-/* The CPU backward's two strategies (src/cpu/cpu_backward.c): the fused path is taken with an f32
- * dQ when batch x heads_kv x key tiles >= 8 (dQ in place, one task per key tile chained in key
- * order), with an f16/bf16 dQ when batch x heads_kv >= 8 (one task per (batch, kv head), dQ in a
- * per-thread f32 buffer), the two-pass path otherwise. The shared case table mostly has fewer
- * pairs, so here: fused-shape cases against the oracle in every dtype (f16/bf16 take the buffer),
- * results bit-identical for 1, 2 and 3 threads on both paths, chained key tiles (8 pairs, and
- * one pair whose key tiles run as a pipeline; empty steps under a causal mask) for 1, 2, 3 and 8
- * threads, and out-of-memory on every allocation of the fused path reported as
- * FA_ERROR_OUT_OF_MEMORY. */
+/* The CPU backward's strategies (src/cpu/cpu_backward.c, backward_path_for): chained when
+ * batch x heads_kv x key tiles >= 8 (one task per key tile, dQ updates chained in key order; an
+ * f32 dQ in place, an f16/bf16 dQ in one f32 buffer of the whole dQ of at most 32 MiB), else per
+ * pair for an f16/bf16 dQ whose whole f32 copy would be larger (batch x heads_kv >= 8: one task
+ * per (batch, kv head), dQ in a per-thread f32 buffer), else two-pass. The shared case table
+ * mostly has fewer pairs, so here: fused-shape cases against the oracle in every dtype, results
+ * bit-identical for 1, 2 and 3 threads on every path, chained key tiles (8 pairs, and one pair
+ * whose key tiles run as a pipeline; empty steps under a causal mask) for 1, 2, 3 and 8 threads
+ * in f32 and bf16, the per-pair path (a dQ of 8.4M elements), and out-of-memory on every
+ * allocation of the fused path reported as FA_ERROR_OUT_OF_MEMORY. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,22 +32,31 @@ static const fa_test_case cases[] = {
 };
 enum { case_count = sizeof cases / sizeof cases[0] };
 
+static int quick(void)
+{
+    const char *q = getenv("FA_TEST_QUICK");
+    return q && !strcmp(q, "1");
+}
+
+/* Forward and backward of c in dtype against the fp64 oracle. */
+static void check_oracle(fa_context *ctx, const fa_test_case *c, fa_dtype dtype)
+{
+    char what[512], why[512];
+    fa_case_describe(c, dtype, what, sizeof what);
+    fa_case_errors errors;
+    const fa_status st = fa_run_case(ctx, c, dtype, 1, &errors);
+    if (st != FA_SUCCESS) fail_msg("%s: %s: %s", what, fa_status_string(st), fa_last_error());
+    const int ok = fa_case_passes(&errors, dtype, 1, why, sizeof why);
+    print_message("%s\n    %s\n", what, why);
+    if (!ok) fail_msg("%s: error above tolerance: %s", what, why);
+}
+
 static void test_against_oracle(void **state)
 {
-    const fa_test_case *c = *state;
     fa_context *ctx = NULL;
     assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
     static const fa_dtype dtypes[] = {FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16};
-    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; ++i) {
-        char what[512], why[512];
-        fa_case_describe(c, dtypes[i], what, sizeof what);
-        fa_case_errors errors;
-        const fa_status st = fa_run_case(ctx, c, dtypes[i], 1, &errors);
-        if (st != FA_SUCCESS) fail_msg("%s: %s: %s", what, fa_status_string(st), fa_last_error());
-        const int ok = fa_case_passes(&errors, dtypes[i], 1, why, sizeof why);
-        print_message("%s\n    %s\n", what, why);
-        if (!ok) fail_msg("%s: error above tolerance: %s", what, why);
-    }
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; ++i) check_oracle(ctx, *state, dtypes[i]);
     fa_context_destroy(ctx);
 }
 
@@ -189,23 +199,37 @@ static void test_chained_key_tiles(void **state)
     const int64_t key_tiles = (c->shape.seqlen_k + tiling.block_cols - 1) / tiling.block_cols;
     if (key_tiles < 3 || c->shape.batch * c->shape.heads_kv * key_tiles < 8)
         fail_msg("%lld key tiles of %lld keys: not a chained case", (long long)key_tiles, (long long)tiling.block_cols);
-    const char *quick = getenv("FA_TEST_QUICK");
-    if (quick && !strcmp(quick, "1")) { /* the fp64 oracle is too slow under valgrind */
+    static const fa_dtype dtypes[] = {FA_DTYPE_F32, FA_DTYPE_BF16}; /* dQ in place; in the whole f32 buffer */
+    if (quick()) { /* the fp64 oracle is too slow under valgrind */
         print_message("oracle skipped under FA_TEST_QUICK=1 (thread counts still compared)\n");
     } else {
-        char what[512], why[512];
-        fa_case_describe(c, FA_DTYPE_F32, what, sizeof what);
-        fa_case_errors errors;
-        const fa_status st = fa_run_case(ctx, c, FA_DTYPE_F32, 1, &errors);
-        if (st != FA_SUCCESS) fail_msg("%s: %s: %s", what, fa_status_string(st), fa_last_error());
-        const int ok = fa_case_passes(&errors, FA_DTYPE_F32, 1, why, sizeof why);
-        print_message("%s\n    %s\n", what, why);
-        if (!ok) fail_msg("%s: error above tolerance: %s", what, why);
+        for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; ++i) check_oracle(ctx, c, dtypes[i]);
     }
     fa_context_destroy(ctx);
-    static const fa_dtype dtypes[] = {FA_DTYPE_F32};
     static const int threads[] = {2, 3, 8};
-    check_thread_counts(c, dtypes, 1, threads, 3);
+    check_thread_counts(c, dtypes, 2, threads, 3);
+}
+
+/* The per-pair path: an f16/bf16 dQ whose f32 copy (8 x 8200 x 128 floats) exceeds the chained
+ * path's 32 MiB, 8 (batch, kv head) pairs; two keys keep the products small. Not under
+ * FA_TEST_QUICK=1 (its tensors are 34 MB each in f32). */
+static const fa_test_case pairs_case = {"fused_pairs_large_dq", {1, 8, 8, 8200, 2, 128}, 0, 0, -1, -1, 0, 0.0f, 0, 0,
+                                        BLOCK_MASK_NONE, 0, 0, LAYOUT_PACKED, 0};
+
+static void test_pairs_path(void **state)
+{
+    (void)state;
+    if (quick()) {
+        print_message("not run under FA_TEST_QUICK=1 (tensors of 34 MB)\n");
+        return;
+    }
+    fa_context *ctx = NULL;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
+    check_oracle(ctx, &pairs_case, FA_DTYPE_BF16);
+    fa_context_destroy(ctx);
+    static const fa_dtype dtypes[] = {FA_DTYPE_BF16};
+    static const int threads[] = {2, 3};
+    check_thread_counts(&pairs_case, dtypes, 1, threads, 2);
 }
 
 /* Every allocation of a bf16 fused backward (scratch, D, the dQ buffer) failing in turn gives
@@ -238,7 +262,7 @@ static void test_out_of_memory(void **state)
 
 int main(void)
 {
-    struct CMUnitTest tests[2 * case_count + 3];
+    struct CMUnitTest tests[2 * case_count + 4];
     size_t n = 0;
     for (size_t i = 0; i < case_count; ++i)
         tests[n++] = (struct CMUnitTest){cases[i].name, test_against_oracle, NULL, NULL, (void *)&cases[i]};
@@ -248,6 +272,7 @@ int main(void)
     for (size_t i = 0; i < sizeof chained_cases / sizeof chained_cases[0]; ++i)
         tests[n++] = (struct CMUnitTest){chained_cases[i].name, test_chained_key_tiles, NULL, NULL,
                                          (void *)&chained_cases[i]};
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_pairs_path);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_out_of_memory);
     return _cmocka_run_group_tests("cpu_backward_paths", tests, n, NULL, NULL);
 }
