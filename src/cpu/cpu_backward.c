@@ -7,7 +7,7 @@
  * dS^T multiply dO and Q directly and dS K reads dS^T with swapped strides.
  * Race-free and deterministic, with no atomic additions and no reduction, in one of two ways chosen from
  * the problem's shape alone (never the thread count, so results do not depend on it):
- *   fused (enough batch x kv-head pairs): the five tile products of Algorithm 4 per tile pair,
+ *   fused (enough tasks, see backward_path_for): the five tile products of Algorithm 4 per tile pair,
  *     dK_j, dV_j accumulated over the query heads and query tiles of a (batch, kv head), and dQ_i
  *     of those heads over key tiles in increasing order. Chained (f32 dQ in place, or f16/bf16
  *     dQ in one f32 buffer of the whole dQ of at most 32 MiB): one task per key tile; the tasks
@@ -205,10 +205,11 @@ static float *dq_rows(const fa_problem *p, const dq_target *t, int64_t b, int64_
 /* The order of the dQ updates when one (batch, kv head)'s key tiles are separate tasks: a key
  * tile's task counts in *done the steps (query head, query tile), in its loop order, whose dQ it
  * has finished, and the next key tile's task waits for that count before adding its own share of
- * the same step. The first key tile zeroes each step's dQ rows, the last scales them. A task waits
- * only for tasks handed out before it (the schedule hands out every (batch, kv head)'s key tiles
- * in increasing order), which never wait for a later task: no deadlock. The waits are rare: the
- * schedule hands out the first key tile of every (batch, kv head) before any second one. */
+ * the same step. The first key tile zeroes each step's dQ rows, the last scales them (and converts
+ * them into an f16/bf16 dQ from the f32 buffer). A task waits only for tasks handed out before it
+ * (the schedule hands out every (batch, kv head)'s key tiles in increasing order), which never
+ * wait for a later task: no deadlock. The waits are rare: the schedule hands out the first key
+ * tile of every (batch, kv head) before any second one. */
 typedef struct dq_chain {
     const int64_t *prev; /* the previous key tile's count; NULL for the first key tile */
     int64_t *done;       /* this key tile's count */
@@ -222,8 +223,8 @@ static void dq_chain_wait(const dq_chain *chain, int64_t steps)
 }
 
 /* dK_j, dV_j for one (batch, kv head, key tile); with dq, also dQ_i += dS K_j into the fused
- * path's accumulator for every query tile this key tile touches, and with chain (f32 dQ, one task
- * per key tile), in dq_chain's order. */
+ * path's accumulator for every query tile this key tile touches, and with chain (one task per key
+ * tile), in dq_chain's order. */
 static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t j0, const dq_target *dq,
                           const dq_chain *chain, backward_scratch *w)
 {
@@ -427,7 +428,8 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
      * buffer of the whole dQ (k_tiles >= 1: FUSED_MIN_TASKS counts them). */
     const int chained = path == PATH_CHAINED;
     int64_t *chain_done = chained ? fa_host_calloc((size_t)(kv_pairs * k_tiles), sizeof(int64_t)) : NULL;
-    float *whole_dq = chained && dq_buffer_floats ? fa_host_scratch_alloc((size_t)dq_buffer_floats * sizeof(float)) : NULL;
+    float *whole_dq =
+        chained && dq_buffer_floats ? fa_host_scratch_alloc((size_t)dq_buffer_floats * sizeof(float)) : NULL;
     if (chained && (!chain_done || (dq_buffer_floats && !whole_dq))) {
         fa_host_free(chain_done);
         fa_host_scratch_free(whole_dq);
