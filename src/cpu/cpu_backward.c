@@ -202,18 +202,19 @@ static float *dq_rows(const fa_problem *p, const dq_target *t, int64_t b, int64_
     return t->buffer + (slot * p->seqlen_q + i0) * p->head_dim;
 }
 
-/* The order of the dQ updates when one (batch, kv head)'s key tiles are separate tasks: a key
- * tile's task counts in *done the steps (query head, query tile), in its loop order, whose dQ it
- * has finished, and the next key tile's task waits for that count before adding its own share of
- * the same step. The first key tile zeroes each step's dQ rows, the last scales them (and converts
- * them into an f16/bf16 dQ from the f32 buffer). A task waits only for tasks handed out before it
- * (the schedule hands out every (batch, kv head)'s key tiles in increasing order), which never
- * wait for a later task: no deadlock. The waits are rare: the schedule hands out the first key
- * tile of every (batch, kv head) before any second one. */
+/* A key tile's place in the fused path's dQ accumulation: the first key tile zeroes each step's
+ * (query head, query tile) dQ rows, the last scales them (and converts them into an f16/bf16 dQ
+ * from the f32 buffer). When one (batch, kv head)'s key tiles are separate tasks (chained), a key
+ * tile's task also counts in *done the steps whose dQ it has finished, in its loop order, and the
+ * next key tile's task waits for that count before adding its own share of the same step. A task
+ * waits only for tasks handed out before it (the schedule hands out every (batch, kv head)'s key
+ * tiles in increasing order), which never wait for a later task: no deadlock. The waits are rare:
+ * the schedule hands out the first key tile of every (batch, kv head) before any second one. One
+ * task running a pair's key tiles in turn needs no counts (prev and done NULL). */
 typedef struct dq_chain {
-    const int64_t *prev; /* the previous key tile's count; NULL for the first key tile */
-    int64_t *done;       /* this key tile's count */
-    int last;            /* the last key tile: scales dQ */
+    const int64_t *prev; /* the previous key tile's count, or NULL: nothing to wait for */
+    int64_t *done;       /* this key tile's count, or NULL */
+    int first, last;     /* the first key tile zeroes dQ, the last scales (and stores) it */
 } dq_chain;
 
 static void dq_chain_wait(const dq_chain *chain, int64_t steps)
@@ -222,9 +223,9 @@ static void dq_chain_wait(const dq_chain *chain, int64_t steps)
         while (__atomic_load_n(chain->prev, __ATOMIC_ACQUIRE) < steps) sched_yield();
 }
 
-/* dK_j, dV_j for one (batch, kv head, key tile); with dq, also dQ_i += dS K_j into the fused
- * path's accumulator for every query tile this key tile touches, and with chain (one task per key
- * tile), in dq_chain's order. */
+/* dK_j, dV_j for one (batch, kv head, key tile); with dq (and its chain, the fused path), also
+ * dQ_i += dS K_j into the fused path's accumulator for every query tile this key tile touches, in
+ * dq_chain's order. */
 static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t j0, const dq_target *dq,
                           const dq_chain *chain, backward_scratch *w)
 {
@@ -242,7 +243,7 @@ static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t 
             fa_cpu_rows rows;
             int64_t lo, hi;
             const fa_tile_visibility vis = tile_span(c, b, i0, j0, cols, w, &rows, &lo, &hi);
-            if (vis == FA_TILE_EMPTY && !chain) continue;
+            if (vis == FA_TILE_EMPTY && !dq) continue;
             const key_tile kt = vis != FA_TILE_EMPTY ? key_subtile(&tile, lo, hi) : tile;
             if (vis != FA_TILE_EMPTY) {
                 load_query_side(c, b, h, &rows, w);
@@ -256,18 +257,14 @@ static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t 
             int64_t lddq;
             float *dq_i = dq_rows(p, dq, b, h, i0, &lddq);
             const int64_t n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
-            if (chain) {
-                dq_chain_wait(chain, step + 1);
-                for (int64_t r = 0; !chain->prev && r < n; ++r) memset(dq_i + r * lddq, 0, (size_t)d * sizeof(float));
-            }
+            dq_chain_wait(chain, step + 1);
+            for (int64_t r = 0; chain->first && r < n; ++r) memset(dq_i + r * lddq, 0, (size_t)d * sizeof(float));
             if (vis != FA_TILE_EMPTY) /* dQ += dS K */
                 kern->gemm(rows.count, d, kt.cols, w->dst, 1, ld, kt.k, kt.ldk, dq_i, lddq, NULL, 1);
-            if (chain) {
-                for (int64_t r = 0; chain->last && r < n; ++r)
-                    for (int64_t x = 0; x < d; ++x) dq_i[r * lddq + x] *= p->scale;
-                if (chain->last && dq->buffer) fa_cpu_store_rows(&p->dq, kern, b, i0, h, n, dq_i, lddq);
-                __atomic_store_n(chain->done, step + 1, __ATOMIC_RELEASE);
-            }
+            for (int64_t r = 0; chain->last && r < n; ++r)
+                for (int64_t x = 0; x < d; ++x) dq_i[r * lddq + x] *= p->scale;
+            if (chain->last && dq->buffer) fa_cpu_store_rows(&p->dq, kern, b, i0, h, n, dq_i, lddq);
+            if (chain->done) __atomic_store_n(chain->done, step + 1, __ATOMIC_RELEASE);
         }
     }
     for (int64_t x = 0; x < cols * d; ++x) dk[x] *= p->scale;
@@ -275,24 +272,13 @@ static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t 
     fa_cpu_store_rows(&p->dv, kern, b, j0, hk, cols, dv, d);
 }
 
-/* Fused path: dK, dV and dQ of one (batch, kv head) and its query heads. dQ_i sums its key tiles
- * in increasing order, whatever thread runs the task. */
+/* Fused path, per pair: dK, dV and dQ of one (batch, kv head) and its query heads, its key tiles
+ * in turn (dQ_i sums them in increasing order, whatever thread runs the task). */
 static void kv_head_task(const backward_ctx *c, int64_t b, int64_t hk, const dq_target *dq, backward_scratch *w)
 {
-    const fa_problem *p = c->p;
-    const int64_t d = p->head_dim, group = p->heads_q / p->heads_kv;
-    for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
-        for (int64_t i = 0; i < p->seqlen_q; ++i) {
-            int64_t ld;
-            memset(dq_rows(p, dq, b, h, i, &ld), 0, (size_t)d * sizeof(float));
-        }
-    for (int64_t j0 = 0; j0 < p->seqlen_k; j0 += c->bc) key_tile_task(c, b, hk, j0, dq, NULL, w);
-    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        int64_t ld;
-        float *rows = dq_rows(p, dq, b, h, 0, &ld);
-        for (int64_t i = 0; i < p->seqlen_q; ++i)
-            for (int64_t x = 0; x < d; ++x) rows[i * ld + x] *= p->scale;
-        if (dq->buffer) fa_cpu_store_rows(&p->dq, c->kern, b, 0, h, p->seqlen_q, rows, ld);
+    for (int64_t j0 = 0; j0 < c->p->seqlen_k; j0 += c->bc) {
+        const dq_chain order = {.first = j0 == 0, .last = j0 + c->bc >= c->p->seqlen_k};
+        key_tile_task(c, b, hk, j0, dq, &order, w);
     }
 }
 
@@ -465,7 +451,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
                     const int64_t pair = t % kv_pairs, tile = t / kv_pairs;
                     const dq_chain chain = {.prev = tile ? chain_done + pair * k_tiles + tile - 1 : NULL,
                                             .done = chain_done + pair * k_tiles + tile,
-                                            .last = tile == k_tiles - 1};
+                                            .first = tile == 0, .last = tile == k_tiles - 1};
                     key_tile_task(&c, pair / p->heads_kv, pair % p->heads_kv, tile * bc, &dq, &chain, &w);
                 }
             } else if (path == PATH_PAIRS) {
