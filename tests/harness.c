@@ -113,12 +113,17 @@ static int name_listed(const char *list, const char *name)
     return 0;
 }
 
+int fa_test_quick(void)
+{
+    const char *quick = getenv("FA_TEST_QUICK");
+    return quick && strcmp(quick, "1") == 0;
+}
+
 int fa_case_selected(const fa_test_case *c)
 {
     const char *only = getenv("FA_TEST_CASES");
     if (only && *only && !name_listed(only, c->name)) return 0;
-    const char *quick = getenv("FA_TEST_QUICK");
-    if (!quick || strcmp(quick, "1") != 0) return 1;
+    if (!fa_test_quick()) return 1;
     const oracle_shape *s = &c->shape;
     const double work = (double)s->batch * s->heads_q * s->seqlen_q * s->seqlen_k * s->head_dim;
     return work <= QUICK_MAX_WORK;

@@ -71,6 +71,9 @@ const char *fa_dtype_label(fa_dtype dtype);
  * (and tests/core/test_memory, whose size is the point of it); FA_TEST_CASES=name,name,... runs
  * only the cases named. This returns 0 for the cases skipped, 1 otherwise. */
 int fa_case_selected(const fa_test_case *c);
+/* 1 when FA_TEST_QUICK=1 is set: the one reading of that rule for tests that shrink or skip
+ * their own large work. */
+int fa_test_quick(void);
 /* The first name in FA_TEST_CASES that is not in the table, or NULL (a typo must not silently
  * select nothing). */
 const char *fa_case_filter_unknown(void);

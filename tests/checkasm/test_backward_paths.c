@@ -32,12 +32,6 @@ static const fa_test_case cases[] = {
 };
 enum { case_count = sizeof cases / sizeof cases[0] };
 
-static int quick(void)
-{
-    const char *q = getenv("FA_TEST_QUICK");
-    return q && !strcmp(q, "1");
-}
-
 /* Forward and backward of c in dtype against the fp64 oracle. */
 static void check_oracle(fa_context *ctx, const fa_test_case *c, fa_dtype dtype)
 {
@@ -201,7 +195,7 @@ static void test_chained_key_tiles(void **state)
         fail_msg("%lld key tiles of %lld keys: not a chained case", (long long)key_tiles, (long long)tiling.block_cols);
     static const fa_dtype dtypes[] = {FA_DTYPE_F32, FA_DTYPE_BF16}; /* dQ in place; in the whole f32 buffer */
     fa_test_case run = *c;
-    if (quick()) { /* valgrind: no fp64 oracle, 16 query rows (the key tiles, which chain, stay) */
+    if (fa_test_quick()) { /* valgrind: no fp64 oracle, 16 query rows (the key tiles, which chain, stay) */
         print_message("oracle skipped and seqlen_q 16 under FA_TEST_QUICK=1 (thread counts still compared)\n");
         run.shape.seqlen_q = 16;
     } else {
@@ -221,7 +215,7 @@ static const fa_test_case pairs_case = {"fused_pairs_large_dq", {1, 8, 8, 8200, 
 static void test_pairs_path(void **state)
 {
     (void)state;
-    if (quick()) {
+    if (fa_test_quick()) {
         print_message("not run under FA_TEST_QUICK=1 (tensors of 34 MB)\n");
         return;
     }

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "flashattn.h"
+#include "harness.h"
 #include "test_arrays.h"
 
 #define MAX_BATCH 4
@@ -402,12 +403,12 @@ static void run_case(const kv_case *c)
 static void test_cases(void **state)
 {
     (void)state;
-    const char *quick = getenv("FA_TEST_QUICK");
+    const int quick = fa_test_quick();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
         const kv_case *c = &cases[i];
         const int64_t slots = c->page_size ? c->batch * (c->capacity / c->page_size) + 3 : c->batch;
         const int64_t slot_len = c->page_size ? c->page_size : c->capacity;
-        if (quick && strcmp(quick, "1") == 0 && slots * slot_len * c->heads_kv * c->head_dim > QUICK_MAX_CACHE) {
+        if (quick && slots * slot_len * c->heads_kv * c->head_dim > QUICK_MAX_CACHE) {
             printf("  %-24s skipped under FA_TEST_QUICK=1 (cache above %d elements)\n", c->name, QUICK_MAX_CACHE);
             continue;
         }

@@ -213,9 +213,8 @@ static void check_positions(void **state, fa_dtype dtype)
     static const float alibi[HQ] = {0.5f, 0.25f, 0.125f, 0.0625f};
     assert_int_equal(fa_memcpy_h2d(gpu, slopes.dev, alibi, sizeof alibi), FA_SUCCESS);
     /* FA_TEST_QUICK=1 (sanitizer runs: 75 s a run under ASan for all three): the last desc only */
-    const char *quick = getenv("FA_TEST_QUICK");
     fa_attention_desc desc;
-    if (!quick || strcmp(quick, "1") != 0) {
+    if (!fa_test_quick()) {
         fa_attention_desc_init(&desc);
         desc.causal = 1;
         check_split(state, "causal, GQA", &desc, alibi, dtype);
