@@ -34,7 +34,11 @@
 
 #define FA_INLINE static inline __attribute__((always_inline))
 
-#ifndef VMAX_UNLESS_EQ /* a where a == b, else max(x, y); AVX-512 has it in one masked max */
+/* a where a == b, else x + y or max(x, y); AVX-512 has each in one masked instruction */
+#ifndef VADD_UNLESS_EQ
+#define VADD_UNLESS_EQ(a, b, x, y) VSELECT_EQ(a, b, a, VADD(x, y))
+#endif
+#ifndef VMAX_UNLESS_EQ
 #define VMAX_UNLESS_EQ(a, b, x, y) VSELECT_EQ(a, b, a, VMAX(x, y))
 #endif
 
@@ -643,11 +647,7 @@ FA_INLINE VEC KNAME(bias_key)(const void *const *row, int64_t i, const int dt)
 FA_INLINE void KNAME(bias_add)(float *x, const int masked, MASK_T m, VEC scale, VEC t, VEC *best)
 {
     const VEC s = masked ? VMLOAD(x, m) : VLOAD(x);
-#ifdef VADD_UNLESS_EQ /* one masked addition for the select and the sum (AVX-512) */
     const VEC y = VADD_UNLESS_EQ(s, VSET1(-INFINITY), VMUL(s, scale), t); /* masked stays masked */
-#else
-    const VEC y = VSELECT_EQ(s, VSET1(-INFINITY), s, VADD(VMUL(s, scale), t)); /* masked stays masked */
-#endif
     if (masked) VMSTORE(x, m, y);
     else VSTORE(x, y);
     *best = VMAX(*best, y);
