@@ -1,6 +1,6 @@
 /* fa-bench: the CPU backend against standard attention, forward, backward and both, in one run.
- * Prints a table (ms, GFLOP/s, fraction of the machine's FMA peak for the selected kernels and of
- * the BLAS sgemm rate, both measured in the same run, speedup over standard attention, peak extra
+ * Prints a table (ms, GFLOP/s, fraction of the machine's FMA peak for the selected kernels, of the
+ * kernels' gemm on an L1-resident product and of the BLAS sgemm rate, all measured in the same run, speedup over standard attention, peak extra
  * memory) with a progress line on stderr, and optionally CSV.
  * Run `fa-bench --help` for the options. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -337,6 +337,13 @@ int main(int argc, char **argv)
     printf("FMA peak, %s kernels, %d threads: %.1f GFLOP/s (register-only FMA chains, probed again before each row; "
            "the 'of peak' column divides by the highest probe so far)\n", kernels->isa, o.threads, fma_peak);
     const double fma_peak_start = fma_peak;
+    /* What the cores deliver now to the product kernel with every operand in L1: a neighbour on the
+     * core (an SMT sibling) slows it while the register-only chains run at full rate. */
+    const double l1_start = fa_cpu_l1_gemm_rate(kernels, o.threads);
+    printf("gemm kernel in L1, %d threads: %.1f GFLOP/s = %.2f of the FMA peak (48 x 32 x 64 products that stay in L1, "
+           "probed before and after each row; the 'of L1' column divides by their mean. The vector kernels reach 0.9-1.0 "
+           "of the peak here on an idle core, less while something else uses its caches and loads, as an SMT sibling "
+           "does: the register-only chains do not feel that)\n", o.threads, l1_start, l1_start / fma_peak);
     /* The probe times each thread in its own CPU time; wall-clock rows fall with the load. */
     double load = -1.0;
     FILE *loadavg = fopen("/proc/loadavg", "r");
@@ -365,12 +372,12 @@ int main(int argc, char **argv)
     if (csv)
         fprintf(csv, "pass,n,d,heads,threads,mask,flash_ms,flash_gflops,flash_sgemm_fraction,flash_extra_mib,"
                      "std_ms,std_gflops,std_extra_mib,speedup,sgemm_gflops,isa,dtype,time_vs_f32,torch_ms,speedup_vs_torch,"
-                     "fma_peak_gflops,flash_fma_fraction\n");
+                     "fma_peak_gflops,flash_fma_fraction,l1_gemm_gflops,flash_l1_fraction\n");
     const char *isa = strstr(fa_context_info(ctx), "isa ");
     char isa_name[16] = "?";
     if (isa) sscanf(isa + 4, "%15[^,]", isa_name);
-    printf("\n%-8s %6s %4s %-6s %-4s | %10s %8s %7s %7s %9s | %10s %8s %9s | %7s%s%s\n", "pass", "N", "d", "mask", "type",
-           "flash ms", "GFLOP/s", "of peak", "of BLAS", "extra MiB", "std ms", "GFLOP/s", "extra MiB", "speedup",
+    printf("\n%-8s %6s %4s %-6s %-4s | %10s %8s %7s %6s %7s %9s | %10s %8s %9s | %7s%s%s\n", "pass", "N", "d", "mask", "type",
+           "flash ms", "GFLOP/s", "of peak", "of L1", "of BLAS", "extra MiB", "std ms", "GFLOP/s", "extra MiB", "speedup",
            __builtin_popcount((unsigned)o.dtypes) > 1 ? " | t/f32" : "", torch.to ? " |   torch ms vs torch" : "");
 
     const int total = o.n_count * o.d_count * __builtin_popcount((unsigned)o.masks) *
@@ -413,6 +420,7 @@ int main(int argc, char **argv)
                          * the physical limit is the highest rate the chains ever reach. */
                         const double probe = fa_cpu_fma_peak(kernels, o.threads);
                         if (probe > fma_peak) fma_peak = probe;
+                        const double l1_before = fa_cpu_l1_gemm_rate(kernels, o.threads);
                         let_engines_idle();
                         MEASURE(flash, &o, run_flash(&r, (pass)ps));
 #ifdef FA_BENCH_HAVE_OPENBLAS
@@ -430,6 +438,8 @@ int main(int argc, char **argv)
                                                                         o.max_reps, o.min_seconds, o.median)
                                                     : -1.0;
                         const double vs_torch = torch_ms > 0 ? torch_ms / (flash.seconds * 1e3) : 0.0;
+                        /* the cores' state changes over seconds: the mean of the probes around the row */
+                        const double l1_rate = 0.5 * (l1_before + fa_cpu_l1_gemm_rate(kernels, o.threads));
                         if (!flash.ok) { ++failures; fprintf(stderr, "\nfa-bench: %s\n", fa_last_error()); continue; }
                         if (dtype == FA_DTYPE_F32) f32_seconds = flash.seconds;
                         const double vs_f32 = f32_seconds > 0 ? flash.seconds / f32_seconds : 0.0;
@@ -443,9 +453,10 @@ int main(int argc, char **argv)
                          * against the f32 FMA's one; gemm_max_bf16 in docs/CPU.md). */
                         const double limit = dtype == FA_DTYPE_BF16 ? 2.0 : 1.0;
                         if (of_peak > limit) ++over_peak;
-                        printf("%-8s %6lld %4lld %-6s %-4s | %10.2f %8.1f %6.2f%s %7.2f %9.1f | ", pass_names[ps], (long long)n,
-                               (long long)d, causal ? "causal" : "dense", dtype_names[dt], flash.seconds * 1e3, fg,
-                               of_peak, of_peak > limit ? "!" : " ", sgemm_rate > 0 ? fg / sgemm_rate : NAN, fmib);
+                        printf("%-8s %6lld %4lld %-6s %-4s | %10.2f %8.1f %6.2f%s %6.2f %7.2f %9.1f | ", pass_names[ps],
+                               (long long)n, (long long)d, causal ? "causal" : "dense", dtype_names[dt], flash.seconds * 1e3,
+                               fg, of_peak, of_peak > limit ? "!" : " ", fg / l1_rate,
+                               sgemm_rate > 0 ? fg / sgemm_rate : NAN, fmib);
                         if (std.ok) printf("%10.2f %8.1f %9.1f | %6.2fx", std.seconds * 1e3, sg, smib, std.seconds / flash.seconds);
                         else printf("%10s %8s %9s | %7s", "-", "-", "-", "-");
                         if (several_dtypes) {
@@ -459,12 +470,13 @@ int main(int argc, char **argv)
                         printf("\n");
                         fflush(stdout);
                         if (csv)
-                            fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s,%s,%.4f,%.4f,%.3f,%.2f,%.4f\n",
+                            fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s,%s,%.4f,%.4f,%.3f,%.2f,%.4f,%.2f,%.4f\n",
                                     pass_names[ps], (long long)n, (long long)d, o.heads, o.threads,
                                     causal ? "causal" : "dense", flash.seconds * 1e3, fg,
                                     sgemm_rate > 0 ? fg / sgemm_rate : 0.0, fmib, std.ok ? std.seconds * 1e3 : 0.0, sg,
                                     std.ok ? smib : 0.0, std.ok ? std.seconds / flash.seconds : 0.0, sgemm_rate, isa_name,
-                                    dtype_names[dt], vs_f32, torch_ms > 0 ? torch_ms : 0.0, vs_torch, fma_peak, of_peak);
+                                    dtype_names[dt], vs_f32, torch_ms > 0 ? torch_ms : 0.0, vs_torch, fma_peak, of_peak,
+                                    l1_rate, fg / l1_rate);
                     }
                 }
             }

@@ -27,6 +27,7 @@
 #include "common/dtype.h"
 #include "common/half.h"
 #include "cpu/kernels/exp_poly.h"
+#include "cpu/kernels/fma_peak.h"
 #include "cpu/kernels/kernels.h"
 #include "flashattn.h"
 
@@ -835,6 +836,10 @@ static void test_fma_chains(void **state)
     if (flops != 2.0 * lanes * chains * 1000.0)
         fail_msg("fma_chains %s: %g FLOPs reported for 1000 iterations, want %g", isa->isa, flops, 2.0 * lanes * chains * 1000.0);
     assert_true(isfinite(sink) && sink != zero_sink);
+    /* fa-bench's second probe, the ISA's gemm on an L1-resident product: it runs and reports a rate
+     * (its value is the machine's; only the benchmarks read it) */
+    const double l1_rate = fa_cpu_l1_gemm_rate(isa, 1);
+    if (!(isfinite(l1_rate) && l1_rate > 0.0)) fail_msg("fa_cpu_l1_gemm_rate %s: %g GFLOP/s", isa->isa, l1_rate);
 }
 
 /* ---- whole problems: forced ISA against forced ref ---------------------------------------------- */

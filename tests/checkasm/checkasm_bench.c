@@ -192,7 +192,10 @@ int checkasm_bench(const char *function, const char *only_isa)
         const fa_cpu_kernels *k = fa_cpu_kernels_by_name(fa_cpu_isa_name(i));
         if (!k || (only_isa && strcmp(k->isa, only_isa) && strcmp(k->isa, "ref"))) continue;
         const double peak = fa_cpu_fma_peak(k, 1);
-        printf("\n%s: one-thread FMA peak %.1f GFLOP/s\n", k->isa, peak);
+        const double l1 = fa_cpu_l1_gemm_rate(k, 1);
+        printf("\n%s: one-thread FMA peak %.1f GFLOP/s; its gemm on a product that stays in L1 %.1f (%.2f of the peak:\n"
+               "  below ~0.9 on a vector ISA, something else is using this core's caches and loads now)\n",
+               k->isa, peak, l1, l1 / peak);
         double seconds[CASES] = {0};
         for (int ci = 0; ci < CASES; ++ci) {
             const bench_case *c = &cases[ci];

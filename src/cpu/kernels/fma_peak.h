@@ -10,4 +10,11 @@
  * summed. On an idle machine that is the wall-clock rate; on a shared one it stays the limit of
  * the cores while wall-clock timings of the kernels drop (time those in CPU time to compare). */
 double fa_cpu_fma_peak(const fa_cpu_kernels *kern, int threads);
+
+/* GFLOP/s of kern->gemm on a 48 x 32 x 64 product whose operands stay in L1 (each thread its own),
+ * timed as fa_cpu_fma_peak: the most any product of the kernels can reach on these cores now. On
+ * an idle core about 0.9-1.0 of the FMA peak; below that while something else uses the core's
+ * loads and caches (an SMT sibling: another VM's thread on a shared host), which the register-only
+ * chains do not feel. Kernel fractions under that ratio measure the machine, not the kernels. */
+double fa_cpu_l1_gemm_rate(const fa_cpu_kernels *kern, int threads);
 #endif
