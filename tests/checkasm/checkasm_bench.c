@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu/cpu_tile.h"
 #include "cpu/kernels/fma_peak.h"
 #include "cpu/kernels/kernels.h"
 
@@ -31,39 +32,43 @@ typedef struct bench_case {
     double flops;       /* per call, 0 for kernels without FMAs worth counting */
 } bench_case;
 
+/* The drivers' row stride of the key-major tiles (S^T, P, dS^T, Q^T, dO^T): Br floats, padded where
+ * Br is a multiple of 128 (fa_cpu_tile_ld). With unpadded 512-byte rows, S^T at d = 128 read 0.58 of
+ * the peak on an Emerald Rapids (48 KiB 12-way L1) where the forward's own layout runs ~0.95. */
+static int64_t tile_ld(const bench_case *c) { return fa_cpu_tile_ld(c->br); }
 static void run_st(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
-{ k->gemm(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, NULL, 0); }
+{ k->gemm(c->bc, c->br, c->d, m->a, c->d, 1, m->b, tile_ld(c), m->c, tile_ld(c), NULL, 0); }
 static void run_st_max(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
-{ k->gemm_max(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, m->vec1); }
+{ k->gemm_max(c->bc, c->br, c->d, m->a, c->d, 1, m->b, tile_ld(c), m->c, tile_ld(c), m->vec1); }
 /* S^T = K Q^T on bf16 K rows and Q^T pairs (the reference: the portable twin). */
 static void run_st_max_bf16(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 {
-    (k->gemm_max_bf16 ? k->gemm_max_bf16 : fa_cpu_ref_gemm_max_bf16)(c->bc, c->br, c->d, m->half, c->d, m->pairs, c->br,
-                                                                        m->c, c->br, m->vec1);
+    (k->gemm_max_bf16 ? k->gemm_max_bf16 : fa_cpu_ref_gemm_max_bf16)(c->bc, c->br, c->d, m->half, c->d, m->pairs, tile_ld(c),
+                                                                        m->c, tile_ld(c), m->vec1);
 }
 static void run_pv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
-{ k->gemm(c->br, c->d, c->bc, m->c, 1, c->br, m->a, c->d, m->d, c->d, m->vec0, 1); }
+{ k->gemm(c->br, c->d, c->bc, m->c, 1, tile_ld(c), m->a, c->d, m->d, c->d, m->vec0, 1); }
 static void run_dv(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
-{ k->gemm(c->bc, c->d, c->br, m->c, c->br, 1, m->b, c->d, m->d, c->d, NULL, 1); }
+{ k->gemm(c->bc, c->d, c->br, m->c, tile_ld(c), 1, m->b, c->d, m->d, c->d, NULL, 1); }
 /* The backward's dS^T = P^T o (V dO^T - D) in one product. */
 static void run_dp_ds(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
-{ k->gemm_ds(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->d, c->br, m->c, c->br, m->vec1); }
+{ k->gemm_ds(c->bc, c->br, c->d, m->a, c->d, 1, m->b, tile_ld(c), m->d, tile_ld(c), m->c, tile_ld(c), m->vec1); }
 static void run_col_max(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
-{ k->col_max(m->c, c->br, c->bc, c->br, m->vec1); }
+{ k->col_max(m->c, tile_ld(c), c->bc, c->br, m->vec1); }
 static void run_exp_cols(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
-{ k->exp_cols(m->c, c->br, c->bc, c->br, 0.125f, m->vec0, m->vec2); }
+{ k->exp_cols(m->c, tile_ld(c), c->bc, c->br, 0.125f, m->vec0, m->vec2); }
 static void run_softcap(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
-{ k->softcap_cols(m->c, c->br, c->bc, c->br, 0.125f, 30.0f, 0.0f, 0, NULL, m->vec1); }
+{ k->softcap_cols(m->c, tile_ld(c), c->bc, c->br, 0.125f, 30.0f, 0.0f, 0, NULL, m->vec1); }
 /* gemm_scores: the softcap (with ALiBi) in the product's registers. */
 static void run_scores_softcap(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 {
     const fa_cpu_score_mods mods = {.scale = 0.125f, .cap = 30.0f};
-    k->gemm_scores(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, &mods, m->vec1);
+    k->gemm_scores(c->bc, c->br, c->d, m->a, c->d, 1, m->b, tile_ld(c), m->c, tile_ld(c), &mods, m->vec1);
 }
 static void run_scores_alibi(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 {
     const fa_cpu_score_mods mods = {.scale = 0.125f, .cap = 30.0f, .alibi = 1, .slope = 0.25f, .first = 7};
-    k->gemm_scores(c->bc, c->br, c->d, m->a, c->d, 1, m->b, c->br, m->c, c->br, &mods, m->vec1);
+    k->gemm_scores(c->bc, c->br, c->d, m->a, c->d, 1, m->b, tile_ld(c), m->c, tile_ld(c), &mods, m->vec1);
 }
 static void run_gemm_nt(const fa_cpu_kernels *k, const buffers *m, const bench_case *c)
 { k->gemm_nt(c->bc, c->br, c->d, m->a, c->d, m->b, c->d, m->c, c->br); }
