@@ -34,6 +34,7 @@ typedef struct options {
     int median;                                                           /* 1: median of the reps, 0: best */
     int dtypes;                                                           /* bit per fa_dtype */
     int torch;                                                            /* 1: PyTorch column if torch loads */
+    int heads_outer;                                                      /* --layout bhnd: [B, H, N, d] */
     double min_seconds;
     const char *csv;
 } options;
@@ -91,6 +92,7 @@ static void usage(void)
     puts("usage: fa-bench [--info] [--quick] [--n 512,1024,...] [--d 64,128] [--heads 8] [--threads 2]\n"
          "                [--mask dense|causal|both] [--pass fwd,bwd,fwdbwd|all] [--reps 3] [--min-time 1.0]\n"
          "                [--std-max-n 8192] [--stat best|median] [--clock wall|cpu] [--dtype f32,f16,bf16] [--torch auto|off]\n"
+         "                [--layout bnhd|bhnd]\n"
          "                [--csv FILE]\n"
          "  Default: N = 512..16384, d = 64 and 128, dense and causal, all passes, 8 heads, 2 threads.\n"
          "  --quick: N = 512, 1024, 2048, d = 64, median of 3 timed repetitions after a warm-up run.\n"
@@ -101,6 +103,9 @@ static void usage(void)
          "           the f32 time of the same cell (standard attention is f32 only).\n"
          "  --torch auto (default): a PyTorch scaled_dot_product_attention column, timed in the same run by\n"
          "           bench/cpu/torch_sdpa.py when `$FA_BENCH_PYTHON -c 'import torch'` works (default python3).\n"
+         "  --layout: the tensors' memory for every column: bnhd (default) [B, N, H, d], heads interleaved\n"
+         "           (FlashAttention's layout; PyTorch gets it as a transposed view), or bhnd [B, H, N, d],\n"
+         "           each head's rows contiguous (PyTorch's own layout).\n"
          "  FLASHATTN_CPU_ISA=ref|avx2|avx512|neon forces the kernels.");
 }
 
@@ -132,6 +137,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--csv")) o->csv = val;
             else if (!strcmp(a, "--dtype")) o->dtypes = parse_dtypes(val);
             else if (!strcmp(a, "--torch") && (!strcmp(val, "auto") || !strcmp(val, "off"))) o->torch = !strcmp(val, "auto");
+            else if (!strcmp(a, "--layout") && (!strcmp(val, "bnhd") || !strcmp(val, "bhnd"))) o->heads_outer = !strcmp(val, "bhnd");
             else if (!strcmp(a, "--stat") && (!strcmp(val, "best") || !strcmp(val, "median"))) o->median = !strcmp(val, "median");
             else if (!strcmp(a, "--clock") && (!strcmp(val, "wall") || !strcmp(val, "cpu"))) bench_use_cpu_clock = !strcmp(val, "cpu");
             else if (!strcmp(a, "--mask")) o->masks = !strcmp(val, "dense") ? 1 : !strcmp(val, "causal") ? 2 : !strcmp(val, "both") ? 3 : 0;
@@ -368,12 +374,16 @@ int main(int argc, char **argv)
            "counts the N(N+1)/2 visible scores\n",
            o.median ? "median" : "best", o.max_reps, o.max_reps > 1 ? " after a warm-up run" : " (no warm-up)",
            bench_use_cpu_clock ? "process CPU time / threads" : "wall clock");
+    printf("tensors: %s, batch 1, %d heads, the same memory for every column\n",
+           o.heads_outer ? "[B, H, N, d] (--layout bhnd: each head's rows contiguous)"
+                         : "[B, N, H, d] (heads interleaved, FlashAttention's layout; PyTorch takes it as a transposed view)",
+           o.heads);
     FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
     if (o.csv && !csv) { fprintf(stderr, "fa-bench: cannot write %s\n", o.csv); return 1; }
     if (csv)
         fprintf(csv, "pass,n,d,heads,threads,mask,flash_ms,flash_gflops,flash_sgemm_fraction,flash_extra_mib,"
                      "std_ms,std_gflops,std_extra_mib,speedup,sgemm_gflops,isa,dtype,time_vs_f32,torch_ms,speedup_vs_torch,"
-                     "fma_peak_gflops,flash_fma_fraction,l1_gemm_gflops,flash_l1_fraction\n");
+                     "fma_peak_gflops,flash_fma_fraction,l1_gemm_gflops,flash_l1_fraction,layout\n");
     const char *isa = strstr(fa_context_info(ctx), "isa ");
     char isa_name[16] = "?";
     if (isa) sscanf(isa + 4, "%15[^,]", isa_name);
@@ -405,7 +415,9 @@ int main(int argc, char **argv)
                         run_ctx r = {.ctx = ctx, .lse = t.lse};
                         fa_attention_desc_init(&r.desc);
                         r.desc.causal = causal;
-                        const fa_tensor shape = {NULL, dtype, 1, n, o.heads, d, 0, 0, 0};
+                        /* [B, N, H, d] packed (strides 0), or [B, H, N, d]: the same buffers either way */
+                        const fa_tensor shape = {NULL, dtype, 1, n, o.heads, d, o.heads_outer ? o.heads * n * d : 0,
+                                                 o.heads_outer ? d : 0, o.heads_outer ? n * d : 0};
                         fa_tensor *views[8] = {&r.q, &r.k, &r.v, &r.out, &r.dout, &r.dq, &r.dk, &r.dv};
                         float *f32_data[8] = {t.q, t.k, t.v, t.out, t.dout, t.dq, t.dk, t.dv};
                         for (int i = 0; i < 8; ++i) {
@@ -427,8 +439,8 @@ int main(int argc, char **argv)
                         /* a failed row costs nothing more: no baseline, no PyTorch, no second probe */
                         if (!flash.ok) { ++failures; fprintf(stderr, "\nfa-bench: %s\n", fa_last_error()); continue; }
 #ifdef FA_BENCH_HAVE_OPENBLAS
-                        const std_problem sp = {n, o.heads, d, causal, o.threads, t.q, t.k, t.v, t.dout,
-                                                t.out, t.dq, t.dk, t.dv};
+                        const std_problem sp = {n, o.heads, d, o.heads_outer ? d : o.heads * d, o.heads_outer ? n * d : d,
+                                                causal, o.threads, t.q, t.k, t.v, t.dout, t.out, t.dq, t.dk, t.dv};
                         if (dtype == FA_DTYPE_F32 && n <= o.std_max_n) {
                             let_engines_idle();
                             MEASURE(std, &o, run_std(&sp, (pass)ps));
@@ -437,7 +449,7 @@ int main(int argc, char **argv)
                         const int with_torch = torch.to != NULL;
                         if (with_torch && dtype == FA_DTYPE_F32) let_engines_idle();
                         const double torch_ms = with_torch && dtype == FA_DTYPE_F32
-                                                    ? torch_column_time(&torch, pass_names[ps], n, d, o.heads, causal,
+                                                    ? torch_column_time(&torch, pass_names[ps], n, d, o.heads, o.heads_outer, causal,
                                                                         o.max_reps, o.min_seconds, o.median)
                                                     : -1.0;
                         const double vs_torch = torch_ms > 0 ? torch_ms / (flash.seconds * 1e3) : 0.0;
@@ -472,13 +484,13 @@ int main(int argc, char **argv)
                         printf("\n");
                         fflush(stdout);
                         if (csv)
-                            fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s,%s,%.4f,%.4f,%.3f,%.2f,%.4f,%.2f,%.4f\n",
+                            fprintf(csv, "%s,%lld,%lld,%d,%d,%s,%.4f,%.2f,%.4f,%.1f,%.4f,%.2f,%.1f,%.3f,%.2f,%s,%s,%.4f,%.4f,%.3f,%.2f,%.4f,%.2f,%.4f,%s\n",
                                     pass_names[ps], (long long)n, (long long)d, o.heads, o.threads,
                                     causal ? "causal" : "dense", flash.seconds * 1e3, fg,
                                     sgemm_rate > 0 ? fg / sgemm_rate : 0.0, fmib, std.ok ? std.seconds * 1e3 : 0.0, sg,
                                     std.ok ? smib : 0.0, std.ok ? std.seconds / flash.seconds : 0.0, sgemm_rate, isa_name,
                                     dtype_names[dt], vs_f32, torch_ms > 0 ? torch_ms : 0.0, vs_torch, fma_peak, of_peak,
-                                    l1_rate, fg / l1_rate);
+                                    l1_rate, fg / l1_rate, o.heads_outer ? "bhnd" : "bnhd");
                     }
                 }
             }

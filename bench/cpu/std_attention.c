@@ -43,9 +43,9 @@ static float softmax_row(float *s, int64_t n)
  * row sums in l. */
 static void scores(const std_problem *p, int64_t h, float *s, float *l)
 {
-    const int64_t n = p->n, d = p->d, ld = p->heads * d;
+    const int64_t n = p->n, d = p->d, ld = p->ld;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)d, 1.0f / sqrtf((float)d),
-                p->q + h * d, (int)ld, p->k + h * d, (int)ld, 0.0f, s, (int)n);
+                p->q + h * p->head_stride, (int)ld, p->k + h * p->head_stride, (int)ld, 0.0f, s, (int)n);
     for (int64_t i = 0; i < n; ++i) {
         float *row = s + i * n;
         if (p->causal)
@@ -65,12 +65,12 @@ static void normalise_rows(float *x, int64_t rows, int64_t cols, int64_t ld, con
 /* Algorithm 3 for head h given the normalised P: dV, dP, dS, dQ, dK. */
 static void backward_head(const std_problem *p, int64_t h, const float *pm, float *dpm)
 {
-    const int n = (int)p->n, d = (int)p->d, ld = (int)(p->heads * p->d);
+    const int n = (int)p->n, d = (int)p->d, ld = (int)p->ld;
     const float scale = 1.0f / sqrtf((float)d);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, n, 1.0f, pm, n, p->dout + h * d, ld, 0.0f,
-                p->dv + h * d, ld);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, 1.0f, p->dout + h * d, ld, p->v + h * d, ld,
-                0.0f, dpm, n);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, n, 1.0f, pm, n, p->dout + h * p->head_stride, ld, 0.0f,
+                p->dv + h * p->head_stride, ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, d, 1.0f, p->dout + h * p->head_stride, ld,
+                p->v + h * p->head_stride, ld, 0.0f, dpm, n);
     for (int64_t i = 0; i < n; ++i) {
         const float *pr = pm + i * n;
         float *dr = dpm + i * n;
@@ -78,10 +78,10 @@ static void backward_head(const std_problem *p, int64_t h, const float *pm, floa
         for (int64_t j = 0; j < n; ++j) dot += pr[j] * dr[j];
         for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, scale, dpm, n, p->k + h * d, ld, 0.0f,
-                p->dq + h * d, ld);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, n, scale, dpm, n, p->q + h * d, ld, 0.0f,
-                p->dk + h * d, ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, n, scale, dpm, n, p->k + h * p->head_stride, ld, 0.0f,
+                p->dq + h * p->head_stride, ld);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, n, scale, dpm, n, p->q + h * p->head_stride, ld, 0.0f,
+                p->dk + h * p->head_stride, ld);
 }
 
 /* Runs body(head) over the heads with `buffers` N x N matrices per thread. */
@@ -101,18 +101,18 @@ static int for_each_head(const std_problem *p, int buffers, int mode)
         for (int64_t h = 0; h < p->heads; ++h) {
             if (!s) continue;
             float *l = s + nn * (size_t)buffers;
-            const int64_t n = p->n, d = p->d, ld = p->heads * d;
+            const int64_t n = p->n, d = p->d, ld = p->ld;
             scores(p, h, s, l);
             if (mode == 0) { /* forward: O = P V, then divide the rows by l */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)n, 1.0f, s, (int)n,
-                            p->v + h * d, (int)ld, 0.0f, p->out + h * d, (int)ld);
-                normalise_rows(p->out + h * d, n, d, ld, l);
+                            p->v + h * p->head_stride, (int)ld, 0.0f, p->out + h * p->head_stride, (int)ld);
+                normalise_rows(p->out + h * p->head_stride, n, d, ld, l);
                 continue;
             }
             normalise_rows(s, n, n, n, l); /* P itself is needed by the backward */
             if (mode == 2)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)n, 1.0f, s, (int)n,
-                            p->v + h * d, (int)ld, 0.0f, p->out + h * d, (int)ld);
+                            p->v + h * p->head_stride, (int)ld, 0.0f, p->out + h * p->head_stride, (int)ld);
             backward_head(p, h, s, s + nn);
         }
         free(s);

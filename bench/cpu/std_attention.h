@@ -1,13 +1,15 @@
 /* Standard attention (the paper's Algorithm 0 forward, Algorithm 3 backward) as a careful user
  * writes it on a CPU: OpenMP over heads, single-threaded OpenBLAS sgemm per head, a vectorised
  * softmax (the library's own exponential kernel), and the N x N matrices S/P (and dP) materialised
- * per thread. Packed f32 [1, N, heads, d] tensors, heads_q == heads_kv. Only built with OpenBLAS. */
+ * per thread. f32 tensors of batch 1, heads_q == heads_kv, [N, heads, d] or [heads, N, d] (ld and
+ * head_stride). Only built with OpenBLAS. */
 #ifndef FA_BENCH_STD_ATTENTION_H
 #define FA_BENCH_STD_ATTENTION_H
 #include <stdint.h>
 
 typedef struct std_problem {
     int64_t n, heads, d;
+    int64_t ld, head_stride; /* floats between a head's rows, and between heads' first rows */
     int causal, threads;
     const float *q, *k, *v, *dout;
     float *out, *dq, *dk, *dv;

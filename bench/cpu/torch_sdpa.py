@@ -4,13 +4,16 @@
 fa-bench starts this script once (when `import torch` works) and, for each cell of its table,
 writes one request line on stdin and reads one answer line:
 
-    request:  pass n d heads causal reps min_seconds median     (pass: fwd, bwd or fwd+bwd)
+    request:  pass n d heads causal reps min_seconds median layout
+              (pass: fwd, bwd or fwd+bwd; layout: bnhd or bhnd, below)
     answer:   milliseconds, or "error <reason>"
 
 The first line of output is "ready <torch version> <threads>" once torch has loaded. Timing
 follows fa-bench: one untimed warm-up, then up to `reps` runs until `min_seconds` are spent, the
-best (median = 0) or the median (median = 1) of them. fp32, batch 1, tensors in PyTorch's own
-(batch, heads, N, d) layout, torch.set_num_threads(threads) from the command line; with `cpu`,
+best (median = 0) or the median (median = 1) of them. fp32, batch 1, the tensors in fa-bench's
+memory layout: bhnd is PyTorch's own (batch, heads, N, d), contiguous; bnhd is (batch, N, heads, d)
+memory, FlashAttention's, passed as its transposed view (what a caller holding such tensors hands
+to scaled_dot_product_attention). torch.set_num_threads(threads) from the command line; with `cpu`,
 times are the process CPU time divided by the threads (fa-bench --clock cpu).
 Usage: torch_sdpa.py THREADS [wall|cpu]
 """
@@ -19,11 +22,17 @@ import sys
 import time
 
 
-def time_cell(torch, sdpa, clock, which, n, d, heads, causal, reps, min_seconds, median):
+def time_cell(torch, sdpa, clock, which, n, d, heads, causal, reps, min_seconds, median, layout):
     gen = torch.Generator().manual_seed(1)
-    make = lambda: (torch.rand(1, heads, n, d, generator=gen) * 2 - 1).requires_grad_(which != "fwd")
+
+    def tensor():  # (1, heads, n, d) as sdpa takes it, in the requested memory
+        if layout == "bhnd":
+            return torch.rand(1, heads, n, d, generator=gen) * 2 - 1
+        return (torch.rand(1, n, heads, d, generator=gen) * 2 - 1).transpose(1, 2)
+
+    make = lambda: tensor().requires_grad_(which != "fwd")
     q, k, v = make(), make(), make()
-    dout = torch.rand(1, heads, n, d, generator=gen) * 2 - 1
+    dout = tensor()
     out = sdpa(q, k, v, is_causal=causal) if which == "bwd" else None
 
     def run():
@@ -63,9 +72,11 @@ def main():
     print(f"ready {torch.__version__} {torch.get_num_threads()}", flush=True)
     for line in sys.stdin:
         try:
-            which, n, d, heads, causal, reps, min_seconds, median = line.split()
+            which, n, d, heads, causal, reps, min_seconds, median, layout = line.split()
+            if layout not in ("bnhd", "bhnd"):
+                raise ValueError(f"layout {layout}")
             ms = time_cell(torch, functional.scaled_dot_product_attention, clock, which, int(n), int(d), int(heads),
-                           causal == "1", int(reps), float(min_seconds), median == "1")
+                           causal == "1", int(reps), float(min_seconds), median == "1", layout)
             print(f"{ms:.4f}", flush=True)
         except Exception as error:
             print(f"error {error}".replace("\n", " "), flush=True)
