@@ -7,7 +7,8 @@ taking each row's median across the runs is steadier than any single run. Usage:
     for r in 1 2 3; do fa-bench --n 2048,4096 --d 64,128 --reps 5 --stat median --csv r$r.csv; done
     bench/cpu/median_rounds.py r1.csv r2.csv r3.csv
 
-Columns: flash and standard ms (medians), speedup = median std ms / median flash ms, the
+Rows of different --layout runs stay apart (a layout column appears). Columns: flash and standard
+ms (medians), speedup = median std ms / median flash ms, the
 fraction of each round's own FMA peak (median; runs from before the probe: of their sgemm rate,
 and the column says so), causal / dense flash time at the same
 (pass, N, d), and where the runs have them: the type (--dtype) with its time over f32 (median of
@@ -23,7 +24,7 @@ def main(paths):
     for path in paths:
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
-                key = (r["pass"], int(r["n"]), int(r["d"]), r["mask"], r.get("dtype", "f32"))
+                key = (r["pass"], int(r["n"]), int(r["d"]), r["mask"], r.get("dtype", "f32"), r.get("layout") or "bnhd")
                 entry = rows.setdefault(key, {"flash": [], "std": [], "peak": [], "vs_f32": [], "torch": [], "vs_torch": []})
                 entry["flash"].append(float(r["flash_ms"]))
                 if float(r["std_ms"]) > 0:
@@ -37,27 +38,30 @@ def main(paths):
                     entry["torch"].append(float(r["torch_ms"]))
                     entry["vs_torch"].append(float(r["speedup_vs_torch"]))
     types = len({k[4] for k in rows}) > 1
+    layouts = len({k[5] for k in rows}) > 1  # fa-bench --layout: runs of both kept apart
     of = "of FMA peak" if all(e.get("of_fma") for e in rows.values()) else "of sgemm"
     torch = any(e["torch"] for e in rows.values())
     print(f"Medians over {len(paths)} runs.\n")
-    head = "| pass | N | d | mask |" + (" type | t/f32 |" if types else "") + f" flash ms | std ms | speedup | {of} | causal / dense |"
+    head = "| pass | N | d | mask |" + (" layout |" if layouts else "") + (" type | t/f32 |" if types else "") + f" flash ms | std ms | speedup | {of} | causal / dense |"
     head += " torch ms | vs torch |" if torch else ""
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     med = statistics.median
     order = lambda k: (k[2], k[1], ["fwd", "bwd", "fwd+bwd"].index(k[0]), ["dense", "causal"].index(k[3]),
-                       ["f32", "f16", "bf16"].index(k[4]))
+                       ["f32", "f16", "bf16"].index(k[4]), k[5])
     for key in sorted(rows, key=order):
         e = rows[key]
         flash = med(e["flash"])
         std = med(e["std"]) if e["std"] else None
         speedup = f"{std / flash:.2f}x" if std else "-"
         ratio = "-"
-        dense = rows.get((key[0], key[1], key[2], "dense", key[4]))
+        dense = rows.get((key[0], key[1], key[2], "dense", key[4], key[5]))
         if key[3] == "causal" and dense:
             ratio = f"{flash / med(dense['flash']):.2f}"
         std_text = f"{std:.1f}" if std else "-"
         line = f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} |"
+        if layouts:
+            line += f" {key[5]} |"
         if types:
             line += f" {key[4]} | " + (f"{med(e['vs_f32']):.2f}" if e["vs_f32"] and key[4] != "f32" else "-") + " |"
         line += f" {flash:.1f} | {std_text} | {speedup} | {med(e['peak']):.2f} | {ratio} |"
