@@ -20,17 +20,19 @@
 #include "cpu/kernels/fma_peak.h"
 #include "cpu/kernels/kernels.h"
 
-enum { BUF = 1 << 17, SAMPLES = 9 };
+enum { BUF = 1 << 18, SAMPLES = 9 }; /* BUF: floats per buffer, >= the forward's S^T at d 64 (1024 x 144) */
 
 typedef struct buffers { float *a, *b, *c, *d, *vec0, *vec1, *vec2; uint16_t *half; uint32_t *pairs; } buffers;
 
 typedef struct bench_case {
     const char *kernel; /* the kernel's name, matched by --function */
     const char *what;
-    int64_t br, bc, d;  /* the tile shape (the forward's tiles on a 1 MiB L2) */
+    int64_t br, bc, d;  /* the tile shape (the drivers' tiles on a 1 MiB L2) */
     void (*run)(const fa_cpu_kernels *k, const buffers *m, const struct bench_case *c);
     double flops;       /* per call, 0 for kernels without FMAs worth counting */
+    int role;           /* its part of the forward's tile pair (the summary), or NOT_IN_PAIR */
 } bench_case;
+enum { NOT_IN_PAIR, PAIR_ST, PAIR_COL_MAX, PAIR_EXP, PAIR_PV, PAIR_ST_MAX, PAIR_ROLES };
 
 /* The drivers' row stride of the key-major tiles (S^T, P, dS^T, Q^T, dO^T): Br floats, padded where
  * Br is a multiple of 128 (fa_cpu_tile_ld). With unpadded 512-byte rows, S^T at d = 128 read 0.58 of
@@ -93,40 +95,54 @@ static void run_to_f16(const fa_cpu_kernels *k, const buffers *m, const bench_ca
 { (void)c; k->f32_to_f16(m->b, m->half, 65536); }
 
 #define PRODUCT(br, bc, d) (2.0 * (double)(br) * (double)(bc) * (double)(d))
-/* One tile pair's kernels, in the order the tile-pair summary reads them (6 cases per d). */
-#define TILE_PAIR_CASES(br, bc, d)                                                                                \
-    {"gemm", "S^T = K Q^T (fwd; bwd dP^T = V dO^T)", br, bc, d, run_st, PRODUCT(br, bc, d)},                     \
-    {"col_max", "row max of S^T", br, bc, d, run_col_max, 0},                                                      \
-    {"exp_cols", "P = exp(S - m), row sums", br, bc, d, run_exp_cols, 0},                                          \
-    {"gemm", "O = alpha O + P V (fwd; bwd dQ += dS K)", br, bc, d, run_pv, PRODUCT(br, bc, d)},                  \
-    {"gemm_max", "S^T = K Q^T and its row max (fwd, full tiles)", br, bc, d, run_st_max, PRODUCT(br, bc, d)},    \
-    {"gemm", "dV += P^T dO (bwd; dK += dS^T Q)", br, bc, d, run_dv, PRODUCT(br, bc, d)}
+/* The forward's kernels on one tile pair (roles for the summary) and the backward's products on
+ * its own tiles: the forward raises Br to 128 at d = 64 (cpu_forward.c), the backward keeps the
+ * paper's 64; at d = 128 both take 128 x 512, where S^T and P V stand for dP^T and dQ too. */
+#define FORWARD_CASES(br, bc, d, st, pv)                                                                           \
+    {"gemm", st, br, bc, d, run_st, PRODUCT(br, bc, d), PAIR_ST},                                                   \
+    {"col_max", "row max of S^T (fwd, partial tiles)", br, bc, d, run_col_max, 0, PAIR_COL_MAX},                    \
+    {"exp_cols", "P = exp(S - m), row sums", br, bc, d, run_exp_cols, 0, PAIR_EXP},                                 \
+    {"gemm", pv, br, bc, d, run_pv, PRODUCT(br, bc, d), PAIR_PV},                                                   \
+    {"gemm_max", "S^T = K Q^T and its row max (fwd, full tiles)", br, bc, d, run_st_max, PRODUCT(br, bc, d),       \
+     PAIR_ST_MAX}
+#define BACKWARD_DV_CASE(br, bc, d)                                                                                 \
+    {"gemm", "dV += P^T dO (bwd; dK += dS^T Q)", br, bc, d, run_dv, PRODUCT(br, bc, d), NOT_IN_PAIR}
 static const bench_case cases[] = {
-    TILE_PAIR_CASES(64, 1024, 64),
-    TILE_PAIR_CASES(128, 512, 128),
-    {"gemm_ds", "dS^T = P^T o (V dO^T - D) (bwd)", 64, 1024, 64, run_dp_ds, PRODUCT(64, 1024, 64)},
-    {"gemm_ds", "dS^T = P^T o (V dO^T - D) (bwd)", 128, 512, 128, run_dp_ds, PRODUCT(128, 512, 128)},
+    FORWARD_CASES(128, 1024, 64, "S^T = K Q^T (fwd)", "O = alpha O + P V (fwd)"),
+    {"gemm", "dP^T = V dO^T (bwd; S^T alike)", 64, 1024, 64, run_st, PRODUCT(64, 1024, 64), NOT_IN_PAIR},
+    {"gemm", "dQ += dS K (bwd)", 64, 1024, 64, run_pv, PRODUCT(64, 1024, 64), NOT_IN_PAIR},
+    BACKWARD_DV_CASE(64, 1024, 64),
+    FORWARD_CASES(128, 512, 128, "S^T = K Q^T (fwd; bwd dP^T = V dO^T)", "O = alpha O + P V (fwd; bwd dQ += dS K)"),
+    BACKWARD_DV_CASE(128, 512, 128),
+    {"gemm_ds", "dS^T = P^T o (V dO^T - D) (bwd)", 64, 1024, 64, run_dp_ds, PRODUCT(64, 1024, 64), NOT_IN_PAIR},
+    {"gemm_ds", "dS^T = P^T o (V dO^T - D) (bwd)", 128, 512, 128, run_dp_ds, PRODUCT(128, 512, 128), NOT_IN_PAIR},
     /* FLOPs as the f32 product counts them, 2 m n k (a multiply and an add per k step: one
      * vdpbf16ps lane does two k steps, 4 FLOPs), so the fraction is of the f32 FMA peak and may
      * exceed 1. */
-    {"gemm_max_bf16", "S^T = K Q^T, bf16 (vdpbf16ps), row max (fwd)", 64, 1024, 64, run_st_max_bf16, PRODUCT(64, 1024, 64)},
-    {"gemm_max_bf16", "S^T = K Q^T, bf16 (vdpbf16ps), row max (fwd)", 128, 512, 128, run_st_max_bf16, PRODUCT(128, 512, 128)},
-    {"softcap_cols", "S = cap tanh(scale S / cap), row max (fwd)", 64, 1024, 64, run_softcap, 0},
-    {"gemm_scores", "gemm_max with the softcap in the registers (fwd, full tiles)", 64, 1024, 64, run_scores_softcap,
-     PRODUCT(64, 1024, 64)},
-    {"gemm_scores", "gemm_max with softcap and ALiBi in the registers", 64, 1024, 64, run_scores_alibi,
-     PRODUCT(64, 1024, 64)},
+    {"gemm_max_bf16", "S^T = K Q^T, bf16 (vdpbf16ps), row max (fwd)", 128, 1024, 64, run_st_max_bf16,
+     PRODUCT(128, 1024, 64), NOT_IN_PAIR},
+    {"gemm_max_bf16", "S^T = K Q^T, bf16 (vdpbf16ps), row max (fwd)", 128, 512, 128, run_st_max_bf16,
+     PRODUCT(128, 512, 128), NOT_IN_PAIR},
+    {"softcap_cols", "S = cap tanh(scale S / cap), row max (fwd)", 128, 1024, 64, run_softcap, 0, NOT_IN_PAIR},
+    {"gemm_scores", "gemm_max with the softcap in the registers (fwd, full tiles)", 128, 1024, 64, run_scores_softcap,
+     PRODUCT(128, 1024, 64), NOT_IN_PAIR},
+    {"gemm_scores", "gemm_max with softcap and ALiBi in the registers", 128, 1024, 64, run_scores_alibi,
+     PRODUCT(128, 1024, 64), NOT_IN_PAIR},
     {"gemm_scores", "gemm_max with the softcap in the registers (fwd, full tiles)", 128, 512, 128, run_scores_softcap,
-     PRODUCT(128, 512, 128)},
-    {"gemm_nt", "decode S^T = K q^T, 4 queries", 4, 512, 128, run_gemm_nt, PRODUCT(4, 512, 128)},
+     PRODUCT(128, 512, 128), NOT_IN_PAIR},
+    {"gemm_nt", "decode S^T = K q^T, 4 queries", 4, 512, 128, run_gemm_nt, PRODUCT(4, 512, 128), NOT_IN_PAIR},
     /* br: the cache's bits per element */
-    {"decode_scores", "decode S^T, 32 keys x 8 heads x 4 rows, f32 cache", 32, 32, 128, run_decode_scores, PRODUCT(32, 32, 128)},
-    {"decode_scores", "decode S^T, 32 keys x 8 heads x 4 rows, f16 cache", 16, 32, 128, run_decode_scores, PRODUCT(32, 32, 128)},
-    {"decode_values", "decode O += P V, 32 keys x 8 heads x 4 rows, f32 cache", 32, 32, 128, run_decode_values, PRODUCT(32, 32, 128)},
-    {"decode_values", "decode O += P V, 32 keys x 8 heads x 4 rows, f16 cache", 16, 32, 128, run_decode_values, PRODUCT(32, 32, 128)},
-    {"f16_to_f32", "65536 values", 0, 0, 0, run_f16, 0},
-    {"bf16_to_f32", "65536 values", 0, 0, 0, run_bf16, 0},
-    {"f32_to_f16", "65536 values", 0, 0, 0, run_to_f16, 0},
+    {"decode_scores", "decode S^T, 32 keys x 8 heads x 4 rows, f32 cache", 32, 32, 128, run_decode_scores,
+     PRODUCT(32, 32, 128), NOT_IN_PAIR},
+    {"decode_scores", "decode S^T, 32 keys x 8 heads x 4 rows, f16 cache", 16, 32, 128, run_decode_scores,
+     PRODUCT(32, 32, 128), NOT_IN_PAIR},
+    {"decode_values", "decode O += P V, 32 keys x 8 heads x 4 rows, f32 cache", 32, 32, 128, run_decode_values,
+     PRODUCT(32, 32, 128), NOT_IN_PAIR},
+    {"decode_values", "decode O += P V, 32 keys x 8 heads x 4 rows, f16 cache", 16, 32, 128, run_decode_values,
+     PRODUCT(32, 32, 128), NOT_IN_PAIR},
+    {"f16_to_f32", "65536 values", 0, 0, 0, run_f16, 0, NOT_IN_PAIR},
+    {"bf16_to_f32", "65536 values", 0, 0, 0, run_bf16, 0, NOT_IN_PAIR},
+    {"f32_to_f16", "65536 values", 0, 0, 0, run_to_f16, 0, NOT_IN_PAIR},
 };
 enum { CASES = sizeof cases / sizeof cases[0] };
 
@@ -212,17 +228,28 @@ int checkasm_bench(const char *function, const char *only_isa)
             if (c->flops > 0) printf(" %7.1f GFLOP/s %5.2f of peak", c->flops / seconds[ci] * 1e-9, c->flops / seconds[ci] * 1e-9 / peak);
             printf("\n");
         }
-        /* The forward's kernels per tile pair (cases 0-4 at d = 64, 6-10 at d = 128): partial tiles
-         * (S^T, col_max after the mask, exp_cols, P V) and full ones (gemm_max, exp_cols, P V). */
-        for (int first = 0; first <= 6; first += 6) {
-            const double *t = seconds + first, flops = 2.0 * cases[first].flops;
-            if (t[0] > 0 && t[1] > 0 && t[2] > 0 && t[3] > 0)
-                printf("  forward tile pair d=%lld, gemm + col_max (partial tiles): %.2f of peak; col_max + exp_cols %.0f%% of the time\n",
-                       (long long)cases[first].d, flops / (t[0] + t[1] + t[2] + t[3]) * 1e-9 / peak,
-                       100.0 * (t[1] + t[2]) / (t[0] + t[1] + t[2] + t[3]));
-            if (t[4] > 0 && t[2] > 0 && t[3] > 0)
-                printf("  forward tile pair d=%lld, gemm_max (full tiles): %.2f of peak; exp_cols %.0f%% of the time\n",
-                       (long long)cases[first].d, flops / (t[4] + t[2] + t[3]) * 1e-9 / peak, 100.0 * t[2] / (t[4] + t[2] + t[3]));
+        /* The forward's kernels per tile pair, per shape: partial tiles (S^T, col_max after the
+         * mask, exp_cols, P V) and full ones (gemm_max, exp_cols, P V). */
+        for (int ci = 0; ci < CASES; ++ci) {
+            if (cases[ci].role != PAIR_ST) continue;
+            double t[PAIR_ROLES] = {0};
+            for (int cj = 0; cj < CASES; ++cj)
+                if (cases[cj].role != NOT_IN_PAIR && cases[cj].br == cases[ci].br && cases[cj].bc == cases[ci].bc &&
+                    cases[cj].d == cases[ci].d)
+                    t[cases[cj].role] = seconds[cj];
+            const double flops = 2.0 * cases[ci].flops, exp = t[PAIR_EXP], pv = t[PAIR_PV];
+            const long long d = (long long)cases[ci].d, br = (long long)cases[ci].br, bc = (long long)cases[ci].bc;
+            if (t[PAIR_ST] > 0 && t[PAIR_COL_MAX] > 0 && exp > 0 && pv > 0) {
+                const double sum = t[PAIR_ST] + t[PAIR_COL_MAX] + exp + pv;
+                printf("  forward tile pair d=%lld %lld x %lld, gemm + col_max (partial tiles): %.2f of peak; col_max + "
+                       "exp_cols %.0f%% of the time\n", d, br, bc, flops / sum * 1e-9 / peak,
+                       100.0 * (t[PAIR_COL_MAX] + exp) / sum);
+            }
+            if (t[PAIR_ST_MAX] > 0 && exp > 0 && pv > 0) {
+                const double sum = t[PAIR_ST_MAX] + exp + pv;
+                printf("  forward tile pair d=%lld %lld x %lld, gemm_max (full tiles): %.2f of peak; exp_cols %.0f%% of "
+                       "the time\n", d, br, bc, flops / sum * 1e-9 / peak, 100.0 * exp / sum);
+            }
         }
     }
 done:
