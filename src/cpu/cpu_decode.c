@@ -221,9 +221,10 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
     }
     int seen_by_all = 1;
     for (int64_t r = 0; r < rows && seen_by_all; ++r) seen_by_all = w->ranges[r].lo <= j0 && w->ranges[r].hi > tile_key(t, n - 1);
-    /* Masked scores become -inf. A NaN score a row sees (NaN in its query or in the key) cannot go
-     * through the vector exp, which clamps its argument: the row is marked instead, and its l
-     * becomes NaN after the step, which the merge turns into a NaN row and lse as fa_forward does. */
+    /* Masked scores become -inf. A NaN score a row sees (NaN in its query or in the key) is not left
+     * to the vector exp, whose range reduction is not bound to keep a NaN on every ISA (AVX2 adds n
+     * to the exponent field as an integer): the row is marked instead, and its l becomes NaN after
+     * the step, which the merge turns into a NaN row and lse as fa_forward does. */
     int any_poisoned = 0;
     if (!seen_by_all || any_nan(st, n * cols)) {
         memset(w->poisoned, 0, (size_t)cols);
