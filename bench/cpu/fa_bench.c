@@ -34,7 +34,7 @@ typedef struct options {
     int median;                                                           /* 1: median of the reps, 0: best */
     int dtypes;                                                           /* bit per fa_dtype */
     int torch;                                                            /* 1: PyTorch column if torch loads */
-    int heads_outer;                                                      /* --layout bhnd: [B, H, N, d] */
+    const char *layout;                                                   /* --layout: "bnhd" or "bhnd" */
     double min_seconds;
     const char *csv;
 } options;
@@ -113,7 +113,7 @@ static int parse_options(int argc, char **argv, options *o)
 {
     *o = (options){.n = {512, 1024, 2048, 4096, 8192, 16384}, .d = {64, 128}, .n_count = 6, .d_count = 2,
                    .heads = 8, .threads = 2, .max_reps = 3, .std_max_n = 8192, .masks = 3, .passes = 7, .dtypes = 1, .torch = 1,
-                   .min_seconds = 1.0};
+                   .min_seconds = 1.0, .layout = "bnhd"};
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--info")) o->info = 1;
@@ -137,7 +137,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--csv")) o->csv = val;
             else if (!strcmp(a, "--dtype")) o->dtypes = parse_dtypes(val);
             else if (!strcmp(a, "--torch") && (!strcmp(val, "auto") || !strcmp(val, "off"))) o->torch = !strcmp(val, "auto");
-            else if (!strcmp(a, "--layout") && (!strcmp(val, "bnhd") || !strcmp(val, "bhnd"))) o->heads_outer = !strcmp(val, "bhnd");
+            else if (!strcmp(a, "--layout") && (!strcmp(val, "bnhd") || !strcmp(val, "bhnd"))) o->layout = val;
             else if (!strcmp(a, "--stat") && (!strcmp(val, "best") || !strcmp(val, "median"))) o->median = !strcmp(val, "median");
             else if (!strcmp(a, "--clock") && (!strcmp(val, "wall") || !strcmp(val, "cpu"))) bench_use_cpu_clock = !strcmp(val, "cpu");
             else if (!strcmp(a, "--mask")) o->masks = !strcmp(val, "dense") ? 1 : !strcmp(val, "causal") ? 2 : !strcmp(val, "both") ? 3 : 0;
@@ -374,8 +374,10 @@ int main(int argc, char **argv)
            "counts the N(N+1)/2 visible scores\n",
            o.median ? "median" : "best", o.max_reps, o.max_reps > 1 ? " after a warm-up run" : " (no warm-up)",
            bench_use_cpu_clock ? "process CPU time / threads" : "wall clock");
+    /* --layout bhnd: [B, H, N, d], each head's rows contiguous; else [B, N, H, d] */
+    const int heads_outer = !strcmp(o.layout, "bhnd");
     printf("tensors: %s, batch 1, %d heads, the same memory for every column\n",
-           o.heads_outer ? "[B, H, N, d] (--layout bhnd: each head's rows contiguous)"
+           heads_outer ? "[B, H, N, d] (--layout bhnd: each head's rows contiguous)"
                          : "[B, N, H, d] (heads interleaved, FlashAttention's layout; PyTorch takes it as a transposed view)",
            o.heads);
     FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
@@ -415,9 +417,10 @@ int main(int argc, char **argv)
                         run_ctx r = {.ctx = ctx, .lse = t.lse};
                         fa_attention_desc_init(&r.desc);
                         r.desc.causal = causal;
-                        /* [B, N, H, d] packed (strides 0), or [B, H, N, d]: the same buffers either way */
-                        const fa_tensor shape = {NULL, dtype, 1, n, o.heads, d, o.heads_outer ? o.heads * n * d : 0,
-                                                 o.heads_outer ? d : 0, o.heads_outer ? n * d : 0};
+                        /* the layout's strides (floats), for the library's tensors and standard attention
+                         * alike: the same buffers either way */
+                        const int64_t row_stride = heads_outer ? d : o.heads * d, head_stride = heads_outer ? n * d : d;
+                        const fa_tensor shape = {NULL, dtype, 1, n, o.heads, d, o.heads * n * d, row_stride, head_stride};
                         fa_tensor *views[8] = {&r.q, &r.k, &r.v, &r.out, &r.dout, &r.dq, &r.dk, &r.dv};
                         float *f32_data[8] = {t.q, t.k, t.v, t.out, t.dout, t.dq, t.dk, t.dv};
                         for (int i = 0; i < 8; ++i) {
@@ -439,8 +442,8 @@ int main(int argc, char **argv)
                         /* a failed row costs nothing more: no baseline, no PyTorch, no second probe */
                         if (!flash.ok) { ++failures; fprintf(stderr, "\nfa-bench: %s\n", fa_last_error()); continue; }
 #ifdef FA_BENCH_HAVE_OPENBLAS
-                        const std_problem sp = {n, o.heads, d, o.heads_outer ? d : o.heads * d, o.heads_outer ? n * d : d,
-                                                causal, o.threads, t.q, t.k, t.v, t.dout, t.out, t.dq, t.dk, t.dv};
+                        const std_problem sp = {n, o.heads, d, row_stride, head_stride, causal, o.threads,
+                                                t.q, t.k, t.v, t.dout, t.out, t.dq, t.dk, t.dv};
                         if (dtype == FA_DTYPE_F32 && n <= o.std_max_n) {
                             let_engines_idle();
                             MEASURE(std, &o, run_std(&sp, (pass)ps));
@@ -449,7 +452,7 @@ int main(int argc, char **argv)
                         const int with_torch = torch.to != NULL;
                         if (with_torch && dtype == FA_DTYPE_F32) let_engines_idle();
                         const double torch_ms = with_torch && dtype == FA_DTYPE_F32
-                                                    ? torch_column_time(&torch, pass_names[ps], n, d, o.heads, o.heads_outer, causal,
+                                                    ? torch_column_time(&torch, pass_names[ps], n, d, o.heads, o.layout, causal,
                                                                         o.max_reps, o.min_seconds, o.median)
                                                     : -1.0;
                         const double vs_torch = torch_ms > 0 ? torch_ms / (flash.seconds * 1e3) : 0.0;
@@ -490,7 +493,7 @@ int main(int argc, char **argv)
                                     sgemm_rate > 0 ? fg / sgemm_rate : 0.0, fmib, std.ok ? std.seconds * 1e3 : 0.0, sg,
                                     std.ok ? smib : 0.0, std.ok ? std.seconds / flash.seconds : 0.0, sgemm_rate, isa_name,
                                     dtype_names[dt], vs_f32, torch_ms > 0 ? torch_ms : 0.0, vs_torch, fma_peak, of_peak,
-                                    l1_rate, fg / l1_rate, o.heads_outer ? "bhnd" : "bnhd");
+                                    l1_rate, fg / l1_rate, o.layout);
                     }
                 }
             }

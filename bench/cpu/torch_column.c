@@ -64,12 +64,12 @@ int torch_column_start(torch_column *t, int threads, int cpu_clock)
     return -1;
 }
 
-double torch_column_time(torch_column *t, const char *pass, int64_t n, int64_t d, int heads, int heads_outer, int causal,
+double torch_column_time(torch_column *t, const char *pass, int64_t n, int64_t d, int heads, const char *layout, int causal,
                          int reps, double min_seconds, int median)
 {
     if (!t->to) return -1.0;
     fprintf(t->to, "%s %lld %lld %d %d %d %g %d %s\n", pass, (long long)n, (long long)d, heads, causal, reps, min_seconds,
-            median, heads_outer ? "bhnd" : "bnhd");
+            median, layout);
     fflush(t->to);
     char line[256];
     if (!read_line(t, line, sizeof line)) {

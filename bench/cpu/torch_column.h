@@ -17,8 +17,8 @@ typedef struct torch_column {
 /* Starts the script with $FA_BENCH_PYTHON (default python3); 0 when torch loaded. */
 int torch_column_start(torch_column *t, int threads, int cpu_clock);
 /* Milliseconds of one cell (pass: fwd, bwd, fwd+bwd), or -1 (t->about then says why). */
-/* heads_outer: the tensors [B, H, N, d] (PyTorch's own layout), else [B, N, H, d] viewed as it. */
-double torch_column_time(torch_column *t, const char *pass, int64_t n, int64_t d, int heads, int heads_outer, int causal,
+/* layout: "bhnd", the tensors [B, H, N, d] (PyTorch's own layout), or "bnhd", [B, N, H, d] viewed as it. */
+double torch_column_time(torch_column *t, const char *pass, int64_t n, int64_t d, int heads, const char *layout, int causal,
                          int reps, double min_seconds, int median);
 void torch_column_stop(torch_column *t);
 #endif
