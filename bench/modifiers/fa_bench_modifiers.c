@@ -5,13 +5,15 @@
  * its extra time against (bias bytes) / (the read bandwidth of a sum over the same f32 bias
  * array on the same threads, timed in the same rounds), for f32, f16 and bf16 biases.
  *   fa-bench-modifiers [--n 2048] [--d 64] [--heads 8] [--rounds 5] [--threads 2] [--clock wall|cpu]
- *                      [--only VARIANT] [--backward]
+ *                      [--only VARIANT] [--backward] [--csv FILE]
  * --clock cpu: process CPU time / threads instead of wall time (a loaded machine: use --threads 1).
  * --only runs one variant (its name as printed, e.g. softcap) and prints nothing: for counting its
  * cycles under `perf stat -e cycles:u` (two round counts' difference: that many forwards), which a
  * loaded machine disturbs less than the wall clock. --backward times each forward with the
  * backward after it (fa_backward_ex, with dbias in the bias's dtype for the bias variants): the
- * cost of the modifiers on training, fwd+bwd against plain fwd+bwd. */
+ * cost of the modifiers on training, fwd+bwd against plain fwd+bwd. --csv FILE also writes the
+ * table as variant (quoted),n,d,heads,threads,pass,ms,x_plain,x_array_sum (the bias rows' read
+ * rate over the array sum's, 0 where there is none) for bench/cpu/check_targets.py. */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +55,7 @@ int main(int argc, char **argv)
 {
     int64_t n = 2048, d = 64, heads = 8;
     int rounds = 5, threads = 2, only = -1, backward = 0;
+    const char *csv_path = NULL;
     for (int i = 1; i < argc; ++i)
         if (!strcmp(argv[i], "--backward")) { /* a flag: taken out of the option pairs */
             backward = 1;
@@ -66,6 +69,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--heads")) heads = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--csv")) csv_path = argv[i + 1];
         else if (!strcmp(argv[i], "--clock") && (!strcmp(argv[i + 1], "wall") || !strcmp(argv[i + 1], "cpu")))
             bench_use_cpu_clock = !strcmp(argv[i + 1], "cpu");
         else if (!strcmp(argv[i], "--only")) {
@@ -160,25 +164,39 @@ int main(int argc, char **argv)
            bench_use_cpu_clock ? "process CPU time / threads" : "wall clock");
     printf("# %s\n", fa_context_info(ctx));
     printf("%-22s %10s %10s\n", "variant", "ms", "x plain");
-    double median[VARIANTS];
+    double median[VARIANTS], x_array_sum[VARIANTS] = {0};
     for (int x = 0; x < VARIANTS; ++x) {
         qsort(times + x * rounds, (size_t)rounds, sizeof *times, cmp);
         median[x] = times[x * rounds + rounds / 2];
         printf("%-22s %10.2f %10.3f\n", names[x], 1e3 * median[x], median[x] / median[PLAIN]);
     }
-    if (backward) { /* the read rates below are the forward's */
-        fa_context_destroy(ctx);
-        return 0;
+    if (!backward) {
+        /* The bias's extra time against reading its bytes at the array sum's rate: >= 1 is at (or,
+         * overlapped with the arithmetic, beyond) full memory speed. The read rates are the
+         * forward's: the backward's table has none. */
+        const double bandwidth = (double)(bias_elems * 4) / median[ARRAY_SUM];
+        printf("# array sum: %.2f GB/s on %d threads (%.0f MB)\n", bandwidth / 1e9, threads,
+               (double)(bias_elems * 4) / 1e6);
+        printf("%-22s %10s %10s %10s %14s\n", "bias", "MB read", "extra ms", "MB/s", "x array sum");
+        for (int x = BIAS; x <= BIAS_BF16; ++x) {
+            const double bytes = (double)bias_elems * (x == BIAS ? 4.0 : 2.0), extra = median[x] - median[PLAIN];
+            x_array_sum[x] = bytes / extra / bandwidth;
+            printf("%-22s %10.0f %10.2f %10.0f %14.2f\n", names[x], bytes / 1e6, 1e3 * extra, bytes / extra / 1e6,
+                   x_array_sum[x]);
+        }
     }
-    /* The bias's extra time against reading its bytes at the array sum's rate: >= 1 is at (or,
-     * overlapped with the arithmetic, beyond) full memory speed. */
-    const double bandwidth = (double)(bias_elems * 4) / median[ARRAY_SUM];
-    printf("# array sum: %.2f GB/s on %d threads (%.0f MB)\n", bandwidth / 1e9, threads, (double)(bias_elems * 4) / 1e6);
-    printf("%-22s %10s %10s %10s %14s\n", "bias", "MB read", "extra ms", "MB/s", "x array sum");
-    for (int x = BIAS; x <= BIAS_BF16; ++x) {
-        const double bytes = (double)bias_elems * (x == BIAS ? 4.0 : 2.0), extra = median[x] - median[PLAIN];
-        printf("%-22s %10.0f %10.2f %10.0f %14.2f\n", names[x], bytes / 1e6, 1e3 * extra, bytes / extra / 1e6,
-               bytes / extra / bandwidth);
+    if (csv_path) {
+        FILE *csv = fopen(csv_path, "w");
+        if (!csv) {
+            fprintf(stderr, "--csv: cannot write %s\n", csv_path);
+            return 1;
+        }
+        fprintf(csv, "variant,n,d,heads,threads,pass,ms,x_plain,x_array_sum\n");
+        for (int x = 0; x < VARIANTS; ++x)
+            fprintf(csv, "\"%s\",%lld,%lld,%lld,%d,%s,%.4f,%.4f,%.4f\n", names[x], (long long)n, (long long)d,
+                    (long long)heads, threads, backward ? "fwd+bwd" : "fwd", 1e3 * median[x],
+                    median[x] / median[PLAIN], x_array_sum[x]);
+        fclose(csv);
     }
     (void)sink;
     fa_context_destroy(ctx);
