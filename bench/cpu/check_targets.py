@@ -14,7 +14,7 @@ It needs a build with the benchmarks (meson option `bench`, on by default) and, 
 targets, `$FA_BENCH_PYTHON -c 'import torch'` working (fa-bench's PyTorch column). It prints a
 markdown report: the machine, then each target with every cell's median and range over the rounds
 and its verdict: met, NOT MET, not measured (and why), or shown but not judged (a target this
-machine cannot judge, e.g. the AVX2 one that counts only an AVX2-only CPU). About 5 minutes a
+machine cannot judge, e.g. the AVX2 one that counts only an AVX2-only CPU). About 2-3 minutes a
 round on a 2-core machine. --keep DIR keeps every run's CSV and output; --strict exits 1 when a
 judged target is not met; --smoke runs one small round of every command (N 512, d 64) to check the
 pipeline, and its verdicts mean nothing; --dry-run prints the commands.
@@ -238,7 +238,7 @@ def fmt(x):
     return "-" if x is None else f"{x:.2f}"
 
 
-def report(machine, judged, args, header, rounds_done):
+def report(machine, judged, data, args, header, rounds_done):
     lines = [f"# The CPU targets of issues {', '.join(map(str, args.issues))} on this machine", ""]
     lines.append(f"- machine: {machine.description}")
     lines.append(f"- {rounds_done} round(s) of every run, {args.threads} threads, {args.heads} heads, layout "
@@ -253,11 +253,19 @@ def report(machine, judged, args, header, rounds_done):
         met = sum(1 for *_, v in cells if v == "met")
         lines.append(f"| {t.issue} | {t.text} | {verdict} | {met} of {len(cells)} |")
     for t, verdict, cells in judged:
+        # beside a fraction of the FMA peak, the fraction of what the cores gave an L1-resident
+        # product around the same row (fa-bench's `of L1`): how much of a shortfall is the machine's
+        of_l1 = any(c.metric == "peak" for c in t.cells)
         lines += ["", f"## Issue {t.issue}: {t.text}", "", f"Verdict: **{verdict}**", "",
-                  "| cell | median | range | target | |", "|---|---|---|---|---|"]
+                  "| cell | median | range | target | |" + (" of L1 (median) |" if of_l1 else ""),
+                  "|---|---|---|---|---|" + ("---|" if of_l1 else "")]
         for c, med, low, high, v in cells:
             rng = "-" if low is None else f"{low:.2f}-{high:.2f}"
-            lines.append(f"| {c.label} | {fmt(med)} | {rng} | {c.op} {c.threshold:.2f} | {v} |")
+            line = f"| {c.label} | {fmt(med)} | {rng} | {c.op} {c.threshold:.2f} | {v} |"
+            if of_l1:
+                l1 = data.get(c.run, {}).get(c.key, {}).get("of_l1")
+                line += f" {fmt(statistics.median(l1)) if l1 else '-'} |"
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -270,6 +278,36 @@ def fa_bench_header(stdout):
         if line.strip():
             out.append(line)
     return out
+
+
+def judge_kept(args, machine, runs):
+    """--from DIR: the report of the runs kept there (those of the first round, over every round
+    that has them all), nothing run; a run not kept leaves its cells not measured. The machine is
+    this one: judge on the machine that ran them."""
+    runs = [run for run in runs if os.path.exists(os.path.join(args.from_dir, f"{run}-round1.csv"))]
+    if not runs:
+        sys.exit(f"check_targets: no run's round 1 CSV in {args.from_dir}")
+    csv_paths, r = {run: [] for run in runs}, 1
+    while all(os.path.exists(os.path.join(args.from_dir, f"{run}-round{r}.csv")) for run in runs):
+        for run in runs:
+            csv_paths[run].append(os.path.join(args.from_dir, f"{run}-round{r}.csv"))
+        r += 1
+    header = []
+    if os.path.exists(os.path.join(args.from_dir, "grid-round1.out")):
+        with open(os.path.join(args.from_dir, "grid-round1.out")) as f:
+            header = fa_bench_header(f.read())
+    return finish(args, machine, load(csv_paths), header, r - 1)
+
+
+def finish(args, machine, data, header, rounds):
+    """Judge, print and write the report; the exit status (--strict: 1 on a target not met)."""
+    judged = judge(targets(machine, args.layout, args.issues), data, missing_reasons(data))
+    text = report(machine, judged, data, args, header, rounds)
+    print(text)
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write(text)
+    return 1 if args.strict and any(v == "NOT MET" for _, v, _ in judged) else 0
 
 
 def main(argv=None):
@@ -285,6 +323,8 @@ def main(argv=None):
     p.add_argument("--strict", action="store_true")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--from", dest="from_dir", metavar="DIR",
+                   help="judge the runs an earlier --keep DIR kept, running nothing")
     args = p.parse_args(argv)
     try:
         args.issues = sorted({int(x) for x in args.issues.split(",")})
@@ -298,6 +338,8 @@ def main(argv=None):
         args.rounds = 1
     machine = Machine()
     runs = runs_needed(machine, args.issues)
+    if args.from_dir:
+        return judge_kept(args, machine, runs)
     if args.dry_run:
         work = args.keep or "WORKDIR"
     else:
@@ -332,19 +374,14 @@ def main(argv=None):
     empty = [run for run in runs if not data[run]]
     if empty:
         sys.exit(f"check_targets: no rows in the CSVs of {', '.join(empty)} (in {work}): the benchmark's CSV changed?")
-    judged = judge(targets(machine, args.layout, args.issues), data, missing_reasons(data))
-    text = report(machine, judged, args, header, args.rounds)
-    print(text)
-    if args.report:
-        with open(args.report, "w") as f:
-            f.write(text)
+    status = finish(args, machine, data, header, args.rounds)
     if args.keep:
         print(f"runs kept in {work}", file=sys.stderr)
     else:
         for name in os.listdir(work):
             os.remove(os.path.join(work, name))
         os.rmdir(work)
-    return 1 if args.strict and any(v == "NOT MET" for _, v, _ in judged) else 0
+    return status
 
 
 if __name__ == "__main__":

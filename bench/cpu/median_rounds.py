@@ -22,14 +22,15 @@ import sys
 def load(paths):
     """Each row's values across the runs: {(pass, n, d, mask, dtype, layout): {column: [value per run]}}.
     Lists: flash, std (ms), peak (fraction of the FMA peak, or of the sgemm rate in runs from before
-    the probe: of_fma says which), of_sgemm, speedup (std / flash), vs_f32, torch (ms), vs_torch."""
+    the probe: of_fma says which), of_sgemm, of_l1 (of the L1-gemm rate around the row), speedup
+    (std / flash), vs_f32, torch (ms), vs_torch."""
     rows = {}
     for path in paths:
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
                 key = (r["pass"], int(r["n"]), int(r["d"]), r["mask"], r.get("dtype", "f32"), r.get("layout") or "bnhd")
-                entry = rows.setdefault(key, {"flash": [], "std": [], "peak": [], "of_sgemm": [], "speedup": [],
-                                              "vs_f32": [], "torch": [], "vs_torch": []})
+                entry = rows.setdefault(key, {"flash": [], "std": [], "peak": [], "of_sgemm": [], "of_l1": [],
+                                              "speedup": [], "vs_f32": [], "torch": [], "vs_torch": []})
                 entry["flash"].append(float(r["flash_ms"]))
                 if float(r["std_ms"]) > 0:
                     entry["std"].append(float(r["std_ms"]))
@@ -38,6 +39,8 @@ def load(paths):
                 entry["peak"].append(float(fma if fma else r.get("flash_peak_fraction") or r["flash_sgemm_fraction"]))
                 entry["of_fma"] = bool(fma)
                 entry["of_sgemm"].append(float(r.get("flash_sgemm_fraction") or r.get("flash_peak_fraction") or 0))
+                if float(r.get("flash_l1_fraction") or 0) > 0:
+                    entry["of_l1"].append(float(r["flash_l1_fraction"]))
                 if float(r.get("time_vs_f32") or 0) > 0:
                     entry["vs_f32"].append(float(r["time_vs_f32"]))
                 if float(r.get("torch_ms") or 0) > 0:

@@ -132,6 +132,26 @@ class Judging(unittest.TestCase):
         bias = [v for text, (v, _) in out.items() if text.startswith("the bias forward")]
         self.assertEqual(bias, ["met"])
 
+    def test_judging_kept_runs(self):
+        # --from DIR: the rounds an earlier --keep left, judged without running anything
+        rows = [fa_row("fwd", 512, d, m, speedup=0.9 if d == 128 else 1.2) for d in (64, 128) for m in ("dense", "causal")]
+        for r in (1, 2):
+            self.write(f"grid-round{r}.csv", rows)
+            self.write(f"types-round{r}.csv", rows)
+        report = os.path.join(self.dir.name, "report.md")
+        with open(os.devnull, "w") as null:
+            stdout, sys.stdout = sys.stdout, null
+            try:
+                status = ct.main(["--from", self.dir.name, "--issues", "16", "--report", report, "--strict"])
+            finally:
+                sys.stdout = stdout
+        self.assertEqual(status, 1)  # --strict: a judged target not met
+        with open(report) as f:
+            text = f.read()
+        self.assertIn("2 round(s)", text)
+        self.assertIn("| fwd N 512 d 128 dense | 0.90 | 0.90-0.90 | >= 1.00 | NOT MET |", text)
+        self.assertIn("| fwd N 512 d 64 causal | 1.20 | 1.20-1.20 | >= 1.00 | met |", text)
+
 
 if __name__ == "__main__":
     unittest.main()
