@@ -38,7 +38,7 @@ GRID_N = [512, 1024, 2048, 4096]
 # The runs of one round: program, its arguments (fa-bench's common ones are added), environment,
 # and the issues that need it.
 RUNS = {
-    "grid": ("fa-bench", ["--n", "512,1024,2048,4096", "--d", "64,128", "--mask", "both", "--pass", "fwd,fwdbwd",
+    "grid": ("fa-bench", ["--n", ",".join(map(str, GRID_N)), "--d", "64,128", "--mask", "both", "--pass", "fwd,fwdbwd",
                           "--std-max-n", "512"], {}, {16, 20}),
     "types": ("fa-bench", ["--n", "2048", "--d", "64,128", "--mask", "dense", "--pass", "fwd,fwdbwd",
                            "--dtype", "f32,f16,bf16", "--torch", "off", "--std-max-n", "0"], {}, {16}),
