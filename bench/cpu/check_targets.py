@@ -244,7 +244,7 @@ def report(machine, judged, data, args, header, rounds_done):
     lines.append(f"- {rounds_done} round(s) of every run, {args.threads} threads, {args.heads} heads, layout "
                  f"{args.layout}, f32 unless a cell says otherwise; each cell's value is the median of its per-round "
                  f"values (range: lowest-highest)" + ("; SMOKE RUN: the verdicts mean nothing" if args.smoke else ""))
-    lines.append(f"- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+    lines.append(f"- written {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by "
                  f"bench/cpu/check_targets.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}")
     if header:
         lines += ["", "fa-bench's header (first round):", "", "```"] + header + ["```"]
@@ -287,6 +287,10 @@ def judge_kept(args, machine, runs):
     runs = [run for run in runs if os.path.exists(os.path.join(args.from_dir, f"{run}-round1.csv"))]
     if not runs:
         sys.exit(f"check_targets: no run's round 1 CSV in {args.from_dir}")
+    with open(os.path.join(args.from_dir, f"{runs[0]}-round1.csv"), newline="") as f:
+        first = next(csv.DictReader(f), {})  # the report states the runs' threads, heads and layout
+    args.threads, args.heads = first.get("threads", args.threads), first.get("heads", args.heads)
+    args.layout = first.get("layout") or args.layout
     csv_paths, r = {run: [] for run in runs}, 1
     while all(os.path.exists(os.path.join(args.from_dir, f"{run}-round{r}.csv")) for run in runs):
         for run in runs:
