@@ -286,7 +286,8 @@ static void print_info(fa_context *ctx, const options *o)
         fa_tiling t;
         int64_t sram = 0;
         if (fa_context_tiling(ctx, o->d[i], FA_DTYPE_F32, &t, &sram) == FA_SUCCESS)
-            printf("tiles for d = %lld: Br = %lld, Bc = %lld (M = %lld f32 elements)\n", (long long)o->d[i],
+            printf("tiles for d = %lld: Br = %lld, Bc = %lld (M = %lld f32 elements; the forward may take other "
+                   "query-tile heights, see docs/CPU.md)\n", (long long)o->d[i],
                    (long long)t.block_rows, (long long)t.block_cols, (long long)sram);
     }
 #ifdef FA_BENCH_HAVE_OPENBLAS
