@@ -176,8 +176,9 @@ def load_modifiers(paths):
             for r in csv.DictReader(f):
                 entry = rows.setdefault(r["variant"], {"x_plain": [], "x_array_sum": []})
                 entry["x_plain"].append(float(r["x_plain"]))
-                if float(r["x_array_sum"]) > 0:
-                    entry["x_array_sum"].append(float(r["x_array_sum"]))
+                rate = float(r["x_array_sum"])  # 0: a row without a read rate
+                if rate != 0:  # no extra time at all is inf (below zero, as the first --csv wrote it)
+                    entry["x_array_sum"].append(rate if rate > 0 else float("inf"))
     return rows
 
 

@@ -13,8 +13,10 @@
  * backward after it (fa_backward_ex, with dbias in the bias's dtype for the bias variants): the
  * cost of the modifiers on training, fwd+bwd against plain fwd+bwd. --csv FILE also writes the
  * table as variant (quoted),n,d,heads,threads,pass,ms,x_plain,x_array_sum (the bias rows' read
- * rate over the array sum's, 0 where there is none) for bench/cpu/check_targets.py. */
+ * rate over the array sum's, inf for no extra time; 0 in the other rows) for
+ * bench/cpu/check_targets.py. */
 #define _POSIX_C_SOURCE 199309L
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,17 +174,17 @@ int main(int argc, char **argv)
     }
     if (!backward) {
         /* The bias's extra time against reading its bytes at the array sum's rate: >= 1 is at (or,
-         * overlapped with the arithmetic, beyond) full memory speed. The read rates are the
-         * forward's: the backward's table has none. */
+         * overlapped with the arithmetic, beyond) full memory speed; no extra time at all (within
+         * the noise) reads inf. The read rates are the forward's: the backward's table has none. */
         const double bandwidth = (double)(bias_elems * 4) / median[ARRAY_SUM];
         printf("# array sum: %.2f GB/s on %d threads (%.0f MB)\n", bandwidth / 1e9, threads,
                (double)(bias_elems * 4) / 1e6);
         printf("%-22s %10s %10s %10s %14s\n", "bias", "MB read", "extra ms", "MB/s", "x array sum");
         for (int x = BIAS; x <= BIAS_BF16; ++x) {
             const double bytes = (double)bias_elems * (x == BIAS ? 4.0 : 2.0), extra = median[x] - median[PLAIN];
-            x_array_sum[x] = bytes / extra / bandwidth;
-            printf("%-22s %10.0f %10.2f %10.0f %14.2f\n", names[x], bytes / 1e6, 1e3 * extra, bytes / extra / 1e6,
-                   x_array_sum[x]);
+            x_array_sum[x] = extra > 0 ? bytes / extra / bandwidth : INFINITY;
+            printf("%-22s %10.0f %10.2f %10.0f %14.2f\n", names[x], bytes / 1e6, 1e3 * extra,
+                   extra > 0 ? bytes / extra / 1e6 : INFINITY, x_array_sum[x]);
         }
     }
     if (csv_path) {
