@@ -8,14 +8,15 @@ attention, the f32 time, the plain forward, or the same run's FMA peak or sgemm 
 
     bench/cpu/check_targets.py [--build build] [--rounds 3] [--threads 2] [--heads 8]
                                [--layout bnhd|bhnd] [--issues 15,16,20] [--keep DIR]
-                               [--report FILE] [--strict] [--smoke] [--dry-run]
+                               [--report FILE] [--strict] [--smoke] [--dry-run] [--from DIR]
 
 It needs a build with the benchmarks (meson option `bench`, on by default) and, for the PyTorch
 targets, `$FA_BENCH_PYTHON -c 'import torch'` working (fa-bench's PyTorch column). It prints a
 markdown report: the machine, then each target with every cell's median and range over the rounds
 and its verdict: met, NOT MET, not measured (and why), or shown but not judged (a target this
 machine cannot judge, e.g. the AVX2 one that counts only an AVX2-only CPU). About 2-3 minutes a
-round on a 2-core machine. --keep DIR keeps every run's CSV and output; --strict exits 1 when a
+round on a 2-core machine. --keep DIR keeps every run's CSV and output (--from DIR judges them
+again, running nothing); --strict exits 1 when a
 judged target is not met; --smoke runs one small round of every command (N 512, d 64) to check the
 pipeline, and its verdicts mean nothing; --dry-run prints the commands.
 """
