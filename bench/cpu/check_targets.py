@@ -247,7 +247,7 @@ def report(machine, judged, data, args, header, rounds_done):
                  f"{args.layout}, f32 unless a cell says otherwise; each cell's value is the median of its per-round "
                  f"values (range: lowest-highest)" + ("; SMOKE RUN: the verdicts mean nothing" if args.smoke else ""))
     lines.append(f"- written {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by "
-                 f"bench/cpu/check_targets.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}")
+                 f"bench/cpu/check_targets.py {' '.join(shlex.quote(a) for a in args.argv)}")
     if header:
         lines += ["", "fa-bench's header (first round):", "", "```"] + header + ["```"]
     lines += ["", "| issue | target | verdict | cells met |", "|---|---|---|---|"]
@@ -332,6 +332,7 @@ def main(argv=None):
     p.add_argument("--from", dest="from_dir", metavar="DIR",
                    help="judge the runs an earlier --keep DIR kept, running nothing")
     args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv  # for the report
     try:
         args.issues = sorted({int(x) for x in args.issues.split(",")})
     except ValueError:

@@ -154,6 +154,7 @@ class Judging(unittest.TestCase):
         with open(report) as f:
             text = f.read()
         self.assertIn("2 round(s)", text)
+        self.assertIn(f"check_targets.py --from {self.dir.name} --issues 16", text)  # the command judged
         self.assertIn("| fwd N 512 d 128 dense | 0.90 | 0.90-0.90 | >= 1.00 | NOT MET |", text)
         self.assertIn("| fwd N 512 d 64 causal | 1.20 | 1.20-1.20 | >= 1.00 | met |", text)
 
