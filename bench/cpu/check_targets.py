@@ -26,6 +26,7 @@ import datetime
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -169,6 +170,17 @@ def command(build, name, args):
     return [path] + [x for pair in options.items() for x in pair], dict(os.environ, **env)
 
 
+def round_file(work, run, r, ext="csv"):
+    """Where a round of a run keeps its CSV (or its output, ext "out"): --keep writes, --from reads."""
+    return os.path.join(work, f"{run}-round{r}.{ext}")
+
+
+def shown(run, cmd):
+    """The command as a shell would take it, the run's environment first."""
+    env = " ".join(f"{k}={v}" for k, v in RUNS[run][2].items())
+    return (env + " " if env else "") + " ".join(shlex.quote(a) for a in cmd)
+
+
 def load_modifiers(paths):
     """fa-bench-modifiers' --csv over the rounds: {variant: {"x_plain": [...], "x_array_sum": [...]}}."""
     rows = {}
@@ -286,21 +298,21 @@ def judge_kept(args, machine, runs):
     """--from DIR: the report of the runs kept there (those of the first round, over every round
     that has them all), nothing run; a run not kept leaves its cells not measured. The machine is
     this one: judge on the machine that ran them."""
-    runs = [run for run in runs if os.path.exists(os.path.join(args.from_dir, f"{run}-round1.csv"))]
+    runs = [run for run in runs if os.path.exists(round_file(args.from_dir, run, 1))]
     if not runs:
         sys.exit(f"check_targets: no run's round 1 CSV in {args.from_dir}")
-    with open(os.path.join(args.from_dir, f"{runs[0]}-round1.csv"), newline="") as f:
+    with open(round_file(args.from_dir, runs[0], 1), newline="") as f:
         first = next(csv.DictReader(f), {})  # the report states the runs' threads, heads and layout
     args.threads, args.heads = first.get("threads", args.threads), first.get("heads", args.heads)
     args.layout = first.get("layout") or args.layout
     csv_paths, r = {run: [] for run in runs}, 1
-    while all(os.path.exists(os.path.join(args.from_dir, f"{run}-round{r}.csv")) for run in runs):
+    while all(os.path.exists(round_file(args.from_dir, run, r)) for run in runs):
         for run in runs:
-            csv_paths[run].append(os.path.join(args.from_dir, f"{run}-round{r}.csv"))
+            csv_paths[run].append(round_file(args.from_dir, run, r))
         r += 1
     header = []
-    if os.path.exists(os.path.join(args.from_dir, "grid-round1.out")):
-        with open(os.path.join(args.from_dir, "grid-round1.out")) as f:
+    if os.path.exists(round_file(args.from_dir, "grid", 1, "out")):
+        with open(round_file(args.from_dir, "grid", 1, "out")) as f:
             header = fa_bench_header(f.read())
     return finish(args, machine, load(csv_paths), header, r - 1)
 
@@ -347,36 +359,28 @@ def main(argv=None):
     runs = runs_needed(machine, args.issues)
     if args.from_dir:
         return judge_kept(args, machine, runs)
-    if args.dry_run:
-        work = args.keep or "WORKDIR"
-    else:
-        work = args.keep or tempfile.mkdtemp(prefix="check-targets-")
-        os.makedirs(work, exist_ok=True)
+    if args.dry_run:  # the commands of one round
+        for run in runs:
+            cmd, _ = command(args.build, run, args)
+            print(shown(run, cmd + ["--csv", round_file(args.keep or "WORKDIR", run, 1)]))
+        return 0
+    work = args.keep or tempfile.mkdtemp(prefix="check-targets-")
+    os.makedirs(work, exist_ok=True)
     csv_paths = {run: [] for run in runs}
     header = []
     for r in range(1, args.rounds + 1):
         for run in runs:
             cmd, env = command(args.build, run, args)
-            out_csv = os.path.join(work, f"{run}-round{r}.csv")
-            cmd += ["--csv", out_csv]
-            extra_env = " ".join(f"{k}={v}" for k, v in RUNS[run][2].items())
-            text = (extra_env + " " if extra_env else "") + " ".join(shlex.quote(a) for a in cmd)
-            if args.dry_run:
-                print(text)
-                continue
-            print(f"[round {r}/{args.rounds}] {run}: {text}", file=sys.stderr, flush=True)
+            cmd += ["--csv", round_file(work, run, r)]
+            print(f"[round {r}/{args.rounds}] {run}: {shown(run, cmd)}", file=sys.stderr, flush=True)
             done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            with open(os.path.join(work, f"{run}-round{r}.out"), "w") as f:
+            with open(round_file(work, run, r, "out"), "w") as f:
                 f.write(done.stdout + done.stderr)
             if done.returncode != 0:
                 sys.exit(f"check_targets: {run} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
             if run == "grid" and r == 1:
                 header = fa_bench_header(done.stdout)
-            csv_paths[run].append(out_csv)
-        if args.dry_run:
-            break
-    if args.dry_run:
-        return 0
+            csv_paths[run].append(round_file(work, run, r))
     data = load(csv_paths)
     empty = [run for run in runs if not data[run]]
     if empty:
@@ -385,9 +389,7 @@ def main(argv=None):
     if args.keep:
         print(f"runs kept in {work}", file=sys.stderr)
     else:
-        for name in os.listdir(work):
-            os.remove(os.path.join(work, name))
-        os.rmdir(work)
+        shutil.rmtree(work)
     return status
 
 

@@ -35,10 +35,11 @@ def load(paths):
                 if float(r["std_ms"]) > 0:
                     entry["std"].append(float(r["std_ms"]))
                     entry["speedup"].append(float(r["speedup"]))
+                of_sgemm = float(r.get("flash_sgemm_fraction") or r.get("flash_peak_fraction") or 0)
                 fma = r.get("flash_fma_fraction")
-                entry["peak"].append(float(fma if fma else r.get("flash_peak_fraction") or r["flash_sgemm_fraction"]))
+                entry["peak"].append(float(fma) if fma else of_sgemm)
                 entry["of_fma"] = bool(fma)
-                entry["of_sgemm"].append(float(r.get("flash_sgemm_fraction") or r.get("flash_peak_fraction") or 0))
+                entry["of_sgemm"].append(of_sgemm)
                 if float(r.get("flash_l1_fraction") or 0) > 0:
                     entry["of_l1"].append(float(r["flash_l1_fraction"]))
                 if float(r.get("time_vs_f32") or 0) > 0:
