@@ -231,8 +231,7 @@ typedef struct fa_tiling { int64_t block_rows, block_cols; } fa_tiling; /* Br, B
 FA_API fa_tiling fa_tiling_for(int64_t sram_elements, int64_t head_dim);
 /* The tile sizes the context's backend derives for head_dim and dtype (the paper's rule, snapped to
  * its kernels) and the on-chip memory (in elements) it derived them from. A pass may run other
- * query-tile heights from them: the CPU forward takes at least 128 rows where Br is fewer (up to
- * 8 d), and small problems halve them until every thread has work (docs/CPU.md: "Tiles", "Drivers"). */
+ * query-tile heights from them (the CPU forward's: docs/CPU.md, "Tiles" and "Drivers"). */
 FA_API fa_status fa_context_tiling(fa_context *ctx, int64_t head_dim, fa_dtype dtype,
                                    fa_tiling *tiling, int64_t *sram_elements);
 /* One line describing the backend: device, ISA or architecture, memory sizes. */
