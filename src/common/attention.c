@@ -26,36 +26,22 @@ static fa_status read_desc(const fa_attention_desc *desc, fa_attention_desc *ful
     return fa_sized_struct_read("desc", desc, offsetof(fa_attention_desc, varlen), sizeof *full, full);
 }
 
-/* Score modifiers on a path (feature: the flag that path needs; where: the path, for the
- * message): the backend must have them; values in host memory are checked here, those in device
- * memory are the backend's to check (without a host sync). */
-static fa_status check_modifiers(const fa_backend_iface *iface, const fa_problem *p, unsigned feature,
-                                 const char *where)
+/* The values a validated problem's tables hold, where the core can read them (host memory);
+ * in device memory they are the backend's to check, without a host sync. */
+static fa_status check_host_tables(const fa_backend_iface *iface, fa_op op, const fa_problem *p)
 {
-    if (!fa_problem_has_modifiers(p)) return FA_SUCCESS;
-    if (!(iface->features & feature))
-        return fa_set_error(FA_ERROR_NOT_SUPPORTED,
-                            "desc: the %s backend does not implement score modifiers (softcap, alibi_slopes, "
-                            "sinks, bias)%s", iface->name, where);
-    return iface->features & FA_BACKEND_HOST_MEMORY ? fa_validate_modifier_values(p) : FA_SUCCESS;
+    if (!(iface->features & FA_BACKEND_HOST_MEMORY)) return FA_SUCCESS;
+    fa_status st = fa_modifiers_any(&p->modifiers) ? fa_validate_modifier_values(p) : FA_SUCCESS;
+    if (st == FA_SUCCESS && p->varlen.batch) st = fa_validate_varlen_offsets(p);
+    if (st == FA_SUCCESS && op == FA_OP_FORWARD_KVCACHE) st = fa_validate_kvcache_tables((const fa_kv_problem *)p);
+    return st;
 }
 
-/* What the validated problem needs from the backend beyond forward/backward. */
-static fa_status check_features(const fa_backend_iface *iface, const fa_problem *p)
+/* The backend's answer to "can you run p?", then the host tables' values. */
+static fa_status check_supported(const fa_backend_iface *iface, void *state, fa_op op, const fa_problem *p)
 {
-    fa_status st = check_modifiers(iface, p, FA_BACKEND_SCORE_MODIFIERS, " yet");
-    if (st) return st;
-    if (fa_problem_has_positions(p) && !(iface->features & FA_BACKEND_POSITION_OFFSETS))
-        return fa_set_error(FA_ERROR_NOT_SUPPORTED,
-                            "desc->q_offset, k_offset, seqlen_*_global: the %s backend does not implement block "
-                            "positions yet", iface->name);
-    if (!p->varlen.batch) return FA_SUCCESS;
-    if (!(iface->features & FA_BACKEND_VARLEN))
-        return fa_set_error(FA_ERROR_NOT_SUPPORTED,
-                            "desc->varlen: the %s backend does not implement packed variable-length batches yet",
-                            iface->name);
-    /* Offsets in device memory are the backend's to check (without a host sync). */
-    return iface->features & FA_BACKEND_HOST_MEMORY ? fa_validate_varlen_offsets(p) : FA_SUCCESS;
+    fa_status st = iface->supports(state, op, p);
+    return st == FA_SUCCESS ? check_host_tables(iface, op, p) : st;
 }
 
 /* One attention call on its way to the backend: the context's interface and state, and the
@@ -73,11 +59,11 @@ static fa_status call_begin(fa_context *ctx, const fa_attention_desc *desc, atte
 }
 
 /* The validated problem of a forward or backward (validated: the validation's status) handed to
- * run, one of the backend's entry points, once the backend has the features it needs. */
-static fa_status call_run(const attention_call *call, fa_status validated, const fa_problem *p,
+ * run, one of the backend's entry points, once the backend says it supports it. */
+static fa_status call_run(const attention_call *call, fa_status validated, fa_op op, const fa_problem *p,
                           fa_status (*run)(void *state, const fa_problem *p))
 {
-    fa_status st = validated == FA_SUCCESS ? check_features(call->iface, p) : validated;
+    fa_status st = validated == FA_SUCCESS ? check_supported(call->iface, call->state, op, p) : validated;
     return st == FA_SUCCESS ? run(call->state, p) : st;
 }
 
@@ -89,7 +75,7 @@ fa_status fa_forward(fa_context *ctx, const fa_attention_desc *desc, const fa_te
     fa_status st = call_begin(ctx, desc, &call);
     if (st != FA_SUCCESS) return st;
     st = fa_validate_forward(&call.desc, q, k, v, out, lse, &p);
-    return call_run(&call, st, &p, call.iface->forward);
+    return call_run(&call, st, FA_OP_FORWARD, &p, call.iface->forward);
 }
 
 fa_status fa_backward(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
@@ -108,19 +94,7 @@ fa_status fa_backward_ex(fa_context *ctx, const fa_attention_desc *desc, const f
     fa_status st = call_begin(ctx, desc, &call);
     if (st != FA_SUCCESS) return st;
     st = fa_validate_backward(&call.desc, q, k, v, out, dout, lse, dq, dk, dv, dsinks, dbias, &p);
-    return call_run(&call, st, &p, call.iface->backward);
-}
-
-/* What a validated KV-cache problem needs from the backend. */
-static fa_status check_kvcache_features(const fa_backend_iface *iface, const fa_kv_problem *p)
-{
-    if (!iface->forward_kvcache)
-        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "fa_forward_kvcache: the %s backend does not implement the KV-cache "
-                            "path yet", iface->name);
-    fa_status st = check_modifiers(iface, &p->attn, FA_BACKEND_KVCACHE_MODIFIERS, " on the KV-cache path");
-    if (st) return st;
-    /* Tables in device memory are the backend's to check (without a host sync). */
-    return iface->features & FA_BACKEND_HOST_MEMORY ? fa_validate_kvcache_tables(p) : FA_SUCCESS;
+    return call_run(&call, st, FA_OP_BACKWARD, &p, call.iface->backward);
 }
 
 fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
@@ -131,7 +105,7 @@ fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, con
     fa_kv_problem p;
     fa_status st = call_begin(ctx, desc, &call);
     if (st == FA_SUCCESS) st = fa_validate_kvcache(&call.desc, q, cache, k_new, v_new, out, lse, &p);
-    if (st == FA_SUCCESS) st = check_kvcache_features(call.iface, &p);
+    if (st == FA_SUCCESS) st = check_supported(call.iface, call.state, FA_OP_FORWARD_KVCACHE, &p.attn);
     return st == FA_SUCCESS ? call.iface->forward_kvcache(call.state, &p) : st;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "backend_legacy.h"
 #include "error.h"
 
 #ifndef FA_PLUGIN_INSTALL_DIR
@@ -22,17 +23,74 @@ typedef struct plugin_slot {
     pthread_once_t once;
     void (*load_once)(void);       /* loads this slot: pthread_once passes no argument */
     const fa_backend_iface *iface; /* NULL when unavailable */
-    fa_backend_iface upgraded;     /* an older plugin's table, its missing members NULL */
+    /* A plugin of ABI 4 or 5: its own table, and the table the core calls, whose problem-taking
+     * members are the slot's adapters (legacy_*) and whose missing members are NULL. */
+    const fa_backend_iface_v5 *legacy;
+    fa_backend_iface upgraded;
+    fa_status (*legacy_forward)(void *state, const fa_problem *p);
+    fa_status (*legacy_backward)(void *state, const fa_problem *p);
+    fa_status (*legacy_forward_kvcache)(void *state, const fa_kv_problem *p);
+    fa_status (*legacy_supports)(void *state, fa_op op, const fa_problem *p);
     char reason[512];              /* as long as fa_last_error() can hold (error.c) */
 } plugin_slot;
 
 static void load_plugin(plugin_slot *slot);
 
-/* A slot and the once-function that loads it, defined together. */
+/* ---- plugins of ABIs 4 and 5 --------------------------------------------------------------------
+ * Their entry points read the flat problems of backend_legacy.h: each call's problem is converted,
+ * and supports() is answered from their feature bits. */
+static fa_status legacy_forward(const plugin_slot *slot, void *state, const fa_problem *p)
+{
+    fa_problem_v5 v;
+    fa_problem_to_v5(p, &v);
+    return slot->legacy->forward(state, &v);
+}
+
+static fa_status legacy_backward(const plugin_slot *slot, void *state, const fa_problem *p)
+{
+    fa_problem_v5 v;
+    fa_problem_to_v5(p, &v);
+    return slot->legacy->backward(state, &v);
+}
+
+static fa_status legacy_forward_kvcache(const plugin_slot *slot, void *state, const fa_kv_problem *p)
+{
+    fa_kv_problem_v5 v;
+    fa_kv_problem_to_v5(p, &v);
+    return slot->legacy->forward_kvcache(state, &v);
+}
+
+static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op, const fa_problem *p)
+{
+    (void)state;
+    const unsigned have = (slot->legacy->features & ~FA_BACKEND_HOST_MEMORY) |
+                          (slot->legacy->forward_kvcache ? FA_NEED_KVCACHE : 0u);
+    return fa_require_needs(fa_set_error, slot->legacy->name, have, op, p);
+}
+
+/* A slot, the once-function that loads it and its adapters, defined together (C has no closures:
+ * each slot's adapters are functions of their own). */
 #define PLUGIN_SLOT(name, backend_kind, file_name)                                                 \
     static void name##_load(void);                                                                \
-    static plugin_slot name = {                                                                   \
-        .kind = backend_kind, .file = file_name, .once = PTHREAD_ONCE_INIT, .load_once = name##_load}; \
+    static plugin_slot name;                                                                      \
+    static fa_status name##_forward(void *state, const fa_problem *p) { return legacy_forward(&name, state, p); } \
+    static fa_status name##_backward(void *state, const fa_problem *p) { return legacy_backward(&name, state, p); } \
+    static fa_status name##_forward_kvcache(void *state, const fa_kv_problem *p)                 \
+    {                                                                                             \
+        return legacy_forward_kvcache(&name, state, p);                                           \
+    }                                                                                             \
+    static fa_status name##_supports(void *state, fa_op op, const fa_problem *p)                  \
+    {                                                                                             \
+        return legacy_supports(&name, state, op, p);                                              \
+    }                                                                                             \
+    static plugin_slot name = {.kind = backend_kind,                                              \
+                               .file = file_name,                                                 \
+                               .once = PTHREAD_ONCE_INIT,                                         \
+                               .load_once = name##_load,                                          \
+                               .legacy_forward = name##_forward,                                  \
+                               .legacy_backward = name##_backward,                                \
+                               .legacy_forward_kvcache = name##_forward_kvcache,                  \
+                               .legacy_supports = name##_supports};                               \
     static void name##_load(void) { load_plugin(&name); }
 
 PLUGIN_SLOT(cuda_slot, FA_BACKEND_CUDA, "libflashattn-cuda.so")
@@ -44,15 +102,41 @@ static plugin_slot *const plugins[] = {&cuda_slot, &hip_slot};
  * FA_BACKEND_ABI_OLDEST (fa_host_api has the same layout in all of them). */
 static const fa_host_api host_apis[] = {
     {.abi_version = FA_BACKEND_ABI_VERSION, .set_error = fa_set_error},
+    {.abi_version = 5u, .set_error = fa_set_error},
     {.abi_version = 4u, .set_error = fa_set_error},
 };
 _Static_assert(sizeof host_apis / sizeof host_apis[0] == FA_BACKEND_ABI_VERSION - FA_BACKEND_ABI_OLDEST + 1,
                "one host table per plugin ABI the registry loads");
 
-/* How many bytes of a table of an older plugin ABI exist (its members before the later ones). */
-static size_t iface_bytes(uint32_t abi_version)
+/* The table the core calls for a plugin of ABI 4 or 5 (legacy): the members the two layouts
+ * share, the slot's adapters for those that take problems, merge_partials from ABI 5 on. */
+static const fa_backend_iface *upgrade(plugin_slot *slot, const fa_backend_iface_v5 *legacy)
 {
-    return abi_version >= 5u ? sizeof(fa_backend_iface) : offsetof(fa_backend_iface, merge_partials);
+    fa_backend_iface *t = &slot->upgraded;
+    *t = (fa_backend_iface){0};
+    t->abi_version = legacy->abi_version;
+    t->kind = legacy->kind;
+    t->name = legacy->name;
+    t->device_count = legacy->device_count;
+    t->open = legacy->open;
+    t->close = legacy->close;
+    t->set_num_threads = legacy->set_num_threads;
+    t->set_stream = legacy->set_stream;
+    t->synchronize = legacy->synchronize;
+    t->mem_alloc = legacy->mem_alloc;
+    t->mem_free = legacy->mem_free;
+    t->copy_h2d = legacy->copy_h2d;
+    t->copy_d2h = legacy->copy_d2h;
+    t->tiling = legacy->tiling;
+    t->info = legacy->info;
+    t->features = legacy->features & FA_BACKEND_HOST_MEMORY;
+    t->forward = slot->legacy_forward;
+    t->backward = slot->legacy_backward;
+    t->forward_kvcache = legacy->forward_kvcache ? slot->legacy_forward_kvcache : NULL;
+    t->merge_partials = legacy->abi_version >= 5u ? legacy->merge_partials : NULL;
+    t->supports = slot->legacy_supports;
+    slot->legacy = legacy;
+    return t;
 }
 
 static plugin_slot *slot_for(fa_backend kind)
@@ -164,16 +248,17 @@ static void load_plugin(plugin_slot *slot)
         dlclose(handle);
         return;
     }
-    if (iface->abi_version < FA_BACKEND_ABI_VERSION) { /* only its own members are read; later ones are NULL */
-        memset(&slot->upgraded, 0, sizeof slot->upgraded);
-        memcpy(&slot->upgraded, iface, iface_bytes(iface->abi_version));
-        iface = &slot->upgraded;
-    }
+    if (iface->abi_version < FA_BACKEND_ABI_VERSION) /* only its own members are read */
+        iface = upgrade(slot, (const fa_backend_iface_v5 *)(const void *)iface);
     fa_clear_error();
     if (iface->device_count() <= 0) {
         const char *why = fa_last_error();
         set_reason(slot, "%s", why[0] ? why : "no device found");
         /* Keep the module loaded: unloading GPU runtimes is unsafe and the probe is cached. */
+        return;
+    }
+    if (!iface->supports) { /* the core asks it before every call */
+        set_reason(slot, "%s has plugin ABI version %u but no supports()", path, iface->abi_version);
         return;
     }
     slot->iface = iface;

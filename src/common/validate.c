@@ -83,15 +83,15 @@ static fa_status check_varlen(const fa_attention_desc *desc, fa_problem *p)
     if (vl->max_seqlen_q <= 0 || vl->max_seqlen_k <= 0)
         return INVALID("desc->varlen->max_seqlen_q, max_seqlen_k: %lld, %lld must be positive",
                        (long long)vl->max_seqlen_q, (long long)vl->max_seqlen_k);
-    if (p->batch != 1)
+    if (p->shape.batch != 1)
         return INVALID("q: batch %lld must be 1 with desc->varlen (sequences are packed along seqlen)",
-                       (long long)p->batch);
+                       (long long)p->shape.batch);
     if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL with desc->varlen (use cu_seqlens_k)");
     p->varlen = *vl;
-    p->lse_stride_batch = 0;
-    p->lse_stride_head = p->seqlen_q; /* [heads_q, total_q] */
-    p->dropout_rows = vl->max_seqlen_q;
-    p->dropout_cols = vl->max_seqlen_k;
+    p->outputs.lse_stride_batch = 0;
+    p->outputs.lse_stride_head = p->shape.seqlen_q; /* [heads_q, total_q] */
+    p->dropout.rows = vl->max_seqlen_q;
+    p->dropout.cols = vl->max_seqlen_k;
     return FA_SUCCESS;
 }
 
@@ -118,10 +118,10 @@ fa_status fa_validate_varlen_offsets(const fa_problem *p)
 {
     const fa_varlen *vl = &p->varlen;
     fa_status st = check_offsets("cu_seqlens_q", vl->cu_seqlens_q, vl->batch, vl->max_seqlen_q, "max_seqlen_q",
-                                 p->seqlen_q, "q");
+                                 p->shape.seqlen_q, "q");
     if (st == FA_SUCCESS)
         st = check_offsets("cu_seqlens_k", vl->cu_seqlens_k, vl->batch, vl->max_seqlen_k, "max_seqlen_k",
-                           p->seqlen_k, "k");
+                           p->shape.seqlen_k, "k");
     return st;
 }
 
@@ -195,25 +195,25 @@ static fa_status check_modifiers(const fa_attention_desc *desc, fa_problem *p, c
         return INVALID("desc->alibi_slopes: is not aligned to 4-byte floats");
     if ((uintptr_t)desc->sinks % sizeof(float) != 0) return INVALID("desc->sinks: is not aligned to 4-byte floats");
     if (desc->bias) {
-        fa_status st = check_bias("desc->bias", desc->bias, bias_extent, &p->bias);
+        fa_status st = check_bias("desc->bias", desc->bias, bias_extent, &p->modifiers.bias);
         if (st) return st;
     }
-    p->softcap = desc->softcap;
-    p->alibi_slopes = desc->alibi_slopes;
-    p->alibi_stride_batch = desc->alibi_per_batch ? p->heads_q : 0;
-    p->sinks = desc->sinks;
+    p->modifiers.softcap = desc->softcap;
+    p->modifiers.alibi_slopes = desc->alibi_slopes;
+    p->modifiers.alibi_stride_batch = desc->alibi_per_batch ? p->shape.heads_q : 0;
+    p->modifiers.sinks = desc->sinks;
     return FA_SUCCESS;
 }
 
 fa_status fa_validate_modifier_values(const fa_problem *p)
 {
-    const int64_t slope_batches = p->alibi_stride_batch ? (p->varlen.batch ? p->varlen.batch : p->batch) : 1;
-    for (int64_t x = 0; p->alibi_slopes && x < slope_batches * p->heads_q; ++x)
-        if (!isfinite(p->alibi_slopes[x]))
-            return INVALID("desc->alibi_slopes[%lld]: %g is not finite", (long long)x, (double)p->alibi_slopes[x]);
-    for (int64_t h = 0; p->sinks && h < p->heads_q; ++h)
-        if (isnan(p->sinks[h]) || p->sinks[h] == INFINITY)
-            return INVALID("desc->sinks[%lld]: %g is NaN or +inf (-inf = no sink)", (long long)h, (double)p->sinks[h]);
+    const int64_t slope_batches = p->modifiers.alibi_stride_batch ? (p->varlen.batch ? p->varlen.batch : p->shape.batch) : 1;
+    for (int64_t x = 0; p->modifiers.alibi_slopes && x < slope_batches * p->shape.heads_q; ++x)
+        if (!isfinite(p->modifiers.alibi_slopes[x]))
+            return INVALID("desc->alibi_slopes[%lld]: %g is not finite", (long long)x, (double)p->modifiers.alibi_slopes[x]);
+    for (int64_t h = 0; p->modifiers.sinks && h < p->shape.heads_q; ++h)
+        if (isnan(p->modifiers.sinks[h]) || p->modifiers.sinks[h] == INFINITY)
+            return INVALID("desc->sinks[%lld]: %g is NaN or +inf (-inf = no sink)", (long long)h, (double)p->modifiers.sinks[h]);
     return FA_SUCCESS;
 }
 
@@ -224,7 +224,7 @@ static fa_status check_positions(const fa_attention_desc *desc, fa_problem *p, i
 {
     const int64_t offsets[2] = {desc->q_offset, desc->k_offset};
     const int64_t globals[2] = {desc->seqlen_q_global, desc->seqlen_k_global};
-    const int64_t locals[2] = {p->seqlen_q, p->seqlen_k};
+    const int64_t locals[2] = {p->shape.seqlen_q, p->shape.seqlen_k};
     static const char *const offset_names[2] = {"q_offset", "k_offset"};
     static const char *const global_names[2] = {"seqlen_q_global", "seqlen_k_global"};
     static const char *const local_names[2] = {"q's seqlen", "k's seqlen"};
@@ -245,18 +245,12 @@ static fa_status check_positions(const fa_attention_desc *desc, fa_problem *p, i
                            (long long)resolved[x], local_names[x]);
     }
     /* Grouped so that nothing overflows: the first term is in [-global q, 0], the second in [0, global k]. */
-    p->diag_offset = (desc->q_offset - resolved[0]) + (resolved[1] - desc->k_offset);
-    p->dropout_row0 = desc->q_offset;
-    p->dropout_col0 = desc->k_offset;
-    p->dropout_rows = *grid_q = resolved[0];
-    p->dropout_cols = *grid_k = resolved[1];
+    p->mask.diag_offset = (desc->q_offset - resolved[0]) + (resolved[1] - desc->k_offset);
+    p->dropout.row0 = desc->q_offset;
+    p->dropout.col0 = desc->k_offset;
+    p->dropout.rows = *grid_q = resolved[0];
+    p->dropout.cols = *grid_k = resolved[1];
     return FA_SUCCESS;
-}
-
-int fa_problem_has_positions(const fa_problem *p)
-{
-    return p->dropout_row0 != 0 || p->dropout_col0 != 0 ||
-           (!p->varlen.batch && (p->dropout_rows != p->seqlen_q || p->dropout_cols != p->seqlen_k));
 }
 
 static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
@@ -268,13 +262,13 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
     if (!(desc->dropout_p >= 0.0f && desc->dropout_p < 1.0f))
         return INVALID("desc->dropout_p: %g is outside [0, 1)", (double)desc->dropout_p);
     if (desc->seqlens_k) {
-        for (int64_t b = 0; b < p->batch; ++b)
-            if (desc->seqlens_k[b] < 0 || desc->seqlens_k[b] > p->seqlen_k)
+        for (int64_t b = 0; b < p->shape.batch; ++b)
+            if (desc->seqlens_k[b] < 0 || desc->seqlens_k[b] > p->shape.seqlen_k)
                 return INVALID("desc->seqlens_k[%lld]: %d is outside [0, %lld]", (long long)b, desc->seqlens_k[b],
-                               (long long)p->seqlen_k);
+                               (long long)p->shape.seqlen_k);
     }
     /* The extents the block mask's grid and the dropout index cover: the padded layout's. */
-    int64_t grid_batch = p->batch, grid_q = p->seqlen_q, grid_k = p->seqlen_k;
+    int64_t grid_batch = p->shape.batch, grid_q = p->shape.seqlen_q, grid_k = p->shape.seqlen_k;
     if (desc->varlen) {
         fa_status st = check_varlen(desc, p);
         if (st) return st;
@@ -298,22 +292,22 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
     if (st) return st;
     int64_t elements;
     if (desc->dropout_p > 0.0f &&
-        !(fa_checked_mul(grid_batch, p->heads_q, &elements) && fa_checked_mul(elements, grid_q, &elements) &&
+        !(fa_checked_mul(grid_batch, p->shape.heads_q, &elements) && fa_checked_mul(elements, grid_q, &elements) &&
           fa_checked_mul(elements, grid_k, &elements)))
         return INVALID("desc->dropout_p: the attention matrix has more than 2^63 elements to index");
-    const int64_t bias_extent[4] = {grid_batch, p->heads_q, p->varlen.batch ? grid_q : p->seqlen_q,
-                                    p->varlen.batch ? grid_k : p->seqlen_k};
+    const int64_t bias_extent[4] = {grid_batch, p->shape.heads_q, p->varlen.batch ? grid_q : p->shape.seqlen_q,
+                                    p->varlen.batch ? grid_k : p->shape.seqlen_k};
     st = check_modifiers(desc, p, bias_extent);
     if (st) return st;
-    p->scale = desc->softmax_scale != 0.0f ? desc->softmax_scale : 1.0f / sqrtf((float)p->head_dim);
-    p->causal = desc->causal != 0;
-    p->window_left = desc->window_left;
-    p->window_right = desc->window_right;
-    p->seqlens_k = desc->seqlens_k;
-    p->dropout_p = desc->dropout_p;
-    p->dropout_seed = desc->dropout_seed;
-    p->dropout_offset = desc->dropout_offset;
-    p->block_mask = bm;
+    p->shape.scale = desc->softmax_scale != 0.0f ? desc->softmax_scale : 1.0f / sqrtf((float)p->shape.head_dim);
+    p->mask.causal = desc->causal != 0;
+    p->mask.window_left = desc->window_left;
+    p->mask.window_right = desc->window_right;
+    p->mask.seqlens_k = desc->seqlens_k;
+    p->dropout.p = desc->dropout_p;
+    p->dropout.seed = desc->dropout_seed;
+    p->dropout.offset = desc->dropout_offset;
+    if (bm) p->mask.block_mask = *bm;
     return FA_SUCCESS;
 }
 
@@ -321,19 +315,19 @@ static fa_status check_desc(const fa_attention_desc *desc, fa_problem *p)
  * replaces them for packed batches). */
 static void set_sizes(fa_problem *p, const fa_tensor *q, int64_t heads_kv, int64_t seqlen_k, float *lse)
 {
-    p->batch = q->batch;
-    p->heads_q = q->heads;
-    p->heads_kv = heads_kv;
-    p->seqlen_q = q->seqlen;
-    p->seqlen_k = seqlen_k;
-    p->head_dim = q->head_dim;
-    p->dtype = q->dtype;
-    p->lse = lse;
-    p->lse_stride_head = p->seqlen_q;
-    p->lse_stride_batch = p->heads_q * p->seqlen_q;
-    p->dropout_rows = p->seqlen_q;
-    p->dropout_cols = p->seqlen_k;
-    p->diag_offset = p->seqlen_k - p->seqlen_q;
+    p->shape.batch = q->batch;
+    p->shape.heads_q = q->heads;
+    p->shape.heads_kv = heads_kv;
+    p->shape.seqlen_q = q->seqlen;
+    p->shape.seqlen_k = seqlen_k;
+    p->shape.head_dim = q->head_dim;
+    p->shape.dtype = q->dtype;
+    p->outputs.lse = lse;
+    p->outputs.lse_stride_head = p->shape.seqlen_q;
+    p->outputs.lse_stride_batch = p->shape.heads_q * p->shape.seqlen_q;
+    p->dropout.rows = p->shape.seqlen_q;
+    p->dropout.cols = p->shape.seqlen_k;
+    p->mask.diag_offset = p->shape.seqlen_k - p->shape.seqlen_q;
 }
 
 fa_status fa_validate_forward(const fa_attention_desc *desc, const fa_tensor *q, const fa_tensor *k,
@@ -369,17 +363,17 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
     if ((st = fa_validate_same_shape("dout", dout, "q", q)) || (st = fa_validate_same_shape("dq", dq, "q", q)) ||
         (st = fa_validate_same_shape("dk", dk, "k", k)) || (st = fa_validate_same_shape("dv", dv, "v", v)))
         return st;
-    if (dsinks && !p->sinks) return INVALID("dsinks: given but desc->sinks is NULL (no sinks to differentiate)");
+    if (dsinks && !p->modifiers.sinks) return INVALID("dsinks: given but desc->sinks is NULL (no sinks to differentiate)");
     if ((uintptr_t)dsinks % sizeof(float) != 0) return INVALID("dsinks: is not aligned to 4-byte floats");
     if (dbias) {
-        if (!p->bias.data) return INVALID("dbias: given but desc->bias is NULL (no bias to differentiate)");
-        const int64_t extent[4] = {p->varlen.batch ? p->varlen.batch : p->batch, p->heads_q,
-                                   p->varlen.batch ? p->varlen.max_seqlen_q : p->seqlen_q,
-                                   p->varlen.batch ? p->varlen.max_seqlen_k : p->seqlen_k};
-        if ((st = check_dbias(dbias, &p->bias, extent, &p->dbias))) return st;
+        if (!p->modifiers.bias.data) return INVALID("dbias: given but desc->bias is NULL (no bias to differentiate)");
+        const int64_t extent[4] = {p->varlen.batch ? p->varlen.batch : p->shape.batch, p->shape.heads_q,
+                                   p->varlen.batch ? p->varlen.max_seqlen_q : p->shape.seqlen_q,
+                                   p->varlen.batch ? p->varlen.max_seqlen_k : p->shape.seqlen_k};
+        if ((st = check_dbias(dbias, &p->modifiers.bias, extent, &p->outputs.dbias))) return st;
     }
-    p->dsinks = dsinks;
-    p->lse = (float *)lse;
+    p->outputs.dsinks = dsinks;
+    p->outputs.lse = (float *)lse;
     return FA_SUCCESS;
 }
 
@@ -413,16 +407,16 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
             !fa_checked_mul(cache->max_pages_per_seq, q->batch, &entries) || capacity > INT32_MAX)
             return INVALID("cache->max_pages_per_seq: %lld pages of %lld tokens exceed 2^31 tokens per sequence",
                            (long long)cache->max_pages_per_seq, (long long)cache->k.seqlen);
-        kp->page_size = cache->k.seqlen;
-        kp->num_pages = cache->k.batch;
-        kp->max_pages_per_seq = cache->max_pages_per_seq;
-        kp->block_table = cache->block_table;
-        p->seqlen_k = capacity;
+        kp->cache.page_size = cache->k.seqlen;
+        kp->cache.num_pages = cache->k.batch;
+        kp->cache.max_pages_per_seq = cache->max_pages_per_seq;
+        kp->cache.block_table = cache->block_table;
+        p->shape.seqlen_k = capacity;
     } else {
         if (cache->k.batch != q->batch)
             return INVALID("cache->k: batch %lld differs from q's %lld (contiguous cache)", (long long)cache->k.batch,
                            (long long)q->batch);
-        p->seqlen_k = cache->k.seqlen;
+        p->shape.seqlen_k = cache->k.seqlen;
     }
     if ((k_new == NULL) != (v_new == NULL)) return INVALID("k_new, v_new: give both or neither");
     if (k_new) {
@@ -435,7 +429,7 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
                            (long long)k_new->head_dim, (long long)q->batch, (long long)cache->k.heads,
                            (long long)q->head_dim);
         if (k_new->dtype != q->dtype) return INVALID("k_new: dtype differs from q");
-        kp->seqlen_new = k_new->seqlen;
+        kp->cache.seqlen_new = k_new->seqlen;
     }
     if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL for the KV cache (use cache->cache_seqlens)");
     if (desc->varlen) return INVALID("desc->varlen: must be NULL for the KV cache");
@@ -447,36 +441,36 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
     if (desc->dropout_p != 0.0f)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->dropout_p: the KV-cache path is forward-only inference, "
                                                     "without dropout");
-    set_sizes(p, q, cache->k.heads, p->seqlen_k, lse);
-    kp->cache_seqlens = cache->cache_seqlens;
+    set_sizes(p, q, cache->k.heads, p->shape.seqlen_k, lse);
+    kp->cache.cache_seqlens = cache->cache_seqlens;
     return check_desc(desc, p);
 }
 
 fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)
 {
-    const int64_t capacity = kp->attn.seqlen_k;
-    for (int64_t b = 0; b < kp->attn.batch; ++b) {
-        const int64_t cached = kp->cache_seqlens[b], total = cached + kp->seqlen_new;
+    const int64_t capacity = kp->attn.shape.seqlen_k;
+    for (int64_t b = 0; b < kp->attn.shape.batch; ++b) {
+        const int64_t cached = kp->cache.cache_seqlens[b], total = cached + kp->cache.seqlen_new;
         if (cached < 0)
             return INVALID("cache->cache_seqlens[%lld]: %lld is negative (sequence %lld)", (long long)b,
                            (long long)cached, (long long)b);
         if (total > capacity) {
-            if (kp->block_table)
+            if (kp->cache.block_table)
                 return INVALID("cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens (%lld cached + %lld new), "
                                "more than its %lld pages of %lld", (long long)b, (long long)b, (long long)total,
-                               (long long)cached, (long long)kp->seqlen_new, (long long)kp->max_pages_per_seq,
-                               (long long)kp->page_size);
+                               (long long)cached, (long long)kp->cache.seqlen_new, (long long)kp->cache.max_pages_per_seq,
+                               (long long)kp->cache.page_size);
             return INVALID("cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens (%lld cached + %lld new), more "
                            "than the capacity %lld", (long long)b, (long long)b, (long long)total, (long long)cached,
-                           (long long)kp->seqlen_new, (long long)capacity);
+                           (long long)kp->cache.seqlen_new, (long long)capacity);
         }
-        if (!kp->block_table) continue;
-        const int64_t pages = (total + kp->page_size - 1) / kp->page_size;
+        if (!kp->cache.block_table) continue;
+        const int64_t pages = (total + kp->cache.page_size - 1) / kp->cache.page_size;
         for (int64_t x = 0; x < pages; ++x) {
-            const int32_t page = kp->block_table[b * kp->max_pages_per_seq + x];
-            if (page < 0 || page >= kp->num_pages)
+            const int32_t page = kp->cache.block_table[b * kp->cache.max_pages_per_seq + x];
+            if (page < 0 || page >= kp->cache.num_pages)
                 return INVALID("cache->block_table[%lld][%lld]: page %d of sequence %lld is outside [0, %lld)",
-                               (long long)b, (long long)x, page, (long long)b, (long long)kp->num_pages);
+                               (long long)b, (long long)x, page, (long long)b, (long long)kp->cache.num_pages);
         }
     }
     return FA_SUCCESS;

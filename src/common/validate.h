@@ -13,8 +13,6 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
 /* The values of desc->varlen's offsets (host memory only): first 0, non-decreasing, lengths at
  * most max_seqlen_*, last == the tensors' total rows. */
 fa_status fa_validate_varlen_offsets(const fa_problem *p);
-/* 1 when desc's block positions (q_offset, k_offset, seqlen_*_global) differ from the defaults. */
-int fa_problem_has_positions(const fa_problem *p);
 /* The values of the ALiBi slopes (finite) and the sinks (not NaN, not +inf), host memory only. */
 fa_status fa_validate_modifier_values(const fa_problem *p);
 

@@ -83,11 +83,11 @@ void fa_cpu_tiles(const fa_cpu_state *s, int64_t head_dim, int64_t *block_rows, 
 
 void fa_cpu_problem_tiles(const fa_cpu_state *s, const fa_problem *p, int64_t *block_rows, int64_t *block_cols)
 {
-    fa_cpu_tiles(s, p->head_dim, block_rows, block_cols, NULL);
+    fa_cpu_tiles(s, p->shape.head_dim, block_rows, block_cols, NULL);
     /* Block-sparse: tiles of exactly one mask block (when the mask's blocks are a multiple of the
      * kernels' step), so a zero block is a skipped tile (Algorithm 5), not a masked part of a
      * wider tile; key tiles then start on mask-block boundaries (fa_cpu_first_key). */
-    const fa_block_mask *bm = p->block_mask;
+    const fa_block_mask *bm = fa_mask_blocks(&p->mask);
     const int64_t step = s->kernels->tile_step;
     if (!bm) return;
     if (bm->block_q < *block_rows && bm->block_q % step == 0) *block_rows = bm->block_q;
@@ -114,6 +114,13 @@ static const char *cpu_info(void *state)
     return s->info;
 }
 
+/* The CPU backend runs every problem the core validates. */
+static fa_status cpu_supports(void *state, fa_op op, const fa_problem *p)
+{
+    (void)state;
+    return fa_require_needs(fa_set_error, "cpu", FA_NEED_ALL, op, p);
+}
+
 static const fa_backend_iface cpu_iface = {
     .abi_version = FA_BACKEND_ABI_VERSION,
     .kind = FA_BACKEND_CPU,
@@ -132,9 +139,9 @@ static const fa_backend_iface cpu_iface = {
     .info = cpu_info,
     .forward = fa_cpu_forward,
     .backward = fa_cpu_backward,
-    .features = FA_BACKEND_HOST_MEMORY | FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS |
-                FA_BACKEND_POSITION_OFFSETS | FA_BACKEND_KVCACHE_MODIFIERS,
+    .features = FA_BACKEND_HOST_MEMORY,
     .forward_kvcache = fa_cpu_forward_kvcache,
+    .supports = cpu_supports,
 };
 
 const fa_backend_iface *fa_cpu_backend_iface(void) { return &cpu_iface; }

@@ -28,7 +28,7 @@ void fa_cpu_problem_tiles(const fa_cpu_state *s, const fa_problem *p, int64_t *b
  * the start of that key's tile, so that key tiles line up with mask blocks. */
 static inline int64_t fa_cpu_first_key(const fa_problem *p, int64_t key_lo, int64_t block_cols)
 {
-    return p->block_mask ? key_lo / block_cols * block_cols : key_lo;
+    return fa_mask_has_block_mask(&p->mask) ? key_lo / block_cols * block_cols : key_lo;
 }
 
 fa_status fa_cpu_forward(void *state, const fa_problem *p);

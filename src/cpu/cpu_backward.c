@@ -109,7 +109,7 @@ static void load_query_side(const backward_ctx *c, int64_t b, int64_t h, const f
                             backward_scratch *w)
 {
     const fa_problem *p = c->p;
-    const int64_t base = (b * p->heads_q + h) * p->seqlen_q + rows->i0, lse_base = fa_lse_index(p, b, h, rows->i0);
+    const int64_t base = (b * p->shape.heads_q + h) * p->shape.seqlen_q + rows->i0, lse_base = fa_lse_index(p, b, h, rows->i0);
     w->q_rows = fa_cpu_view_rows(&p->q, c->kern, b, rows->i0, h, rows->count, w->q, &w->ldq);
     w->dout_rows = fa_cpu_view_rows(&p->dout, c->kern, b, rows->i0, h, rows->count, w->dout, &w->lddo);
     /* Transposed from those f32 rows, not from the tensors: f16/bf16 rows are widened once, not
@@ -117,12 +117,12 @@ static void load_query_side(const backward_ctx *c, int64_t b, int64_t h, const f
      * a transpose only moves them). */
     /* bf16 scores read only the pairs (tile_gradients): from the bf16 rows where they can */
     if (!w->qt_pairs || !fa_cpu_load_bf16_pairs(&p->q, c->kern, b, rows->i0, h, rows->count, w->qt_pairs, c->ld)) {
-        c->kern->transpose(w->q_rows, w->ldq, rows->count, p->head_dim, w->qt, c->ld);
-        if (w->qt_pairs) fa_cpu_pack_bf16_pairs(w->qt, c->ld, rows->count, p->head_dim, w->qt_pairs);
+        c->kern->transpose(w->q_rows, w->ldq, rows->count, p->shape.head_dim, w->qt, c->ld);
+        if (w->qt_pairs) fa_cpu_pack_bf16_pairs(w->qt, c->ld, rows->count, p->shape.head_dim, w->qt_pairs);
     }
-    c->kern->transpose(w->dout_rows, w->lddo, rows->count, p->head_dim, w->dout_t, c->ld);
+    c->kern->transpose(w->dout_rows, w->lddo, rows->count, p->shape.head_dim, w->dout_t, c->ld);
     for (int64_t r = 0; r < rows->count; ++r) {
-        w->shift[r] = p->lse[lse_base + r] == -INFINITY ? INFINITY : p->lse[lse_base + r];
+        w->shift[r] = p->outputs.lse[lse_base + r] == -INFINITY ? INFINITY : p->outputs.lse[lse_base + r];
         w->delta[r] = c->delta[base + r];
     }
 }
@@ -138,9 +138,9 @@ static void tile_gradients(const backward_ctx *c, int64_t b, int64_t h, const fa
 {
     const fa_problem *p = c->p;
     const fa_cpu_kernels *kern = c->kern;
-    const int64_t d = p->head_dim, n = rows->count, ld = c->ld, j0 = kt->j0, cols = kt->cols;
-    const int modified = fa_cpu_scores_modified(p), fold = p->scale > 0.0f && !modified;
-    const int chain = of == DS_OF_QK && p->softcap > 0.0f, dropout = p->dropout_p > 0.0f;
+    const int64_t d = p->shape.head_dim, n = rows->count, ld = c->ld, j0 = kt->j0, cols = kt->cols;
+    const int modified = fa_modifiers_form_scores(&p->modifiers), fold = p->shape.scale > 0.0f && !modified;
+    const int chain = of == DS_OF_QK && p->modifiers.softcap > 0.0f, dropout = p->dropout.p > 0.0f;
     if (kt->k_bf16) /* S^T = K Q^T, with the forward's product */
         kern->gemm_max_bf16(cols, n, d, kt->k_bf16, kt->ldk_bf16, w->qt_pairs, ld, w->st, ld, NULL);
     else
@@ -149,10 +149,10 @@ static void tile_gradients(const backward_ctx *c, int64_t b, int64_t h, const fa
     if (!modified && (vis != FA_TILE_FULL || !fold)) fa_cpu_scale_mask(p, rows, j0, cols, vis, fold, w->st, ld);
     if (modified && vis != FA_TILE_FULL) fa_cpu_scale_mask(p, rows, j0, cols, vis, 1, w->st, ld);
     if (modified)
-        fa_cpu_modify_scores(p, kern, b, h, rows, j0, cols, p->scale, w->st, ld, chain ? w->cap_grad : NULL, NULL);
+        fa_cpu_modify_scores(p, kern, b, h, rows, j0, cols, p->shape.scale, w->st, ld, chain ? w->cap_grad : NULL, NULL);
     /* Its own pass, not in S^T's epilogue: in the registers of a 12 x 32 tile the exponential
      * measured 1.5% slower than gemm + exp_cols (checkasm, Zen 4) and no faster in the backward. */
-    kern->exp_cols(w->st, ld, cols, n, fold ? p->scale : 1.0f, w->shift, w->sum);
+    kern->exp_cols(w->st, ld, cols, n, fold ? p->shape.scale : 1.0f, w->shift, w->sum);
     if (!dropout && !chain) { /* dS^T = P^T o (V dO^T - D) in the product's registers */
         kern->gemm_ds(cols, n, d, kt->v, kt->ldv, 1, w->dout_t, ld, w->dst, ld, w->st, ld, w->delta);
         return;
@@ -177,7 +177,7 @@ static fa_tile_visibility tile_span(const backward_ctx *c, int64_t b, int64_t i0
                                     backward_scratch *w, fa_cpu_rows *rows, int64_t *lo, int64_t *hi)
 {
     const fa_problem *p = c->p;
-    fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < c->br ? p->seqlen_q - i0 : c->br, w->ranges, rows);
+    fa_cpu_rows_init(p, b, i0, p->shape.seqlen_q - i0 < c->br ? p->shape.seqlen_q - i0 : c->br, w->ranges, rows);
     *lo = rows->key_lo > j0 ? rows->key_lo : j0;
     *hi = rows->key_hi < j0 + cols ? rows->key_hi : j0 + cols;
     return *hi > *lo ? fa_cpu_tile_visibility(p, rows, *lo, *hi - *lo) : FA_TILE_EMPTY;
@@ -197,9 +197,9 @@ static float *dq_rows(const fa_problem *p, const dq_target *t, int64_t b, int64_
         *ld = p->dq.stride_seq;
         return fa_row_ptr(&p->dq, b, i0, h);
     }
-    const int64_t group = p->heads_q / p->heads_kv, slot = t->whole ? b * p->heads_q + h : h % group;
-    *ld = p->head_dim;
-    return t->buffer + (slot * p->seqlen_q + i0) * p->head_dim;
+    const int64_t group = p->shape.heads_q / p->shape.heads_kv, slot = t->whole ? b * p->shape.heads_q + h : h % group;
+    *ld = p->shape.head_dim;
+    return t->buffer + (slot * p->shape.seqlen_q + i0) * p->shape.head_dim;
 }
 
 /* A key tile's place in the fused path's dQ accumulation: the first key tile zeroes each step's
@@ -231,15 +231,15 @@ static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t 
 {
     const fa_problem *p = c->p;
     const fa_cpu_kernels *kern = c->kern;
-    const int64_t d = p->head_dim, group = p->heads_q / p->heads_kv, br = c->br, ld = c->ld;
-    const int64_t cols = p->seqlen_k - j0 < c->bc ? p->seqlen_k - j0 : c->bc;
+    const int64_t d = p->shape.head_dim, group = p->shape.heads_q / p->shape.heads_kv, br = c->br, ld = c->ld;
+    const int64_t cols = p->shape.seqlen_k - j0 < c->bc ? p->shape.seqlen_k - j0 : c->bc;
     float *dk = w->acc_a, *dv = w->acc_b;
     memset(dk, 0, (size_t)(cols * d) * sizeof(float));
     memset(dv, 0, (size_t)(cols * d) * sizeof(float));
     const key_tile tile = load_key_tile(c, b, hk, j0, cols, w);
     int64_t step = 0;
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        for (int64_t i0 = 0; i0 < p->seqlen_q; i0 += br, ++step) {
+        for (int64_t i0 = 0; i0 < p->shape.seqlen_q; i0 += br, ++step) {
             fa_cpu_rows rows;
             int64_t lo, hi;
             const fa_tile_visibility vis = tile_span(c, b, i0, j0, cols, w, &rows, &lo, &hi);
@@ -256,18 +256,18 @@ static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t 
             if (!dq) continue;
             int64_t lddq;
             float *dq_i = dq_rows(p, dq, b, h, i0, &lddq);
-            const int64_t n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
+            const int64_t n = p->shape.seqlen_q - i0 < br ? p->shape.seqlen_q - i0 : br;
             dq_chain_wait(chain, step + 1);
             for (int64_t r = 0; chain->first && r < n; ++r) memset(dq_i + r * lddq, 0, (size_t)d * sizeof(float));
             if (vis != FA_TILE_EMPTY) /* dQ += dS K */
                 kern->gemm(rows.count, d, kt.cols, w->dst, 1, ld, kt.k, kt.ldk, dq_i, lddq, NULL, 1);
             for (int64_t r = 0; chain->last && r < n; ++r)
-                for (int64_t x = 0; x < d; ++x) dq_i[r * lddq + x] *= p->scale;
+                for (int64_t x = 0; x < d; ++x) dq_i[r * lddq + x] *= p->shape.scale;
             if (chain->last && dq->buffer) fa_cpu_store_rows(&p->dq, kern, b, i0, h, n, dq_i, lddq);
             if (chain->done) __atomic_store_n(chain->done, step + 1, __ATOMIC_RELEASE);
         }
     }
-    for (int64_t x = 0; x < cols * d; ++x) dk[x] *= p->scale;
+    for (int64_t x = 0; x < cols * d; ++x) dk[x] *= p->shape.scale;
     fa_cpu_store_rows(&p->dk, kern, b, j0, hk, cols, dk, d);
     fa_cpu_store_rows(&p->dv, kern, b, j0, hk, cols, dv, d);
 }
@@ -276,8 +276,8 @@ static void key_tile_task(const backward_ctx *c, int64_t b, int64_t hk, int64_t 
  * in turn (dQ_i sums them in increasing order, whatever thread runs the task). */
 static void kv_head_task(const backward_ctx *c, int64_t b, int64_t hk, const dq_target *dq, backward_scratch *w)
 {
-    for (int64_t j0 = 0; j0 < c->p->seqlen_k; j0 += c->bc) {
-        const dq_chain order = {.first = j0 == 0, .last = j0 + c->bc >= c->p->seqlen_k};
+    for (int64_t j0 = 0; j0 < c->p->shape.seqlen_k; j0 += c->bc) {
+        const dq_chain order = {.first = j0 == 0, .last = j0 + c->bc >= c->p->shape.seqlen_k};
         key_tile_task(c, b, hk, j0, dq, &order, w);
     }
 }
@@ -286,9 +286,9 @@ static void kv_head_task(const backward_ctx *c, int64_t b, int64_t hk, const dq_
 static void query_tile_task(const backward_ctx *c, int64_t b, int64_t h, int64_t i0, backward_scratch *w)
 {
     const fa_problem *p = c->p;
-    const int64_t d = p->head_dim, hk = h / (p->heads_q / p->heads_kv), br = c->br, bc = c->bc, ld = c->ld;
+    const int64_t d = p->shape.head_dim, hk = h / (p->shape.heads_q / p->shape.heads_kv), br = c->br, bc = c->bc, ld = c->ld;
     fa_cpu_rows rows;
-    fa_cpu_rows_init(p, b, i0, p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br, w->ranges, &rows);
+    fa_cpu_rows_init(p, b, i0, p->shape.seqlen_q - i0 < br ? p->shape.seqlen_q - i0 : br, w->ranges, &rows);
     float *dq = w->acc_a;
     memset(dq, 0, (size_t)(rows.count * d) * sizeof(float));
     if (rows.key_hi > rows.key_lo) load_query_side(c, b, h, &rows, w);
@@ -302,7 +302,7 @@ static void query_tile_task(const backward_ctx *c, int64_t b, int64_t h, int64_t
         tile_gradients(c, b, h, &rows, &kt, vis, DS_OF_QK, w);
         c->kern->gemm(rows.count, d, cols, w->dst, 1, ld, kt.k, kt.ldk, dq, d, NULL, 1); /* dQ += dS K */
     }
-    for (int64_t x = 0; x < rows.count * d; ++x) dq[x] *= p->scale;
+    for (int64_t x = 0; x < rows.count * d; ++x) dq[x] *= p->shape.scale;
     fa_cpu_store_rows(&p->dq, c->kern, b, i0, h, rows.count, dq, d);
 }
 
@@ -314,18 +314,18 @@ static void query_tile_task(const backward_ctx *c, int64_t b, int64_t h, int64_t
 static void bias_task(const backward_ctx *c, int64_t task, backward_scratch *w)
 {
     const fa_problem *p = c->p;
-    const fa_bias *db = &p->dbias;
+    const fa_bias *db = &p->outputs.dbias;
     const int64_t br = c->br, bc = c->bc, ld = c->ld;
     float *acc = w->dbias_acc;
-    const int64_t q_tiles = (p->seqlen_q + br - 1) / br, group = p->heads_q / p->heads_kv;
-    const int64_t task_tiles = db->stride_q ? q_tiles : 1, task_heads = db->stride_head ? p->heads_q : 1;
+    const int64_t q_tiles = (p->shape.seqlen_q + br - 1) / br, group = p->shape.heads_q / p->shape.heads_kv;
+    const int64_t task_tiles = db->stride_q ? q_tiles : 1, task_heads = db->stride_head ? p->shape.heads_q : 1;
     const int64_t qt = task % task_tiles, oh = task / task_tiles % task_heads, ob = task / (task_tiles * task_heads);
-    const int64_t b_lo = db->stride_batch ? ob : 0, b_hi = db->stride_batch ? ob + 1 : p->batch;
-    const int64_t h_lo = db->stride_head ? oh : 0, h_hi = db->stride_head ? oh + 1 : p->heads_q;
+    const int64_t b_lo = db->stride_batch ? ob : 0, b_hi = db->stride_batch ? ob + 1 : p->shape.batch;
+    const int64_t h_lo = db->stride_head ? oh : 0, h_hi = db->stride_head ? oh + 1 : p->shape.heads_q;
     const int64_t t_lo = db->stride_q ? qt : 0, t_hi = db->stride_q ? qt + 1 : q_tiles;
-    const int64_t out_rows = db->stride_q ? (p->seqlen_q - qt * br < br ? p->seqlen_q - qt * br : br) : 1;
-    for (int64_t j0 = 0; j0 < p->seqlen_k; j0 += bc) {
-        const int64_t cols = p->seqlen_k - j0 < bc ? p->seqlen_k - j0 : bc;
+    const int64_t out_rows = db->stride_q ? (p->shape.seqlen_q - qt * br < br ? p->shape.seqlen_q - qt * br : br) : 1;
+    for (int64_t j0 = 0; j0 < p->shape.seqlen_k; j0 += bc) {
+        const int64_t cols = p->shape.seqlen_k - j0 < bc ? p->shape.seqlen_k - j0 : bc;
         memset(acc, 0, (size_t)(out_rows * bc) * sizeof(float));
         for (int64_t b = b_lo; b < b_hi; ++b)
             for (int64_t h = h_lo; h < h_hi; ++h)
@@ -350,12 +350,12 @@ static void bias_task(const backward_ctx *c, int64_t task, backward_scratch *w)
 static float row_delta(const backward_ctx *c, int64_t x, backward_scratch *w)
 {
     const fa_problem *p = c->p;
-    const int64_t i = x % p->seqlen_q, h = (x / p->seqlen_q) % p->heads_q, b = x / (p->seqlen_q * p->heads_q);
+    const int64_t i = x % p->shape.seqlen_q, h = (x / p->shape.seqlen_q) % p->shape.heads_q, b = x / (p->shape.seqlen_q * p->shape.heads_q);
     int64_t ld;
     const float *o = fa_cpu_view_rows(&p->out, c->kern, b, i, h, 1, w->q, &ld);
     const float *dout = fa_cpu_view_rows(&p->dout, c->kern, b, i, h, 1, w->dout, &ld);
     double sum = 0.0;
-    for (int64_t col = 0; col < p->head_dim; ++col) sum += (double)o[col] * (double)dout[col];
+    for (int64_t col = 0; col < p->shape.head_dim; ++col) sum += (double)o[col] * (double)dout[col];
     return (float)sum;
 }
 /* The fused path needs enough tasks to keep a few threads busy (with fewer, the two-pass path's
@@ -370,9 +370,9 @@ typedef enum backward_path { PATH_TWO_PASS, PATH_CHAINED, PATH_PAIRS } backward_
 
 static backward_path backward_path_for(const fa_problem *p, int64_t k_tiles, int64_t *dq_buffer_floats)
 {
-    const int64_t pairs = p->batch * p->heads_kv, max_floats = FUSED_MAX_DQ_BUFFER_BYTES / (int64_t)sizeof(float);
-    const int64_t whole = p->batch * p->heads_q * p->seqlen_q * p->head_dim;
-    const int64_t pair = p->heads_q / p->heads_kv * p->seqlen_q * p->head_dim;
+    const int64_t pairs = p->shape.batch * p->shape.heads_kv, max_floats = FUSED_MAX_DQ_BUFFER_BYTES / (int64_t)sizeof(float);
+    const int64_t whole = p->shape.batch * p->shape.heads_q * p->shape.seqlen_q * p->shape.head_dim;
+    const int64_t pair = p->shape.heads_q / p->shape.heads_kv * p->shape.seqlen_q * p->shape.head_dim;
     const int f32 = p->dq.dtype == FA_DTYPE_F32;
     *dq_buffer_floats = 0;
     if ((f32 || whole <= max_floats) && pairs * k_tiles >= FUSED_MIN_TASKS) {
@@ -388,7 +388,7 @@ static backward_path backward_path_for(const fa_problem *p, int64_t k_tiles, int
 
 fa_status fa_cpu_backward(void *state, const fa_problem *p)
 {
-    if (p->dsinks) { /* over the whole problem, packed or not, before its sequences run */
+    if (p->outputs.dsinks) { /* over the whole problem, packed or not, before its sequences run */
         fa_status st = fa_cpu_sink_gradients(p);
         if (st) return st;
     }
@@ -397,17 +397,17 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);
     const int threads = fa_cpu_thread_count(s->num_threads);
-    float *delta = fa_host_scratch_alloc((size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float));
+    float *delta = fa_host_scratch_alloc((size_t)(p->shape.batch * p->shape.heads_q * p->shape.seqlen_q) * sizeof(float));
     if (!delta) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "backward: cannot allocate D (%lld floats)",
-                                    (long long)(p->batch * p->heads_q * p->seqlen_q));
-    const int64_t k_tiles = (p->seqlen_k + bc - 1) / bc, q_tiles = (p->seqlen_q + br - 1) / br;
-    const int64_t kv_pairs = p->batch * p->heads_kv, q_pairs = p->batch * p->heads_q;
+                                    (long long)(p->shape.batch * p->shape.heads_q * p->shape.seqlen_q));
+    const int64_t k_tiles = (p->shape.seqlen_k + bc - 1) / bc, q_tiles = (p->shape.seqlen_q + br - 1) / br;
+    const int64_t kv_pairs = p->shape.batch * p->shape.heads_kv, q_pairs = p->shape.batch * p->shape.heads_q;
     int64_t dq_buffer_floats;
     const backward_path path = backward_path_for(p, k_tiles, &dq_buffer_floats);
     const int64_t ld = fa_cpu_tile_ld(br);
     const backward_ctx c = {.p = p, .kern = s->kernels, .delta = delta, .br = br, .bc = bc, .ld = ld};
-    const fa_bias *db = &p->dbias;
-    const int64_t bias_tasks = !db->data ? 0 : (db->stride_batch ? p->batch : 1) * (db->stride_head ? p->heads_q : 1) *
+    const fa_bias *db = &p->outputs.dbias;
+    const int64_t bias_tasks = !db->data ? 0 : (db->stride_batch ? p->shape.batch : 1) * (db->stride_head ? p->shape.heads_q : 1) *
                                                    (db->stride_q ? q_tiles : 1);
     int out_of_memory = 0;
     /* Chained: one task per key tile, dQ updates in dq_chain's order, an f16/bf16 dQ in one
@@ -428,7 +428,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
 
 #pragma omp parallel num_threads(threads)
     {
-        backward_scratch w = {.br = br, .bc = bc, .d = p->head_dim, .ld = ld, .bias_floats = bias_tasks ? br * bc : 0,
+        backward_scratch w = {.br = br, .bc = bc, .d = p->shape.head_dim, .ld = ld, .bias_floats = bias_tasks ? br * bc : 0,
                               .bf16 = fa_cpu_bf16_scores(p, c.kern)};
         void *block = fa_cpu_scratch_make(backward_scratch_layout, &w);
         const int needs_dq_buffer = path == PATH_PAIRS; /* per thread */
@@ -437,7 +437,7 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
         /* The tasks read every thread's share of D, and a failed call writes no gradient. */
         if (fa_cpu_team_ready(block && (dq.buffer || !needs_dq_buffer), &out_of_memory)) {
 #pragma omp for schedule(static)
-            for (int64_t x = 0; x < p->batch * p->heads_q * p->seqlen_q; ++x) delta[x] = row_delta(&c, x, &w);
+            for (int64_t x = 0; x < p->shape.batch * p->shape.heads_q * p->shape.seqlen_q; ++x) delta[x] = row_delta(&c, x, &w);
             /* After D, the passes write disjoint outputs (dQ, dK, dV, dbias) and read only the
              * inputs and D: no barrier between them (nowait), a thread goes on to the next pass's
              * tasks; the region's end is the one barrier left. */
@@ -452,22 +452,22 @@ fa_status fa_cpu_backward(void *state, const fa_problem *p)
                     const dq_chain chain = {.prev = tile ? chain_done + pair * k_tiles + tile - 1 : NULL,
                                             .done = chain_done + pair * k_tiles + tile,
                                             .first = tile == 0, .last = tile == k_tiles - 1};
-                    key_tile_task(&c, pair / p->heads_kv, pair % p->heads_kv, tile * bc, &dq, &chain, &w);
+                    key_tile_task(&c, pair / p->shape.heads_kv, pair % p->shape.heads_kv, tile * bc, &dq, &chain, &w);
                 }
             } else if (path == PATH_PAIRS) {
 #pragma omp for schedule(dynamic, 1) nowait
-                for (int64_t t = 0; t < kv_pairs; ++t) kv_head_task(&c, t / p->heads_kv, t % p->heads_kv, &dq, &w);
+                for (int64_t t = 0; t < kv_pairs; ++t) kv_head_task(&c, t / p->shape.heads_kv, t % p->shape.heads_kv, &dq, &w);
             } else {
                 /* Longest tasks first under a causal mask: early key tiles, late query tiles. */
 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t t = 0; t < kv_pairs * k_tiles; ++t) {
                     const int64_t kt = t / kv_pairs, bh = t % kv_pairs;
-                    key_tile_task(&c, bh / p->heads_kv, bh % p->heads_kv, kt * bc, NULL, NULL, &w);
+                    key_tile_task(&c, bh / p->shape.heads_kv, bh % p->shape.heads_kv, kt * bc, NULL, NULL, &w);
                 }
 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t t = 0; t < q_pairs * q_tiles; ++t) {
                     const int64_t qt = q_tiles - 1 - t / q_pairs, bh = t % q_pairs;
-                    query_tile_task(&c, bh / p->heads_q, bh % p->heads_q, qt * br, &w);
+                    query_tile_task(&c, bh / p->shape.heads_q, bh % p->shape.heads_q, qt * br, &w);
                 }
             }
 #pragma omp for schedule(dynamic, 1) nowait

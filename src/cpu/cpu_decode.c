@@ -49,17 +49,17 @@ typedef struct decode_plan {
 static decode_plan make_plan(const fa_problem *p)
 {
     decode_plan plan;
-    plan.group = p->heads_q / p->heads_kv;
-    plan.rows = plan.group * p->seqlen_q;
+    plan.group = p->shape.heads_q / p->shape.heads_kv;
+    plan.rows = plan.group * p->shape.seqlen_q;
     plan.tile_rows = plan.rows < DECODE_ROWS ? plan.rows : DECODE_ROWS;
     plan.row_tiles = (plan.rows + plan.tile_rows - 1) / plan.tile_rows;
-    plan.units = p->batch * plan.row_tiles;
+    plan.units = p->shape.batch * plan.row_tiles;
     plan.splits = plan.units >= DECODE_TASKS ? 1 : (DECODE_TASKS + plan.units - 1) / plan.units;
-    plan.partial_floats = (size_t)(p->heads_kv * plan.tile_rows * (p->head_dim + 2));
+    plan.partial_floats = (size_t)(p->shape.heads_kv * plan.tile_rows * (p->shape.head_dim + 2));
     return plan;
 }
 
-static int64_t sequence_keys(const fa_kv_problem *kp, int64_t b) { return kp->cache_seqlens[b] + kp->seqlen_new; }
+static int64_t sequence_keys(const fa_kv_problem *kp, int64_t b) { return kp->cache.cache_seqlens[b] + kp->cache.seqlen_new; }
 
 /* Sequence b's key chunks: from the shape and its length only. */
 static int64_t chunk_count(const fa_kv_problem *kp, const decode_plan *plan, int64_t b)
@@ -81,13 +81,13 @@ static void chunk_range(const fa_kv_problem *kp, const decode_plan *plan, int64_
 /* Where key position j of sequence b lives in the cache tensors: (batch or page, row). */
 static void key_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slot_b, int64_t *slot_s)
 {
-    if (!kp->block_table) {
+    if (!kp->cache.block_table) {
         *slot_b = b;
         *slot_s = j;
         return;
     }
-    *slot_b = kp->block_table[b * kp->max_pages_per_seq + j / kp->page_size];
-    *slot_s = j % kp->page_size;
+    *slot_b = kp->cache.block_table[b * kp->cache.max_pages_per_seq + j / kp->cache.page_size];
+    *slot_s = j % kp->cache.page_size;
 }
 
 const void *fa_cpu_kvcache_row(const fa_kv_problem *kp, const fa_tensor *cache, int64_t b, int64_t j, int64_t h)
@@ -100,12 +100,12 @@ const void *fa_cpu_kvcache_row(const fa_kv_problem *kp, const fa_tensor *cache, 
 void fa_cpu_kvcache_append(const fa_kv_problem *kp)
 {
     const fa_problem *p = &kp->attn;
-    const size_t row_bytes = (size_t)p->head_dim * fa_dtype_size(p->dtype);
-    for (int64_t b = 0; b < p->batch; ++b)
-        for (int64_t t = 0; t < kp->seqlen_new; ++t) {
+    const size_t row_bytes = (size_t)p->shape.head_dim * fa_dtype_size(p->shape.dtype);
+    for (int64_t b = 0; b < p->shape.batch; ++b)
+        for (int64_t t = 0; t < kp->cache.seqlen_new; ++t) {
             int64_t sb, ss;
-            key_slot(kp, b, kp->cache_seqlens[b] + t, &sb, &ss);
-            for (int64_t h = 0; h < p->heads_kv; ++h) {
+            key_slot(kp, b, kp->cache.cache_seqlens[b] + t, &sb, &ss);
+            for (int64_t h = 0; h < p->shape.heads_kv; ++h) {
                 memcpy(fa_row_ptr(&p->k, sb, ss, h), fa_row_ptr(&kp->k_new, b, t, h), row_bytes);
                 memcpy(fa_row_ptr(&p->v, sb, ss, h), fa_row_ptr(&kp->v_new, b, t, h), row_bytes);
             }
@@ -124,14 +124,14 @@ typedef struct decode_scratch {
 
 static size_t scratch_bytes(const fa_problem *p)
 {
-    const int64_t d = p->head_dim, cols = p->heads_kv * DECODE_ROWS;
+    const int64_t d = p->shape.head_dim, cols = p->shape.heads_kv * DECODE_ROWS;
     const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 4 * cols + d + (d & 1));
     return (floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + (size_t)cols + 63) & ~(size_t)63;
 }
 
 static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
 {
-    const int64_t d = p->head_dim, cols = p->heads_kv * DECODE_ROWS;
+    const int64_t d = p->shape.head_dim, cols = p->shape.heads_kv * DECODE_ROWS;
     float *f = (float *)base;
     w->q_unit = -1;
     w->q = f; f += cols * d;
@@ -150,7 +150,7 @@ static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
 static int64_t slot_run(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t n, int64_t *slot_b, int64_t *slot_s)
 {
     key_slot(kp, b, j, slot_b, slot_s);
-    const int64_t room = kp->block_table ? kp->page_size - *slot_s : n;
+    const int64_t room = kp->cache.block_table ? kp->cache.page_size - *slot_s : n;
     return n < room ? n : room;
 }
 
@@ -184,8 +184,8 @@ typedef struct partial_view {
 
 static partial_view partial_at(const fa_problem *p, const decode_plan *plan, float *partial)
 {
-    const int64_t cols = p->heads_kv * plan->tile_rows;
-    return (partial_view){partial, partial + cols * p->head_dim, partial + cols * (p->head_dim + 1)};
+    const int64_t cols = p->shape.heads_kv * plan->tile_rows;
+    return (partial_view){partial, partial + cols * p->shape.head_dim, partial + cols * (p->shape.head_dim + 1)};
 }
 
 /* The keys of one online-softmax step: S^T row x is key j0 + fa_decode_key_offset(x, key_step,
@@ -207,7 +207,7 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
 {
     const fa_problem *p = &kp->attn;
     const fa_tensor *k = &p->k, *v = &p->v;
-    const int64_t d = p->head_dim, hkv = p->heads_kv, cols = hkv * rows, n = t->n, j0 = t->j0;
+    const int64_t d = p->shape.head_dim, hkv = p->shape.heads_kv, cols = hkv * rows, n = t->n, j0 = t->j0;
     float *st = w->st;
     if (t->key_step == 1) { /* S^T = K Q^T */
         for (int64_t x = 0, run, sb, ss; x < n; x += run) {
@@ -239,7 +239,7 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
             }
         }
     }
-    fa_cpu_softmax_step(kern, p->scale, cols, n, st, cols, out.m, out.l, w->tile_max, w->shift, w->alpha,
+    fa_cpu_softmax_step(kern, p->shape.scale, cols, n, st, cols, out.m, out.l, w->tile_max, w->shift, w->alpha,
                         w->tile_sum);
     for (int64_t c = 0; any_poisoned && c < cols; ++c)
         if (w->poisoned[c]) out.l[c] = NAN;
@@ -291,11 +291,11 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
                        int64_t c, decode_scratch *w, float *partial)
 {
     const fa_problem *p = &kp->attn;
-    const int64_t d = p->head_dim;
+    const int64_t d = p->shape.head_dim;
     int64_t b, r0, rows;
     unit_rows(plan, u, &b, &r0, &rows);
     const partial_view out = partial_at(p, plan, partial);
-    const int64_t cols = p->heads_kv * rows;
+    const int64_t cols = p->shape.heads_kv * rows;
     memset(out.o, 0, (size_t)(cols * d) * sizeof(float));
     for (int64_t x = 0; x < cols; ++x) {
         out.m[x] = -INFINITY;
@@ -307,7 +307,7 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     int64_t seen_lo = INT64_MAX, seen_hi = 0;
     for (int64_t r = 0; r < rows; ++r) { /* a row's keys depend on its query position only */
         const int64_t i = (r0 + r) / plan->group;
-        w->ranges[r] = fa_visible_keys(i, p->seqlen_q, keys, keys, p->causal, p->window_left, p->window_right);
+        w->ranges[r] = fa_visible_keys(i, p->shape.seqlen_q, keys, keys, p->mask.causal, p->mask.window_left, p->mask.window_right);
         if (w->ranges[r].hi <= w->ranges[r].lo) continue;
         if (w->ranges[r].lo < seen_lo) seen_lo = w->ranges[r].lo;
         if (w->ranges[r].hi > seen_hi) seen_hi = w->ranges[r].hi;
@@ -320,14 +320,14 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
         if (w->ranges[r].lo > all_lo) all_lo = w->ranges[r].lo;
         if (w->ranges[r].hi < all_hi) all_hi = w->ranges[r].hi;
     }
-    for (int64_t hk = 0; w->q_unit != u && hk < p->heads_kv; ++hk)
+    for (int64_t hk = 0; w->q_unit != u && hk < p->shape.heads_kv; ++hk)
         for (int64_t r = 0; r < rows; ++r) {
             int64_t i, h;
             tile_row(plan, hk, r0 + r, &i, &h);
             fa_cpu_load_rows(&p->q, b, i, h, 1, w->q + (hk * rows + r) * d, d);
         }
     w->q_unit = u;
-    const int64_t stream = kp->block_table || all_hi - all_lo < 4 * DECODE_STREAM_MIN ? 0 : (all_hi - all_lo) / 4;
+    const int64_t stream = kp->cache.block_table || all_hi - all_lo < 4 * DECODE_STREAM_MIN ? 0 : (all_hi - all_lo) / 4;
     if (!stream) {
         run_tiles(kp, kern, b, rows, lo, hi, w, out);
         return;
@@ -350,7 +350,7 @@ static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
                        int64_t hk, float *partials, float *acc)
 {
     const fa_problem *p = &kp->attn;
-    const int64_t d = p->head_dim;
+    const int64_t d = p->shape.head_dim;
     int64_t b, r0, rows;
     unit_rows(plan, u, &b, &r0, &rows);
     float *first = partials + (size_t)(u * plan->chunks) * plan->partial_floats;
@@ -377,7 +377,7 @@ static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
         int64_t i, h;
         tile_row(plan, hk, r0 + r, &i, &h);
         fa_cpu_store_rows(&p->out, kern, b, i, h, 1, acc, d);
-        if (p->lse) p->lse[fa_lse_index(p, b, h, i)] = poisoned ? NAN : sum > 0.0f ? top + logf(sum) : -INFINITY;
+        if (p->outputs.lse) p->outputs.lse[fa_lse_index(p, b, h, i)] = poisoned ? NAN : sum > 0.0f ? top + logf(sum) : -INFINITY;
     }
 }
 
@@ -385,10 +385,10 @@ fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
 {
     const fa_cpu_state *s = state;
     const fa_problem *p = &kp->attn;
-    if (fa_problem_has_modifiers(p)) return fa_cpu_forward_kvcache_modified(state, kp);
+    if (fa_modifiers_any(&p->modifiers)) return fa_cpu_forward_kvcache_modified(state, kp);
     decode_plan plan = make_plan(p);
     plan.chunks = 1;
-    for (int64_t b = 0; b < p->batch; ++b)
+    for (int64_t b = 0; b < p->shape.batch; ++b)
         if (chunk_count(kp, &plan, b) > plan.chunks) plan.chunks = chunk_count(kp, &plan, b);
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t tasks = plan.units * plan.chunks;
@@ -416,8 +416,8 @@ fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
             chunk_task(kp, s->kernels, &plan, t / plan.chunks, t % plan.chunks, &w,
                        partials + (size_t)t * plan.partial_floats);
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < plan.units * p->heads_kv; ++t)
-            merge_head(kp, s->kernels, &plan, t / p->heads_kv, t % p->heads_kv, partials, w.acc);
+        for (int64_t t = 0; t < plan.units * p->shape.heads_kv; ++t)
+            merge_head(kp, s->kernels, &plan, t / p->shape.heads_kv, t % p->shape.heads_kv, partials, w.acc);
     }
     fa_host_scratch_free(scratch);
     fa_host_scratch_free(partials);

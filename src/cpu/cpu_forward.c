@@ -74,7 +74,7 @@ typedef struct forward_ctx {
 static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t i0, query_tile *t)
 {
     const fa_problem *p = f->p;
-    const int64_t br = f->br, rows_n = p->seqlen_q - i0 < br ? p->seqlen_q - i0 : br;
+    const int64_t br = f->br, rows_n = p->shape.seqlen_q - i0 < br ? p->shape.seqlen_q - i0 : br;
     fa_cpu_rows_init(p, b, i0, rows_n, t->ranges, &t->rows);
     /* A sink is a logit with no value: the running max and sum start from it. */
     const float sink = fa_cpu_sink(p, h);
@@ -82,7 +82,7 @@ static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t
         t->m[r] = sink;
         t->l[r] = sink == -INFINITY ? 0.0f : 1.0f;
     }
-    memset(t->o, 0, (size_t)(rows_n * p->head_dim) * sizeof(float));
+    memset(t->o, 0, (size_t)(rows_n * p->shape.head_dim) * sizeof(float));
     for (int64_t r = 0; r < rows_n; ++r) t->poison[r] = 0.0f;
     if (t->rows.key_hi <= t->rows.key_lo) return; /* no row sees a key: Q_i is never read */
     /* bf16 scores read only the pairs (rows_step takes t->qt on the f32 paths alone): they come
@@ -90,26 +90,26 @@ static void query_tile_begin(const forward_ctx *f, int64_t b, int64_t h, int64_t
      * it: 2.5% of a bf16 forward at N = 1024, d = 64; the words' transpose and check: 1.5%; perf,
      * Zen 4). */
     if (t->qt_pairs && fa_cpu_load_bf16_pairs(&p->q, f->kern, b, i0, h, rows_n, t->qt_pairs, f->ld)) {
-        fa_cpu_nan_rows_begin_bf16_pairs(&t->rows, t->qt_pairs, f->ld, p->head_dim, t->poison);
+        fa_cpu_nan_rows_begin_bf16_pairs(&t->rows, t->qt_pairs, f->ld, p->shape.head_dim, t->poison);
         return;
     }
     fa_cpu_load_transposed(&p->q, f->kern, b, i0, h, rows_n, t->qt, f->ld);
-    fa_cpu_nan_rows_begin(&t->rows, t->qt, f->ld, p->head_dim, t->poison);
-    if (t->qt_pairs) fa_cpu_pack_bf16_pairs(t->qt, f->ld, rows_n, p->head_dim, t->qt_pairs);
+    fa_cpu_nan_rows_begin(&t->rows, t->qt, f->ld, p->shape.head_dim, t->poison);
+    if (t->qt_pairs) fa_cpu_pack_bf16_pairs(t->qt, f->ld, rows_n, p->shape.head_dim, t->qt_pairs);
 }
 
 /* O_i = diag(1/l) O_i, the log-sum-exp, NaN poisoning, and the store. */
 static void query_tile_end(const forward_ctx *f, int64_t b, int64_t h, query_tile *t)
 {
     const fa_problem *p = f->p;
-    const int64_t d = p->head_dim, i0 = t->rows.i0;
+    const int64_t d = p->shape.head_dim, i0 = t->rows.i0;
     for (int64_t r = 0; r < t->rows.count; ++r) {
         const float l = t->l[r];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         for (int64_t c = 0; c < d; ++c) t->o[r * d + c] *= inv;
         float lse = l > 0.0f ? t->m[r] + logf(l) : -INFINITY;
         fa_cpu_nan_row_end(t->poison[r], t->o + r * d, d, &lse);
-        if (p->lse) p->lse[fa_lse_index(p, b, h, i0 + r)] = lse;
+        if (p->outputs.lse) p->outputs.lse[fa_lse_index(p, b, h, i0 + r)] = lse;
     }
     fa_cpu_store_rows(&p->out, f->kern, b, i0, h, t->rows.count, t->o, d);
 }
@@ -165,7 +165,7 @@ static int partial_scores(const forward_task_ctx *c, forward_scratch *w, const q
 {
     const fa_problem *p = c->p;
     const fa_cpu_kernels *kern = c->kern;
-    const int64_t d = p->head_dim, ld = c->ld;
+    const int64_t d = p->shape.head_dim, ld = c->ld;
     int64_t all_lo = key0, all_hi = key0 + keys; /* the keys every row sees */
     fa_cpu_rows_shared_keys(rows, &all_lo, &all_hi);
     if (all_hi - all_lo < kern->mr) return 0;
@@ -195,7 +195,7 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
 {
     const fa_problem *p = c->p;
     const fa_cpu_kernels *kern = c->kern;
-    const int64_t d = p->head_dim, ld = c->ld;
+    const int64_t d = p->shape.head_dim, ld = c->ld;
     fa_cpu_rows rows;
     int64_t key0;
     const int64_t keys = visible_span(t, r0, count, lo, hi, &rows, &key0);
@@ -224,7 +224,7 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
     const uint16_t *k_bf16 = c->k_bf16 ? c->k_bf16 + (key0 - c->j0) * c->ldk_bf16 : NULL;
     /* bf16 scores: modified tiles take the modifiers in their pass (gemm_scores is f32 only), and
      * partial tiles the unfused path (partial_scores is f32 only). */
-    if (vis == FA_TILE_PARTIAL && !k_bf16 && c->fold && !c->modified && !p->block_mask &&
+    if (vis == FA_TILE_PARTIAL && !k_bf16 && c->fold && !c->modified && !fa_mask_has_block_mask(&p->mask) &&
         partial_scores(c, w, t, r0, count, &rows, key0, keys, k)) {
         fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, ld, t->m + r0, t->l + r0, w->tile_max,
                                       w->shift, w->alpha, w->tile_sum);
@@ -247,7 +247,7 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
         if (!c->modified) fa_cpu_scale_mask(p, &rows, key0, keys, vis, c->fold, w->st, ld);
         else if (vis != FA_TILE_FULL) fa_cpu_scale_mask(p, &rows, key0, keys, vis, 1, w->st, ld);
         if (c->modified) {
-            fa_cpu_modify_scores(p, kern, c->b, c->h, &rows, key0, keys, p->scale, w->st, ld, NULL, w->tile_max);
+            fa_cpu_modify_scores(p, kern, c->b, c->h, &rows, key0, keys, p->shape.scale, w->st, ld, NULL, w->tile_max);
             fa_cpu_softmax_step_given_max(kern, c->scale_in_exp, count, keys, w->st, ld, t->m + r0, t->l + r0,
                                           w->tile_max, w->shift, w->alpha, w->tile_sum);
         } else {
@@ -255,7 +255,7 @@ static void rows_step(const forward_task_ctx *c, forward_scratch *w, query_tile 
                                 w->shift, w->alpha, w->tile_sum);
         }
     }
-    if (p->dropout_p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, ld);
+    if (p->dropout.p > 0.0f) fa_cpu_apply_dropout(p, c->b, c->h, &rows, key0, keys, w->st, ld);
     kern->gemm(count, d, keys, w->st, 1, ld, v, ldv, t->o + r0 * d, d, w->alpha, 1); /* O = alpha O + P V */
     fa_cpu_nan_step(&c->nan_tile, p, &rows, key0, keys, t->poison + r0, t->o + r0 * d);
 }
@@ -293,12 +293,12 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
     const fa_cpu_kernels *kern = f->kern;
     const int64_t br = f->br, bc = f->bc;
     forward_task_ctx c = {.p = p, .kern = kern, .ld = f->ld, .b = b, .h = h,
-                          .hk = h / (p->heads_q / p->heads_kv), .modified = fa_cpu_scores_modified(p)};
-    c.fold = p->scale > 0.0f && !c.modified;
+                          .hk = h / (p->shape.heads_q / p->shape.heads_kv), .modified = fa_modifiers_form_scores(&p->modifiers)};
+    c.fold = p->shape.scale > 0.0f && !c.modified;
     c.fusable = c.modified && fa_cpu_scores_fusable(p);
-    c.scale_in_exp = c.fold ? p->scale : 1.0f;
+    c.scale_in_exp = c.fold ? p->shape.scale : 1.0f;
     int64_t tiles = 0, key_lo = INT64_MAX, key_hi = 0;
-    for (; tiles < count && i0 + tiles * br < p->seqlen_q; ++tiles) {
+    for (; tiles < count && i0 + tiles * br < p->shape.seqlen_q; ++tiles) {
         query_tile *t = &w->tiles[tiles];
         query_tile_begin(f, b, h, i0 + tiles * br, t);
         if (t->rows.key_hi <= t->rows.key_lo) continue;
@@ -332,7 +332,7 @@ static void forward_task(const forward_ctx *f, int64_t b, int64_t h, int64_t i0,
  * while leaving about 4 tasks per thread for the dynamic schedule to balance causal work. */
 static int64_t query_group(const fa_problem *p, int64_t q_tiles, int threads)
 {
-    const int64_t heads = p->batch * p->heads_q;
+    const int64_t heads = p->shape.batch * p->shape.heads_q;
     int64_t group = FA_CPU_MAX_QUERY_GROUP;
     while (group > 1 && heads * ((q_tiles + group - 1) / group) < 4 * (int64_t)threads) group /= 2;
     return group;
@@ -385,8 +385,8 @@ static int64_t forward_schedule_task(const forward_schedule *s, int64_t t, int64
  * product), and the rule reads the shape only: results stay bit-identical across thread counts. */
 static int64_t small_problem_rows(const fa_problem *p, const fa_cpu_kernels *kern, int64_t br)
 {
-    const int64_t heads = p->batch * p->heads_q, floor_rows = min_query_rows(kern);
-    while (br / 2 >= floor_rows && heads * ((p->seqlen_q + br - 1) / br) < 8)
+    const int64_t heads = p->shape.batch * p->shape.heads_q, floor_rows = min_query_rows(kern);
+    while (br / 2 >= floor_rows && heads * ((p->shape.seqlen_q + br - 1) / br) < 8)
         br = (br / 2 + kern->tile_step - 1) / kern->tile_step * kern->tile_step;
     return br;
 }
@@ -405,7 +405,7 @@ static int64_t small_problem_rows(const fa_problem *p, const fa_cpu_kernels *ker
 enum { FORWARD_ROWS = 128 };
 static int64_t forward_rows(const fa_problem *p, int64_t br)
 {
-    return !p->block_mask && br < FORWARD_ROWS && FORWARD_ROWS <= 8 * p->head_dim ? FORWARD_ROWS : br;
+    return !fa_mask_has_block_mask(&p->mask) && br < FORWARD_ROWS && FORWARD_ROWS <= 8 * p->shape.head_dim ? FORWARD_ROWS : br;
 }
 
 fa_status fa_cpu_forward(void *state, const fa_problem *p)
@@ -415,12 +415,12 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);
     br = small_problem_rows(p, s->kernels, forward_rows(p, br));
-    const int64_t q_tiles = (p->seqlen_q + br - 1) / br;
+    const int64_t q_tiles = (p->shape.seqlen_q + br - 1) / br;
     const int threads = fa_cpu_thread_count(s->num_threads);
-    const int64_t group = query_group(p, q_tiles, threads), heads = p->batch * p->heads_q;
+    const int64_t group = query_group(p, q_tiles, threads), heads = p->shape.batch * p->shape.heads_q;
     const forward_schedule plan = forward_schedule_make(heads, q_tiles, group, threads);
     const int64_t ld = fa_cpu_tile_ld(br);
-    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->head_dim, .ld = ld,
+    forward_scratch shape = {.group = group, .br = br, .bc = bc, .d = p->shape.head_dim, .ld = ld,
                              .bf16 = fa_cpu_bf16_scores(p, s->kernels)}; /* the pointers are set per thread */
     size_t share;
     void *team = fa_cpu_scratch_make_team(forward_scratch_layout, &shape, threads, &share);
@@ -439,7 +439,7 @@ fa_status fa_cpu_forward(void *state, const fa_problem *p)
         for (int64_t t = 0; t < plan.tasks; ++t) {
             int64_t bh, tile0;
             const int64_t count = forward_schedule_task(&plan, t, &bh, &tile0);
-            if (count) forward_task(&f, bh / p->heads_q, bh % p->heads_q, tile0 * br, count, &w);
+            if (count) forward_task(&f, bh / p->shape.heads_q, bh % p->shape.heads_q, tile0 * br, count, &w);
         }
     }
     fa_host_scratch_free(team);

@@ -21,12 +21,12 @@ static void gather_keys(const fa_kv_problem *kp, const fa_tensor *cache, const f
                         char *dst)
 {
     const fa_problem *p = &kp->attn;
-    const size_t row_bytes = (size_t)p->head_dim * fa_dtype_size(p->dtype);
-    const int64_t cached = kp->cache_seqlens[b];
-    for (int64_t j = 0; j < cached + kp->seqlen_new; ++j)
-        for (int64_t h = 0; h < p->heads_kv; ++h) {
+    const size_t row_bytes = (size_t)p->shape.head_dim * fa_dtype_size(p->shape.dtype);
+    const int64_t cached = kp->cache.cache_seqlens[b];
+    for (int64_t j = 0; j < cached + kp->cache.seqlen_new; ++j)
+        for (int64_t h = 0; h < p->shape.heads_kv; ++h) {
             const void *src = j < cached ? fa_cpu_kvcache_row(kp, cache, b, j, h) : fa_row_ptr(fresh, b, j - cached, h);
-            memcpy(dst + (size_t)(j * p->heads_kv + h) * row_bytes, src, row_bytes);
+            memcpy(dst + (size_t)(j * p->shape.heads_kv + h) * row_bytes, src, row_bytes);
         }
 }
 
@@ -36,49 +36,49 @@ static fa_problem sequence_problem(const fa_kv_problem *kp, int64_t b, int64_t k
 {
     const fa_problem *p = &kp->attn;
     fa_problem s = *p;
-    const int64_t d = p->head_dim;
-    s.batch = 1;
-    s.seqlen_k = keys;
-    s.diag_offset = keys - p->seqlen_q; /* bottom-right on this sequence's lengths */
-    s.dropout_rows = p->seqlen_q;
-    s.dropout_cols = keys;
+    const int64_t d = p->shape.head_dim;
+    s.shape.batch = 1;
+    s.shape.seqlen_k = keys;
+    s.mask.diag_offset = keys - p->shape.seqlen_q; /* bottom-right on this sequence's lengths */
+    s.dropout.rows = p->shape.seqlen_q;
+    s.dropout.cols = keys;
     s.q.data = fa_row_ptr(&p->q, b, 0, 0);
-    s.k = (fa_tensor){k, p->dtype, 1, keys, p->heads_kv, d, keys * p->heads_kv * d, p->heads_kv * d, d};
+    s.k = (fa_tensor){k, p->shape.dtype, 1, keys, p->shape.heads_kv, d, keys * p->shape.heads_kv * d, p->shape.heads_kv * d, d};
     s.v = s.k;
     s.v.data = v;
-    s.out = (fa_tensor){out, p->dtype, 1, p->seqlen_q, p->heads_q, d, p->seqlen_q * p->heads_q * d, p->heads_q * d, d};
-    s.lse = lse;
-    s.lse_stride_batch = p->heads_q * p->seqlen_q;
-    s.lse_stride_head = p->seqlen_q;
-    if (p->alibi_slopes) s.alibi_slopes = p->alibi_slopes + b * p->alibi_stride_batch;
-    if (p->bias.data) s.bias.data = fa_cpu_bias_row(&p->bias, b, 0, 0);
+    s.out = (fa_tensor){out, p->shape.dtype, 1, p->shape.seqlen_q, p->shape.heads_q, d, p->shape.seqlen_q * p->shape.heads_q * d, p->shape.heads_q * d, d};
+    s.outputs.lse = lse;
+    s.outputs.lse_stride_batch = p->shape.heads_q * p->shape.seqlen_q;
+    s.outputs.lse_stride_head = p->shape.seqlen_q;
+    if (p->modifiers.alibi_slopes) s.modifiers.alibi_slopes = p->modifiers.alibi_slopes + b * p->modifiers.alibi_stride_batch;
+    if (p->modifiers.bias.data) s.modifiers.bias.data = fa_cpu_bias_row(&p->modifiers.bias, b, 0, 0);
     return s;
 }
 
 fa_status fa_cpu_forward_kvcache_modified(void *state, const fa_kv_problem *kp)
 {
     const fa_problem *p = &kp->attn;
-    const size_t es = fa_dtype_size(p->dtype);
+    const size_t es = fa_dtype_size(p->shape.dtype);
     int64_t most_keys = 0;
-    for (int64_t b = 0; b < p->batch; ++b)
-        if (kp->cache_seqlens[b] + kp->seqlen_new > most_keys) most_keys = kp->cache_seqlens[b] + kp->seqlen_new;
-    const size_t kv_bytes = (size_t)(most_keys * p->heads_kv * p->head_dim) * es;
-    const size_t out_elements = (size_t)(p->seqlen_q * p->heads_q * p->head_dim);
-    const size_t rows = (size_t)(p->heads_q * p->seqlen_q);
+    for (int64_t b = 0; b < p->shape.batch; ++b)
+        if (kp->cache.cache_seqlens[b] + kp->cache.seqlen_new > most_keys) most_keys = kp->cache.cache_seqlens[b] + kp->cache.seqlen_new;
+    const size_t kv_bytes = (size_t)(most_keys * p->shape.heads_kv * p->shape.head_dim) * es;
+    const size_t out_elements = (size_t)(p->shape.seqlen_q * p->shape.heads_q * p->shape.head_dim);
+    const size_t rows = (size_t)(p->shape.heads_q * p->shape.seqlen_q);
     char *k = fa_host_alloc(kv_bytes ? kv_bytes : 1), *v = fa_host_alloc(kv_bytes ? kv_bytes : 1);
-    char *out = fa_host_alloc((size_t)p->batch * out_elements * es);
-    float *lse = fa_host_alloc((size_t)p->batch * rows * sizeof(float));
+    char *out = fa_host_alloc((size_t)p->shape.batch * out_elements * es);
+    float *lse = fa_host_alloc((size_t)p->shape.batch * rows * sizeof(float));
     fa_status st = k && v && out && lse ? FA_SUCCESS
                                         : fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_forward_kvcache: cannot allocate the "
                                                        "gathered keys of a sequence (%zu bytes, twice)", kv_bytes);
-    for (int64_t b = 0; b < p->batch && st == FA_SUCCESS; ++b) {
-        const int64_t keys = kp->cache_seqlens[b] + kp->seqlen_new;
+    for (int64_t b = 0; b < p->shape.batch && st == FA_SUCCESS; ++b) {
+        const int64_t keys = kp->cache.cache_seqlens[b] + kp->cache.seqlen_new;
         char *out_b = out + (size_t)b * out_elements * es;
         float *lse_b = lse + (size_t)b * rows;
         if (keys == 0) { /* no key: zeros, lse -inf (or the sink alone) */
             memset(out_b, 0, out_elements * es);
-            for (int64_t h = 0; h < p->heads_q; ++h)
-                for (int64_t i = 0; i < p->seqlen_q; ++i) lse_b[h * p->seqlen_q + i] = fa_cpu_sink(p, h);
+            for (int64_t h = 0; h < p->shape.heads_q; ++h)
+                for (int64_t i = 0; i < p->shape.seqlen_q; ++i) lse_b[h * p->shape.seqlen_q + i] = fa_cpu_sink(p, h);
             continue;
         }
         gather_keys(kp, &p->k, &kp->k_new, b, k);
@@ -88,16 +88,16 @@ fa_status fa_cpu_forward_kvcache_modified(void *state, const fa_kv_problem *kp)
     }
     if (st == FA_SUCCESS) { /* every sequence done: now the cache and the caller's outputs */
         fa_cpu_kvcache_append(kp);
-        const size_t row_bytes = (size_t)p->head_dim * es;
-        for (int64_t b = 0; b < p->batch; ++b)
-            for (int64_t i = 0; i < p->seqlen_q; ++i)
-                for (int64_t h = 0; h < p->heads_q; ++h)
+        const size_t row_bytes = (size_t)p->shape.head_dim * es;
+        for (int64_t b = 0; b < p->shape.batch; ++b)
+            for (int64_t i = 0; i < p->shape.seqlen_q; ++i)
+                for (int64_t h = 0; h < p->shape.heads_q; ++h)
                     memcpy(fa_row_ptr(&p->out, b, i, h),
-                           out + ((size_t)((b * p->seqlen_q + i) * p->heads_q + h) * (size_t)p->head_dim) * es, row_bytes);
-        for (int64_t b = 0; p->lse && b < p->batch; ++b)
-            for (int64_t h = 0; h < p->heads_q; ++h)
-                for (int64_t i = 0; i < p->seqlen_q; ++i)
-                    p->lse[fa_lse_index(p, b, h, i)] = lse[(size_t)b * rows + (size_t)(h * p->seqlen_q + i)];
+                           out + ((size_t)((b * p->shape.seqlen_q + i) * p->shape.heads_q + h) * (size_t)p->shape.head_dim) * es, row_bytes);
+        for (int64_t b = 0; p->outputs.lse && b < p->shape.batch; ++b)
+            for (int64_t h = 0; h < p->shape.heads_q; ++h)
+                for (int64_t i = 0; i < p->shape.seqlen_q; ++i)
+                    p->outputs.lse[fa_lse_index(p, b, h, i)] = lse[(size_t)b * rows + (size_t)(h * p->shape.seqlen_q + i)];
     }
     fa_host_free(k);
     fa_host_free(v);

@@ -13,7 +13,7 @@
 static void add_bias(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h, const fa_cpu_rows *rows,
                      int64_t j0, int64_t cols, float scale, float *st, int64_t ld, float *col_max)
 {
-    const fa_bias *bias = &p->bias;
+    const fa_bias *bias = &p->modifiers.bias;
     const char *first = (const char *)fa_cpu_bias_row(bias, b, h, rows->i0) + (size_t)j0 * fa_dtype_size(bias->dtype);
     for (int64_t r = 0; col_max && r < rows->count; ++r) col_max[r] = -INFINITY;
     kern->bias_cols(st, ld, cols, rows->count, scale, first, bias->dtype, bias->stride_q, col_max);
@@ -22,11 +22,11 @@ static void add_bias(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b,
 /* The slope of (b, h) and the ALiBi distance's origin of the tile (rows, keys from j0). */
 static float alibi_slope(const fa_problem *p, int64_t b, int64_t h)
 {
-    return p->alibi_slopes ? p->alibi_slopes[b * p->alibi_stride_batch + h] : 0.0f;
+    return p->modifiers.alibi_slopes ? p->modifiers.alibi_slopes[b * p->modifiers.alibi_stride_batch + h] : 0.0f;
 }
 static int64_t alibi_first(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0)
 {
-    return fa_diagonal_key(rows->i0, p->diag_offset) - j0;
+    return fa_diagonal_key(rows->i0, p->mask.diag_offset) - j0;
 }
 
 void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64_t b, int64_t h,
@@ -35,14 +35,14 @@ void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64
 {
     const int64_t n = rows->count, first = alibi_first(p, rows, j0);
     const float slope = alibi_slope(p, b, h);
-    const int has_bias = p->bias.data != NULL, alibi = p->alibi_slopes != NULL;
+    const int has_bias = p->modifiers.bias.data != NULL, alibi = p->modifiers.alibi_slopes != NULL;
     /* The first modifier multiplies by the scale, the last takes the max. The one tanh of the
      * forward and the backward (kernels.h): the ISA's, chosen by the CPU only. */
-    if (p->softcap > 0.0f) /* with ALiBi fused */
-        kern->softcap_cols(st, ld, cols, n, scale, p->softcap, slope, first, cap_grad, has_bias ? NULL : col_max);
+    if (p->modifiers.softcap > 0.0f) /* with ALiBi fused */
+        kern->softcap_cols(st, ld, cols, n, scale, p->modifiers.softcap, slope, first, cap_grad, has_bias ? NULL : col_max);
     else if (alibi)
         kern->alibi_cols(st, ld, cols, n, scale, slope, first, has_bias ? NULL : col_max);
-    if (p->softcap > 0.0f || alibi) scale = 1.0f;
+    if (p->modifiers.softcap > 0.0f || alibi) scale = 1.0f;
     if (has_bias) add_bias(p, kern, b, h, rows, j0, cols, scale, st, ld, col_max);
 }
 
@@ -50,22 +50,22 @@ void fa_cpu_gemm_modified(const fa_problem *p, const fa_cpu_kernels *kern, int64
                           const fa_cpu_rows *rows, int64_t j0, int64_t cols, const float *k, int64_t ldk,
                           const float *qt, int64_t ldq, float *st, int64_t ld, float *col_max)
 {
-    const fa_cpu_score_mods mods = {.scale = p->scale, .cap = p->softcap, .alibi = p->alibi_slopes != NULL,
+    const fa_cpu_score_mods mods = {.scale = p->shape.scale, .cap = p->modifiers.softcap, .alibi = p->modifiers.alibi_slopes != NULL,
                                     .slope = alibi_slope(p, b, h), .first = alibi_first(p, rows, j0)};
-    kern->gemm_scores(cols, rows->count, p->head_dim, k, ldk, 1, qt, ldq, st, ld, &mods, col_max);
+    kern->gemm_scores(cols, rows->count, p->shape.head_dim, k, ldk, 1, qt, ldq, st, ld, &mods, col_max);
 }
 
 fa_status fa_cpu_sink_gradients(const fa_problem *p)
 {
-    const int64_t d = p->head_dim;
+    const int64_t d = p->shape.head_dim;
     float *rows = fa_host_alloc((size_t)(2 * d) * sizeof(float));
     if (!rows) return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "backward: cannot allocate two rows for dsinks");
-    for (int64_t h = 0; h < p->heads_q; ++h) {
+    for (int64_t h = 0; h < p->shape.heads_q; ++h) {
         const float sink = fa_cpu_sink(p, h);
         double sum = 0.0;
-        for (int64_t b = 0; b < p->batch && sink != -INFINITY; ++b)
-            for (int64_t i = 0; i < p->seqlen_q; ++i) {
-                const float lse = p->lse[fa_lse_index(p, b, h, i)];
+        for (int64_t b = 0; b < p->shape.batch && sink != -INFINITY; ++b)
+            for (int64_t i = 0; i < p->shape.seqlen_q; ++i) {
+                const float lse = p->outputs.lse[fa_lse_index(p, b, h, i)];
                 if (lse == -INFINITY) continue;
                 fa_cpu_load_rows(&p->out, b, i, h, 1, rows, d);
                 fa_cpu_load_rows(&p->dout, b, i, h, 1, rows + d, d);
@@ -73,7 +73,7 @@ fa_status fa_cpu_sink_gradients(const fa_problem *p)
                 for (int64_t c = 0; c < d; ++c) delta += (double)rows[c] * (double)rows[d + c];
                 sum -= exp((double)sink - (double)lse) * delta;
             }
-        p->dsinks[h] = (float)sum;
+        p->outputs.dsinks[h] = (float)sum;
     }
     fa_host_free(rows);
     return FA_SUCCESS;

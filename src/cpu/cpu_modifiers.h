@@ -8,15 +8,8 @@
 
 #include "cpu_tile.h"
 
-/* 1 when scores must exist explicitly before the exponential (softcap, ALiBi or bias): the scale
- * cannot then be folded into it. Sinks alone need no explicit scores. */
-static inline int fa_cpu_scores_modified(const fa_problem *p)
-{
-    return p->softcap > 0.0f || p->alibi_slopes || p->bias.data;
-}
-
 /* The sink logit of query head h, -inf when there is none. */
-static inline float fa_cpu_sink(const fa_problem *p, int64_t h) { return p->sinks ? p->sinks[h] : -INFINITY; }
+static inline float fa_cpu_sink(const fa_problem *p, int64_t h) { return p->modifiers.sinks ? p->modifiers.sinks[h] : -INFINITY; }
 
 /* On the tile st (key c, query r at st[c * ld + r]) of rows and keys [j0, j0 + cols) of (b, h),
  * raw q.k, masked (masked = -inf, left alone whatever the scale): the scale, softcap, then ALiBi,
@@ -31,7 +24,7 @@ void fa_cpu_modify_scores(const fa_problem *p, const fa_cpu_kernels *kern, int64
 /* 1 when fa_cpu_gemm_modified can give a fully visible tile its scores: softcap and ALiBi, no
  * bias (the bias's tile is read in its own pass, add_bias: transposing it slice by slice beside
  * the product, for gemm_scores to add in the registers, made its read twice as slow). */
-static inline int fa_cpu_scores_fusable(const fa_problem *p) { return !p->bias.data; }
+static inline int fa_cpu_scores_fusable(const fa_problem *p) { return !p->modifiers.bias.data; }
 
 /* The fully visible tile of rows x keys [j0, j0 + cols) of (b, h), softcapped and/or with ALiBi:
  * st = the scores of K_j (rows of ldk) against Q^T (ldq), modified in the product's registers by
@@ -48,8 +41,7 @@ fa_status fa_cpu_sink_gradients(const fa_problem *p);
 /* Element (b, h, i, j) of a bias: its address, and stores of f32 rows into a dbias. */
 static inline void *fa_cpu_bias_row(const fa_bias *bias, int64_t b, int64_t h, int64_t i)
 {
-    const int64_t offset = b * bias->stride_batch + h * bias->stride_head + i * bias->stride_q;
-    return (char *)bias->data + offset * (int64_t)fa_dtype_size(bias->dtype);
+    return (char *)bias->data + fa_bias_offset(bias, b, h, i, 0) * (int64_t)fa_dtype_size(bias->dtype);
 }
 void fa_cpu_store_bias_row(const fa_bias *bias, int64_t b, int64_t h, int64_t i, int64_t j0, const float *src,
                            int64_t n);

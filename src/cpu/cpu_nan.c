@@ -28,7 +28,7 @@ static int tile_has_nan(const float *x, int64_t ld, int64_t rows, int64_t d)
 
 static int key_visible(const fa_problem *p, fa_key_range range, int64_t i, int64_t j)
 {
-    const fa_block_mask *bm = p->block_mask;
+    const fa_block_mask *bm = fa_mask_blocks(&p->mask);
     return j >= range.lo && j < range.hi && (!bm || bm->mask[(i / bm->block_q) * bm->cols + j / bm->block_k]);
 }
 
@@ -74,15 +74,15 @@ void fa_cpu_nan_tile_begin(fa_cpu_nan_tile *t, const fa_problem *p, int64_t b, i
 {
     *t = (fa_cpu_nan_tile){.b = b, .hk = hk, .j0 = j0, .v = v, .ldv = ldv};
     if (k) {
-        t->k_nan = tile_has_nan(k, ldk, cols, p->head_dim);
+        t->k_nan = tile_has_nan(k, ldk, cols, p->shape.head_dim);
     } else { /* K_j read in place in its own type: its stored rows, prefetched as fa_cpu_view_rows does */
         for (int64_t x = 0; x < cols; ++x) {
             fa_cpu_prefetch_ahead(&p->k, b, j0, hk, x, cols);
             t->k_nan |= row_has_nan(&p->k, b, j0 + x, hk);
         }
     }
-    if (tile_has_nan(v, ldv, cols, p->head_dim)) {
-        copy_without_nan(v, ldv, cols, p->head_dim, buffer);
+    if (tile_has_nan(v, ldv, cols, p->shape.head_dim)) {
+        copy_without_nan(v, ldv, cols, p->shape.head_dim, buffer);
         t->v_clean = buffer;
     }
 }
@@ -102,7 +102,7 @@ static void mark_nan_keys(const fa_problem *p, int64_t b, int64_t hk, const fa_c
 static void poison_from_v(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols, const float *v,
                           int64_t ldv, float *o)
 {
-    const int64_t d = p->head_dim;
+    const int64_t d = p->shape.head_dim;
     for (int64_t t = 0; t < cols; ++t)
         for (int64_t c = 0; c < d; ++c) {
             const float x = v[t * ldv + c];

@@ -144,15 +144,15 @@ void fa_cpu_store_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b
 void fa_cpu_rows_init(const fa_problem *p, int64_t b, int64_t i0, int64_t count, fa_key_range *storage,
                       fa_cpu_rows *rows)
 {
-    const int64_t valid_k = p->seqlens_k ? p->seqlens_k[b] : p->seqlen_k;
+    const int64_t valid_k = p->mask.seqlens_k ? p->mask.seqlens_k[b] : p->shape.seqlen_k;
     rows->i0 = i0;
     rows->count = count;
     rows->range = storage;
     rows->key_lo = INT64_MAX;
     rows->key_hi = 0;
     for (int64_t r = 0; r < count; ++r) {
-        storage[r] = fa_visible_keys_at(fa_diagonal_key(i0 + r, p->diag_offset), valid_k, p->causal, p->window_left,
-                                        p->window_right);
+        storage[r] = fa_visible_keys_at(fa_diagonal_key(i0 + r, p->mask.diag_offset), valid_k, p->mask.causal, p->mask.window_left,
+                                        p->mask.window_right);
         if (storage[r].hi <= storage[r].lo) continue;
         if (storage[r].lo < rows->key_lo) rows->key_lo = storage[r].lo;
         if (storage[r].hi > rows->key_hi) rows->key_hi = storage[r].hi;
@@ -172,7 +172,7 @@ fa_tile_visibility fa_cpu_tile_visibility(const fa_problem *p, const fa_cpu_rows
     int full = 1;
     for (int64_t r = 0; r < rows->count && full; ++r)
         full = rows->range[r].lo <= j0 && rows->range[r].hi >= j1;
-    const fa_block_mask *bm = p->block_mask;
+    const fa_block_mask *bm = fa_mask_blocks(&p->mask);
     if (!bm) return full ? FA_TILE_FULL : FA_TILE_PARTIAL;
     /* Scan the mask blocks covering the tile: skip it when all are zero (Algorithm 5). */
     const int64_t r0 = rows->i0 / bm->block_q, r1 = (rows->i0 + rows->count - 1) / bm->block_q;
@@ -191,7 +191,7 @@ fa_tile_visibility fa_cpu_tile_visibility(const fa_problem *p, const fa_cpu_rows
 void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0, int64_t cols,
                        fa_tile_visibility vis, int fold_scale, float *st, int64_t ld)
 {
-    const float scale = fold_scale ? 1.0f : p->scale;
+    const float scale = fold_scale ? 1.0f : p->shape.scale;
     /* Keys in [all_lo, all_hi) are visible to every row (without a block mask): their columns
      * are only scaled. A causal or window tile has just a band of Br keys where rows differ, so
      * this keeps the element-wise test off most of a wide partial tile. */
@@ -199,18 +199,18 @@ void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0,
     if (vis == FA_TILE_FULL) {
         all_lo = j0;
         all_hi = j0 + cols;
-    } else if (!p->block_mask) {
+    } else if (!fa_mask_has_block_mask(&p->mask)) {
         all_lo = INT64_MIN;
         all_hi = INT64_MAX;
         fa_cpu_rows_shared_keys(rows, &all_lo, &all_hi);
     }
-    if (p->block_mask && vis != FA_TILE_FULL) { /* every element tested */
+    if (fa_mask_has_block_mask(&p->mask) && vis != FA_TILE_FULL) { /* every element tested */
         for (int64_t c = 0; c < cols; ++c) {
             const int64_t j = j0 + c;
             float *keys = st + c * ld;
             for (int64_t r = 0; r < rows->count; ++r) {
                 const int visible = j >= rows->range[r].lo && j < rows->range[r].hi &&
-                                    block_visible(p->block_mask, rows->i0 + r, j);
+                                    block_visible(&p->mask.block_mask, rows->i0 + r, j);
                 keys[r] = visible ? keys[r] * scale : -INFINITY;
             }
         }
@@ -242,19 +242,19 @@ void fa_cpu_scale_mask(const fa_problem *p, const fa_cpu_rows *rows, int64_t j0,
 void fa_cpu_apply_dropout(const fa_problem *p, int64_t b, int64_t h, const fa_cpu_rows *rows, int64_t j0,
                           int64_t cols, float *st, int64_t ld)
 {
-    const float keep_scale = 1.0f / (1.0f - p->dropout_p);
+    const float keep_scale = 1.0f / (1.0f - p->dropout.p);
     for (int64_t r = 0; r < rows->count; ++r) {
         const uint64_t row_base =
-            fa_dropout_element((uint64_t)(p->dropout_batch0 + b), (uint64_t)p->heads_q, (uint64_t)h,
-                               (uint64_t)p->dropout_rows, (uint64_t)(p->dropout_row0 + rows->i0 + r),
-                               (uint64_t)p->dropout_cols, (uint64_t)p->dropout_col0);
+            fa_dropout_element((uint64_t)(p->dropout.batch0 + b), (uint64_t)p->shape.heads_q, (uint64_t)h,
+                               (uint64_t)p->dropout.rows, (uint64_t)(p->dropout.row0 + rows->i0 + r),
+                               (uint64_t)p->dropout.cols, (uint64_t)p->dropout.col0);
         int64_t c = 0;
         while (c < cols) {
             const uint64_t e = row_base + (uint64_t)(j0 + c);
-            const fa_philox4x32 w = fa_dropout_words(p->dropout_seed, p->dropout_offset, e >> 2);
+            const fa_philox4x32 w = fa_dropout_words(p->dropout.seed, p->dropout.offset, e >> 2);
             for (uint64_t word = e & 3u; word < 4 && c < cols; ++word, ++c) {
                 float *x = st + c * ld + r;
-                *x = fa_dropout_uniform(w.v[word]) < p->dropout_p ? 0.0f : *x * keep_scale;
+                *x = fa_dropout_uniform(w.v[word]) < p->dropout.p ? 0.0f : *x * keep_scale;
             }
         }
     }

@@ -22,7 +22,7 @@ static inline void *fa_row_ptr(const fa_tensor *t, int64_t b, int64_t s, int64_t
 /* Where row i of (b, h) sits in p->lse. */
 static inline int64_t fa_lse_index(const fa_problem *p, int64_t b, int64_t h, int64_t i)
 {
-    return b * p->lse_stride_batch + h * p->lse_stride_head + i;
+    return b * p->outputs.lse_stride_batch + h * p->outputs.lse_stride_head + i;
 }
 
 /* dst[r * ld + c] = tensor[b, s0 + r, h, c] for r < rows, c < head_dim, converted to f32. */

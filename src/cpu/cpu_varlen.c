@@ -28,9 +28,9 @@ static fa_problem sequence_problem(const fa_problem *p, int64_t b, int64_t q0, i
 {
     fa_problem s = *p;
     s.varlen = (fa_varlen){0};
-    s.seqlen_q = len_q;
-    s.seqlen_k = len_k;
-    s.diag_offset = len_k - len_q; /* bottom-right within the sequence */
+    s.shape.seqlen_q = len_q;
+    s.shape.seqlen_k = len_k;
+    s.mask.diag_offset = len_k - len_q; /* bottom-right within the sequence */
     s.q = rows_view(&p->q, q0, len_q);
     s.out = rows_view(&p->out, q0, len_q);
     s.k = rows_view(&p->k, k0, len_k);
@@ -41,13 +41,13 @@ static fa_problem sequence_problem(const fa_problem *p, int64_t b, int64_t q0, i
         s.dk = rows_view(&p->dk, k0, len_k);
         s.dv = rows_view(&p->dv, k0, len_k);
     }
-    if (p->lse) s.lse = p->lse + q0; /* lse_stride_head stays total_q */
-    s.dropout_batch0 = b;
+    if (p->outputs.lse) s.outputs.lse = p->outputs.lse + q0; /* lse_stride_head stays total_q */
+    s.dropout.batch0 = b;
     /* the modifiers of sequence b: its slopes, its bias block indexed from its first row and key */
-    if (p->alibi_slopes) s.alibi_slopes = p->alibi_slopes + b * p->alibi_stride_batch;
-    if (p->bias.data) s.bias.data = fa_cpu_bias_row(&p->bias, b, 0, 0);
-    if (p->dbias.data) s.dbias.data = fa_cpu_bias_row(&p->dbias, b, 0, 0);
-    s.dsinks = NULL; /* summed over the whole packed batch by the caller */
+    if (p->modifiers.alibi_slopes) s.modifiers.alibi_slopes = p->modifiers.alibi_slopes + b * p->modifiers.alibi_stride_batch;
+    if (p->modifiers.bias.data) s.modifiers.bias.data = fa_cpu_bias_row(&p->modifiers.bias, b, 0, 0);
+    if (p->outputs.dbias.data) s.outputs.dbias.data = fa_cpu_bias_row(&p->outputs.dbias, b, 0, 0);
+    s.outputs.dsinks = NULL; /* summed over the whole packed batch by the caller */
     return s;
 }
 
@@ -73,12 +73,12 @@ typedef struct shared_dbias {
 
 static fa_status shared_dbias_begin(const fa_problem *p, shared_dbias *sh)
 {
-    sh->heads = p->dbias.stride_head ? p->heads_q : 1;
-    sh->rows = p->dbias.stride_q ? p->varlen.max_seqlen_q : 1;
+    sh->heads = p->outputs.dbias.stride_head ? p->shape.heads_q : 1;
+    sh->rows = p->outputs.dbias.stride_q ? p->varlen.max_seqlen_q : 1;
     sh->keys = p->varlen.max_seqlen_k;
     const size_t count = (size_t)(sh->heads * sh->rows * sh->keys);
     sh->part = (fa_bias){fa_host_alloc((count ? count : 1) * sizeof(float)), FA_DTYPE_F32, 0,
-                         p->dbias.stride_head ? sh->rows * sh->keys : 0, p->dbias.stride_q ? sh->keys : 0};
+                         p->outputs.dbias.stride_head ? sh->rows * sh->keys : 0, p->outputs.dbias.stride_q ? sh->keys : 0};
     sh->total = fa_host_calloc(count ? count : 1, sizeof(float));
     if (sh->part.data && sh->total) return FA_SUCCESS;
     fa_host_free(sh->part.data);
@@ -97,7 +97,7 @@ static void shared_dbias_end(const fa_problem *p, shared_dbias *sh, fa_status st
 {
     for (int64_t h = 0; st == FA_SUCCESS && h < sh->heads; ++h)
         for (int64_t i = 0; i < sh->rows; ++i)
-            fa_cpu_store_bias_row(&p->dbias, 0, h, i, 0, sh->total + (h * sh->rows + i) * sh->keys, sh->keys);
+            fa_cpu_store_bias_row(&p->outputs.dbias, 0, h, i, 0, sh->total + (h * sh->rows + i) * sh->keys, sh->keys);
     fa_host_free(sh->part.data);
     fa_host_free(sh->total);
 }
@@ -108,21 +108,21 @@ fa_status fa_cpu_varlen_run(void *state, const fa_problem *p, int backward)
     const int32_t *cq = p->varlen.cu_seqlens_q, *ck = p->varlen.cu_seqlens_k;
     fa_status st = FA_SUCCESS;
     shared_dbias shared = {0};
-    const int dbias_shared = p->dbias.data && !p->dbias.stride_batch;
+    const int dbias_shared = p->outputs.dbias.data && !p->outputs.dbias.stride_batch;
     if (dbias_shared) {
         st = shared_dbias_begin(p, &shared);
         if (st) return st;
-    } else if (p->dbias.data) {
+    } else if (p->outputs.dbias.data) {
         /* the padding of each sequence's block (rows and keys past its lengths) stays zero */
-        fa_cpu_zero_bias(&p->dbias, p->varlen.batch, p->heads_q, p->varlen.max_seqlen_q, p->varlen.max_seqlen_k);
+        fa_cpu_zero_bias(&p->outputs.dbias, p->varlen.batch, p->shape.heads_q, p->varlen.max_seqlen_q, p->varlen.max_seqlen_k);
     }
     for (int64_t b = 0; b < p->varlen.batch && st == FA_SUCCESS; ++b) {
         const int64_t q0 = cq[b], len_q = cq[b + 1] - cq[b], k0 = ck[b], len_k = ck[b + 1] - ck[b];
         if (len_q > 0 && len_k > 0) {
             fa_problem s = sequence_problem(p, b, q0, len_q, k0, len_k);
             if (dbias_shared) {
-                s.dbias = shared.part;
-                fa_cpu_zero_bias(&s.dbias, 1, p->heads_q, shared.rows, shared.keys);
+                s.outputs.dbias = shared.part;
+                fa_cpu_zero_bias(&s.outputs.dbias, 1, p->shape.heads_q, shared.rows, shared.keys);
             }
             st = backward ? fa_cpu_backward(state, &s) : fa_cpu_forward(state, &s);
             if (dbias_shared && st == FA_SUCCESS) shared_dbias_add_part(&shared);
@@ -132,8 +132,8 @@ fa_status fa_cpu_varlen_run(void *state, const fa_problem *p, int backward)
             if (st == FA_SUCCESS) st = zero_rows(&p->dv, kern, k0, len_k);
         } else { /* rows with no visible key: zeros and lse = -inf (or the sink) */
             st = zero_rows(&p->out, kern, q0, len_q);
-            for (int64_t h = 0; p->lse && h < p->heads_q; ++h)
-                for (int64_t i = 0; i < len_q; ++i) p->lse[fa_lse_index(p, 0, h, q0 + i)] = fa_cpu_sink(p, h); /* -inf, or the sink alone */
+            for (int64_t h = 0; p->outputs.lse && h < p->shape.heads_q; ++h)
+                for (int64_t i = 0; i < len_q; ++i) p->outputs.lse[fa_lse_index(p, 0, h, q0 + i)] = fa_cpu_sink(p, h); /* -inf, or the sink alone */
         }
     }
     if (dbias_shared) shared_dbias_end(p, &shared, st);

@@ -7,8 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/backend.h"
+/* The runtime first: the shared host/device headers (hostdev.h) need its __host__ __device__. */
 #include "gpu_runtime.h"
+#include "../common/backend.h"
 #include "kernels/generic_dispatch.cuh"
 #include "kernels/merge.cuh"
 #include "kernels/tc_dispatch.cuh"
@@ -373,34 +374,28 @@ static fa_status workspace_reserve(fa_gpu_state *s, size_t bytes)
  * bytes the caller keeps for itself). */
 static fa_status build_params(fa_gpu_state *s, const fa_problem *p, size_t reserved, fa_gpu_params *k)
 {
-    if (p->head_dim > FA_GPU_MAX_HEAD_DIM)
-        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "head_dim: %lld exceeds the %s backend's maximum %d",
-                      (long long)p->head_dim, FA_GPU_VENDOR, FA_GPU_MAX_HEAD_DIM);
-    if (p->heads_q > 65535 || p->heads_kv > 65535 || p->batch > 65535 || p->varlen.batch > 65535)
-        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "batch/heads: the %s backend launches one grid row per head and batch (at most 65535 each)",
-                      FA_GPU_VENDOR);
     fa_gpu_params_of(p, k);
     k->status = s->status;
 
-    const size_t seqlens_bytes = p->seqlens_k ? align_up((size_t)p->batch * sizeof(int32_t)) : 0;
-    const size_t mask_bytes = p->block_mask ? align_up((size_t)(p->block_mask->rows * p->block_mask->cols)) : 0;
+    const size_t seqlens_bytes = p->mask.seqlens_k ? align_up((size_t)p->shape.batch * sizeof(int32_t)) : 0;
+    const fa_block_mask *bm = fa_mask_blocks(&p->mask);
+    const size_t mask_bytes = bm ? align_up((size_t)(bm->rows * bm->cols)) : 0;
     fa_status st = workspace_reserve(s, align_up(reserved) + seqlens_bytes + mask_bytes + 256);
     if (st != FA_SUCCESS) return st;
     char *cursor = (char *)s->workspace + align_up(reserved);
-    if (p->seqlens_k) {
-        FA_TRY(fa_gpu_memcpy_async(cursor, p->seqlens_k, (size_t)p->batch * sizeof(int32_t), fa_gpu_memcpy_h2d, s->stream),
+    if (p->mask.seqlens_k) {
+        FA_TRY(fa_gpu_memcpy_async(cursor, p->mask.seqlens_k, (size_t)p->shape.batch * sizeof(int32_t), fa_gpu_memcpy_h2d, s->stream),
                "upload seqlens_k");
-        k->seqlens_k = (const int32_t *)cursor;
+        k->mask.seqlens_k = (const int32_t *)cursor;
         cursor += seqlens_bytes;
     }
-    if (p->block_mask) {
-        const fa_block_mask *bm = p->block_mask;
+    if (bm) {
         FA_TRY(fa_gpu_memcpy_async(cursor, bm->mask, (size_t)(bm->rows * bm->cols), fa_gpu_memcpy_h2d, s->stream),
                "upload block mask");
-        k->block_mask = (const uint8_t *)cursor;
-        k->mask_block_q = bm->block_q;
-        k->mask_block_k = bm->block_k;
-        k->mask_cols = bm->cols;
+        k->mask.block_mask.mask = (const uint8_t *)cursor;
+        k->mask.block_mask.block_q = bm->block_q;
+        k->mask.block_mask.block_k = bm->block_k;
+        k->mask.block_mask.cols = bm->cols;
     }
     return FA_SUCCESS;
 }
@@ -461,9 +456,9 @@ static int problem_chunk_aligned(const fa_problem *p, int backward)
 
 /* Rows the query and key grids cover, and their z extent: a packed batch runs one z slice per
  * sequence over the longest one's tiles (blocks past a shorter sequence return at once). */
-static int64_t query_rows(const fa_problem *p) { return p->varlen.batch ? p->varlen.max_seqlen_q : p->seqlen_q; }
-static int64_t key_rows(const fa_problem *p) { return p->varlen.batch ? p->varlen.max_seqlen_k : p->seqlen_k; }
-static unsigned grid_batch(const fa_problem *p) { return (unsigned)(p->varlen.batch ? p->varlen.batch : p->batch); }
+static int64_t query_rows(const fa_problem *p) { return p->varlen.batch ? p->varlen.max_seqlen_q : p->shape.seqlen_q; }
+static int64_t key_rows(const fa_problem *p) { return p->varlen.batch ? p->varlen.max_seqlen_k : p->shape.seqlen_k; }
+static unsigned grid_batch(const fa_problem *p) { return (unsigned)(p->varlen.batch ? p->varlen.batch : p->shape.batch); }
 
 /* What lives in device memory (a packed batch's offsets, ALiBi slopes, sinks) is checked on the
  * device before the kernels, which then write nothing if it is wrong (the next synchronize says
@@ -472,7 +467,7 @@ static fa_status device_checks(fa_gpu_state *s, const fa_problem *p, const fa_gp
 {
     fa_status st = FA_SUCCESS;
     if (p->varlen.batch) st = launch(s, fa_decode::check_varlen, dim3(1), 0, k, "varlen offsets check launch");
-    if (st == FA_SUCCESS && (p->alibi_slopes || p->sinks))
+    if (st == FA_SUCCESS && (p->modifiers.alibi_slopes || p->modifiers.sinks))
         st = launch(s, fa_decode::check_modifier_values, dim3(1), 0, k, "ALiBi slopes and sinks check launch");
     return st;
 }
@@ -485,8 +480,21 @@ static fa_status tc_forward(fa_gpu_state *s, const fa_problem *p, fa_gpu_kernel 
     if (st == FA_SUCCESS) st = device_checks(s, p, &k);
     if (st != FA_SUCCESS) return st;
     k.chunked_loads = problem_chunk_aligned(p, 0);
-    const dim3 grid((unsigned)fa_gpu_tiles(query_rows(p), FA_TC_BLOCK_ROWS), (unsigned)p->heads_q, grid_batch(p));
+    const dim3 grid((unsigned)fa_gpu_tiles(query_rows(p), FA_TC_BLOCK_ROWS), (unsigned)p->shape.heads_q, grid_batch(p));
     return launch_warps(s, kernel, grid, FA_TC_WARPS, (size_t)fa_tc_smem_bytes(width), &k, "tile-MMA forward launch");
+}
+
+/* Every feature; head_dim up to FA_GPU_MAX_HEAD_DIM, and batch and heads that fit a grid row. */
+static fa_status gpu_supports(void *state, fa_op op, const fa_problem *p)
+{
+    (void)state;
+    if (p->shape.head_dim > FA_GPU_MAX_HEAD_DIM)
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "head_dim: %lld exceeds the %s backend's maximum %d",
+                      (long long)p->shape.head_dim, FA_GPU_VENDOR, FA_GPU_MAX_HEAD_DIM);
+    if (p->shape.heads_q > 65535 || p->shape.heads_kv > 65535 || p->shape.batch > 65535 || p->varlen.batch > 65535)
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "batch/heads: the %s backend launches one grid row per head and batch (at most 65535 each)",
+                      FA_GPU_VENDOR);
+    return fa_require_needs(g_host->set_error, FA_GPU_VENDOR, FA_NEED_ALL, op, p);
 }
 
 static fa_status gpu_forward(void *state, const fa_problem *p)
@@ -494,17 +502,17 @@ static fa_status gpu_forward(void *state, const fa_problem *p)
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
     int width;
-    const fa_gpu_kernel tc_kernel = tc_kernels(s, p->dtype, p->head_dim, &width).forward;
+    const fa_gpu_kernel tc_kernel = tc_kernels(s, p->shape.dtype, p->shape.head_dim, &width).forward;
     if (tc_kernel) return tc_forward(s, p, tc_kernel, width);
     int tile;
     fa_generic_set set;
-    fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->head_dim, &tile, &set);
+    fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->shape.head_dim, &tile, &set);
     fa_gpu_params k;
     if (st == FA_SUCCESS) st = build_params(s, p, 0, &k);
     if (st == FA_SUCCESS) st = device_checks(s, p, &k);
     if (st != FA_SUCCESS) return st;
-    const dim3 grid((unsigned)fa_gpu_tiles(query_rows(p), tile), (unsigned)p->heads_q, grid_batch(p));
-    return launch(s, set.forward, grid, (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, tile, p->head_dim), &k,
+    const dim3 grid((unsigned)fa_gpu_tiles(query_rows(p), tile), (unsigned)p->shape.heads_q, grid_batch(p));
+    return launch(s, set.forward, grid, (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, tile, p->shape.head_dim), &k,
                   "forward launch");
 }
 
@@ -513,19 +521,19 @@ static fa_status gpu_forward(void *state, const fa_problem *p)
 static fa_status modifier_gradients(fa_gpu_state *s, const fa_problem *p, const fa_gpu_params *k)
 {
     fa_status st = FA_SUCCESS;
-    if (p->dsinks)
-        st = launch(s, fa_generic::sink_gradients, dim3((unsigned)p->heads_q),
+    if (p->outputs.dsinks)
+        st = launch(s, fa_generic::sink_gradients, dim3((unsigned)p->shape.heads_q),
                     (size_t)FA_GENERIC_WARPS * (size_t)s->props.warpSize * sizeof(double), k, "dsinks launch");
-    if (st != FA_SUCCESS || !p->dbias.data) return st;
+    if (st != FA_SUCCESS || !p->outputs.dbias.data) return st;
     int tile;
     fa_generic_set set;
-    st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->head_dim, &tile, &set);
+    st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->shape.head_dim, &tile, &set);
     if (st != FA_SUCCESS) return st;
     /* one block per distinct row tile of dbias: a single one along each axis it broadcasts */
-    const fa_bias *db = &p->dbias;
+    const fa_bias *db = &p->outputs.dbias;
     const dim3 grid((unsigned)(db->stride_q ? fa_gpu_tiles(k->grid_rows, tile) : 1),
-                    (unsigned)(db->stride_head ? p->heads_q : 1), db->stride_batch ? grid_batch(p) : 1u);
-    return launch(s, set.backward_dbias, grid, (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim),
+                    (unsigned)(db->stride_head ? p->shape.heads_q : 1), db->stride_batch ? grid_batch(p) : 1u);
+    return launch(s, set.backward_dbias, grid, (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->shape.head_dim),
                   k, "dbias launch");
 }
 
@@ -534,33 +542,33 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
     int width, tile = 0;
-    const fa_tc_set tc = tc_kernels(s, p->dtype, p->head_dim, &width);
+    const fa_tc_set tc = tc_kernels(s, p->shape.dtype, p->shape.head_dim, &width);
     fa_generic_set set;
     fa_status st = FA_SUCCESS;
-    if (!tc.backward_dq) st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->head_dim, &tile, &set);
-    const size_t delta_bytes = (size_t)(p->batch * p->heads_q * p->seqlen_q) * sizeof(float);
+    if (!tc.backward_dq) st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->shape.head_dim, &tile, &set);
+    const size_t delta_bytes = (size_t)(p->shape.batch * p->shape.heads_q * p->shape.seqlen_q) * sizeof(float);
     fa_gpu_params k;
     if (st == FA_SUCCESS) st = build_params(s, p, delta_bytes, &k);
     if (st == FA_SUCCESS) st = device_checks(s, p, &k);
     if (st != FA_SUCCESS) return st;
     k.delta = (float *)s->workspace;
     k.chunked_loads = problem_chunk_aligned(p, 1);
-    const int64_t rows = p->batch * p->heads_q * p->seqlen_q;
+    const int64_t rows = p->shape.batch * p->shape.heads_q * p->shape.seqlen_q;
     const int64_t row_blocks = fa_gpu_tiles(rows, FA_GENERIC_WARPS);
     st = launch(s, fa_generic::row_delta, dim3((unsigned)(row_blocks < 65535 ? row_blocks : 65535)), 0, &k,
                 "backward pre-pass launch");
     if (st != FA_SUCCESS) return st;
-    const dim3 key_grid((unsigned)fa_gpu_tiles(key_rows(p), tc.backward_dq ? FA_TC_BLOCK_ROWS : tile), (unsigned)p->heads_kv,
+    const dim3 key_grid((unsigned)fa_gpu_tiles(key_rows(p), tc.backward_dq ? FA_TC_BLOCK_ROWS : tile), (unsigned)p->shape.heads_kv,
                         grid_batch(p));
     const dim3 query_grid((unsigned)fa_gpu_tiles(query_rows(p), tc.backward_dq ? FA_TC_BLOCK_ROWS : tile),
-                          (unsigned)p->heads_q, grid_batch(p));
+                          (unsigned)p->shape.heads_q, grid_batch(p));
     if (tc.backward_dq) {
         const size_t smem = (size_t)fa_tc_backward_smem_bytes(width);
         st = launch_warps(s, tc.backward_dkdv, key_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dK/dV launch");
         if (st == FA_SUCCESS)
             st = launch_warps(s, tc.backward_dq, query_grid, FA_TC_WARPS, smem, &k, "tile-MMA backward dQ launch");
     } else {
-        const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->head_dim);
+        const size_t smem = (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_BACKWARD, tile, p->shape.head_dim);
         st = launch(s, set.backward_dkdv, key_grid, smem, &k, "backward dK/dV launch");
         if (st == FA_SUCCESS) st = launch(s, set.backward_dq, query_grid, smem, &k, "backward dQ launch");
     }
@@ -574,9 +582,9 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
 static int64_t kv_chunk_count(const fa_kv_problem *kp, int64_t row_tiles)
 {
     const int64_t target_blocks = 512, min_chunk = 256;
-    const int64_t units = kp->attn.batch * kp->attn.heads_kv * row_tiles;
+    const int64_t units = kp->attn.shape.batch * kp->attn.shape.heads_kv * row_tiles;
     int64_t chunks = units >= target_blocks ? 1 : (target_blocks + units - 1) / units;
-    const int64_t by_length = (kp->attn.seqlen_k + min_chunk - 1) / min_chunk;
+    const int64_t by_length = (kp->attn.shape.seqlen_k + min_chunk - 1) / min_chunk;
     if (chunks > by_length) chunks = by_length;
     return chunks < 1 ? 1 : chunks;
 }
@@ -588,14 +596,14 @@ static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
     int tile;
     fa_generic_set set;
-    fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->head_dim, &tile, &set);
+    fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->shape.head_dim, &tile, &set);
     if (st != FA_SUCCESS) return st;
-    const int64_t rows = p->heads_q / p->heads_kv * p->seqlen_q, row_tiles = fa_gpu_tiles(rows, tile);
+    const int64_t rows = p->shape.heads_q / p->shape.heads_kv * p->shape.seqlen_q, row_tiles = fa_gpu_tiles(rows, tile);
     const int64_t chunks = kv_chunk_count(kp, row_tiles);
-    if (row_tiles * chunks > 2147483647 || kp->seqlen_new > 2147483647)
+    if (row_tiles * chunks > 2147483647 || kp->cache.seqlen_new > 2147483647)
         return FA_ERR(FA_ERROR_NOT_SUPPORTED, "q: %lld query rows per kv head exceed the %s backend's grid", (long long)rows,
                       FA_GPU_VENDOR);
-    const size_t partial_bytes = (size_t)(p->batch * p->heads_kv * chunks * rows) * (size_t)(p->head_dim + 2) * sizeof(float);
+    const size_t partial_bytes = (size_t)(p->shape.batch * p->shape.heads_kv * chunks * rows) * (size_t)(p->shape.head_dim + 2) * sizeof(float);
     fa_gpu_params k;
     st = build_params(s, p, partial_bytes, &k);
     if (st != FA_SUCCESS) return st;
@@ -604,13 +612,13 @@ static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     k.kv_chunks = chunks;
     st = launch(s, fa_decode::check_kvcache, dim3(1), 0, &k, "KV-cache table check launch");
     if (st == FA_SUCCESS) st = device_checks(s, p, &k);
-    if (st == FA_SUCCESS && kp->seqlen_new)
-        st = launch(s, fa_decode::append, dim3((unsigned)kp->seqlen_new, (unsigned)p->heads_kv, (unsigned)p->batch), 0, &k,
+    if (st == FA_SUCCESS && kp->cache.seqlen_new)
+        st = launch(s, fa_decode::append, dim3((unsigned)kp->cache.seqlen_new, (unsigned)p->shape.heads_kv, (unsigned)p->shape.batch), 0, &k,
                     "KV-cache append launch");
     if (st == FA_SUCCESS)
-        st = launch(s, set.decode, dim3((unsigned)(row_tiles * chunks), (unsigned)p->heads_kv, (unsigned)p->batch),
-                    (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, tile, p->head_dim), &k, "KV-cache attention launch");
-    const int64_t merge_blocks = fa_gpu_tiles(p->batch * p->heads_kv * rows, FA_GENERIC_WARPS);
+        st = launch(s, set.decode, dim3((unsigned)(row_tiles * chunks), (unsigned)p->shape.heads_kv, (unsigned)p->shape.batch),
+                    (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, tile, p->shape.head_dim), &k, "KV-cache attention launch");
+    const int64_t merge_blocks = fa_gpu_tiles(p->shape.batch * p->shape.heads_kv * rows, FA_GENERIC_WARPS);
     if (st == FA_SUCCESS)
         st = launch(s, fa_decode::merge, dim3((unsigned)(merge_blocks < 65535 ? merge_blocks : 65535)), 0, &k,
                     "KV-cache merge launch");
@@ -676,9 +684,10 @@ static fa_backend_iface plugin_iface()
     t.forward = gpu_forward;
     t.backward = gpu_backward;
     /* tensors and tables are device memory: their checks run on the device */
-    t.features = FA_BACKEND_VARLEN | FA_BACKEND_SCORE_MODIFIERS | FA_BACKEND_POSITION_OFFSETS | FA_BACKEND_KVCACHE_MODIFIERS;
+    t.features = 0;
     t.forward_kvcache = gpu_forward_kvcache;
     t.merge_partials = gpu_merge_partials;
+    t.supports = gpu_supports;
     return t;
 }
 

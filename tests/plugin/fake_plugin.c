@@ -7,9 +7,11 @@
  *   abi_older   returns a table of plugin ABI version FA_BACKEND_ABI_OLDEST - 1 (too old to load)
  *   abi_newer   returns a table of plugin ABI version FA_BACKEND_ABI_VERSION + 1
  *   abi_previous  a working plugin built for ABI FA_BACKEND_ABI_OLDEST: refuses newer host tables,
- *               and its table's members appended since then must never be called
+ *               reads the flat problem of that ABI (the registry converts each one), and its
+ *               table's members appended since then must never be called
  *   refuse      returns NULL, as a plugin built for another host ABI does
  *   wrong_kind  returns a table that claims the HIP backend
+ *   no_supports the working table of the current ABI without its supports() member
  *   working     one device with host memory; forward and backward fail on each context's first
  *               call (FA_ERROR_BACKEND_FAILURE through the host's set_error) and afterwards write
  *               out = q, lse[i] = i, dq = dout, dk = k, dv = v
@@ -21,6 +23,7 @@
 #include <string.h>
 
 #include "common/backend.h"
+#include "common/backend_legacy.h"
 
 static const fa_host_api *host;
 
@@ -115,26 +118,55 @@ static void copy_tensor(const fa_tensor *dst, const fa_tensor *src)
                        (size_t)src->head_dim * size);
 }
 
-static fa_status fake_forward(void *state, const fa_problem *p)
+/* forward: out = q, lse[i] = i (rows of them), failing on the context's first call. */
+static fa_status fake_forward_of(fake_state *s, const fa_tensor *out, const fa_tensor *q, float *lse, int64_t rows)
 {
-    fake_state *s = state;
     if (s->forward_calls++ == 0)
         return host->set_error(FA_ERROR_BACKEND_FAILURE, "fake test plugin: forward fails on its first call (by design)");
-    copy_tensor(&p->out, &p->q);
-    if (p->lse)
-        for (int64_t i = 0; i < p->batch * p->heads_q * p->seqlen_q; ++i) p->lse[i] = (float)i;
+    copy_tensor(out, q);
+    if (lse)
+        for (int64_t i = 0; i < rows; ++i) lse[i] = (float)i;
     return FA_SUCCESS;
+}
+
+/* backward: dq = dout, dk = k, dv = v, failing on the context's first call. */
+static fa_status fake_backward_of(fake_state *s, const fa_tensor *dq, const fa_tensor *dout, const fa_tensor *dk,
+                                  const fa_tensor *k, const fa_tensor *dv, const fa_tensor *v)
+{
+    if (s->backward_calls++ == 0)
+        return host->set_error(FA_ERROR_BACKEND_FAILURE, "fake test plugin: backward fails on its first call (by design)");
+    copy_tensor(dq, dout);
+    copy_tensor(dk, k);
+    copy_tensor(dv, v);
+    return FA_SUCCESS;
+}
+
+static fa_status fake_forward(void *state, const fa_problem *p)
+{
+    return fake_forward_of(state, &p->out, &p->q, p->outputs.lse, p->shape.batch * p->shape.heads_q * p->shape.seqlen_q);
 }
 
 static fa_status fake_backward(void *state, const fa_problem *p)
 {
-    fake_state *s = state;
-    if (s->backward_calls++ == 0)
-        return host->set_error(FA_ERROR_BACKEND_FAILURE, "fake test plugin: backward fails on its first call (by design)");
-    copy_tensor(&p->dq, &p->dout);
-    copy_tensor(&p->dk, &p->k);
-    copy_tensor(&p->dv, &p->v);
-    return FA_SUCCESS;
+    return fake_backward_of(state, &p->dq, &p->dout, &p->dk, &p->k, &p->dv, &p->v);
+}
+
+/* No feature beyond plain dense attention. */
+static fa_status fake_supports(void *state, fa_op op, const fa_problem *p)
+{
+    (void)state;
+    return fa_require_needs(host->set_error, "fake", 0u, op, p);
+}
+
+/* The same, as a plugin of ABI 4 reads its flat problem (backend_legacy.h): the registry converts. */
+static fa_status fake_forward_v5(void *state, const fa_problem_v5 *p)
+{
+    return fake_forward_of(state, &p->out, &p->q, p->lse, p->batch * p->heads_q * p->seqlen_q);
+}
+
+static fa_status fake_backward_v5(void *state, const fa_problem_v5 *p)
+{
+    return fake_backward_of(state, &p->dq, &p->dout, &p->dk, &p->k, &p->dv, &p->v);
 }
 
 /* Stands in for memory past the end of an older plugin's table: the registry must not read it. */
@@ -162,6 +194,30 @@ static const fa_backend_iface working_iface = {
     .info = fake_info,
     .forward = fake_forward,
     .backward = fake_backward,
+    .supports = fake_supports,
+};
+
+/* working_iface as a plugin of ABI FA_BACKEND_ABI_OLDEST builds it: no feature bits, no
+ * forward_kvcache; its merge_partials member lies past the end of such a table. */
+static const fa_backend_iface_v5 previous_iface = {
+    .abi_version = FA_BACKEND_ABI_OLDEST,
+    .kind = FA_BACKEND_CUDA,
+    .name = "fake",
+    .device_count = one_device,
+    .open = fake_open,
+    .close = fake_close,
+    .set_num_threads = fake_accept_int,
+    .set_stream = fake_accept_stream,
+    .synchronize = fake_synchronize,
+    .mem_alloc = fake_mem_alloc,
+    .mem_free = fake_mem_free,
+    .copy_h2d = fake_copy,
+    .copy_d2h = fake_copy,
+    .tiling = fake_tiling,
+    .info = fake_info,
+    .forward = fake_forward_v5,
+    .backward = fake_backward_v5,
+    .merge_partials = not_in_an_older_table,
 };
 
 /* ---- entry point ----------------------------------------------------------------------------- */
@@ -181,14 +237,14 @@ __attribute__((visibility("default"))) const fa_backend_iface *FAKE_ENTRY(const 
     const unsigned built_for = previous ? FA_BACKEND_ABI_OLDEST : FA_BACKEND_ABI_VERSION;
     if (!h || h->abi_version != built_for || !h->set_error) return NULL;
     host = h;
-    returned = strcmp(mode, "working") == 0 || previous ? working_iface : no_devices_iface;
+    if (previous) return (const fa_backend_iface *)(const void *)&previous_iface;
+    const int no_supports = strcmp(mode, "no_supports") == 0;
+    returned = strcmp(mode, "working") == 0 || no_supports ? working_iface : no_devices_iface;
     if (strcmp(mode, "refuse") == 0) return NULL;
-    if (previous) {
-        returned.abi_version = FA_BACKEND_ABI_OLDEST;
-        returned.merge_partials = not_in_an_older_table;
-    } else if (strcmp(mode, "abi_older") == 0) returned.abi_version = FA_BACKEND_ABI_OLDEST - 1;
+    if (strcmp(mode, "abi_older") == 0) returned.abi_version = FA_BACKEND_ABI_OLDEST - 1;
     else if (strcmp(mode, "abi_newer") == 0) returned.abi_version = FA_BACKEND_ABI_VERSION + 1;
     else if (strcmp(mode, "wrong_kind") == 0) returned.kind = FA_BACKEND_HIP;
-    else if (mode[0] && strcmp(mode, "working") != 0) unknown_mode = mode;
+    else if (no_supports) returned.supports = NULL;
+    else if (mode[0] && strcmp(mode, "working") != 0 && !no_supports) unknown_mode = mode;
     return &returned;
 }

@@ -51,6 +51,8 @@ static const char *expected_reason(char *buf, size_t size, char *prefix, size_t 
     else if (strcmp(branch, "wrong_kind") == 0)
         snprintf(buf, size, "cuda backend unavailable: %s is a hip plugin (backend kind %d), not a cuda one", plugin_path,
                  (int)FA_BACKEND_HIP);
+    else if (strcmp(branch, "no_supports") == 0)
+        snprintf(buf, size, "cuda backend unavailable: %s has plugin ABI version %u but no supports()", plugin_path, abi);
     else if (strcmp(branch, "no_devices") == 0)
         snprintf(buf, size, "cuda backend unavailable: fake test plugin at %s, no devices", plugin_path);
     else
@@ -237,7 +239,7 @@ static int make_plugin_dir(int with_garbage)
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: %s not_found|dlopen_fails|no_entry|refuse|abi_older|abi_newer|abi_previous|wrong_kind|no_devices|working\n",
+        fprintf(stderr, "usage: %s not_found|dlopen_fails|no_entry|refuse|abi_older|abi_newer|abi_previous|wrong_kind|no_supports|no_devices|working\n",
                 argv[0]);
         return 2;
     }

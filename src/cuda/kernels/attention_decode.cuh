@@ -37,13 +37,13 @@ __device__ __forceinline__ bool offsets_valid(const fa_gpu_params &p, int array,
                                               int64_t total)
 {
     if (cu[0] != 0) return record(p, FA_GPU_STATUS_VARLEN_FIRST, array, 0, 0, cu[0], 0), false;
-    for (int64_t b = 0; b < p.varlen_batch; ++b) {
+    for (int64_t b = 0; b < p.varlen.batch; ++b) {
         const int64_t len = static_cast<int64_t>(cu[b + 1]) - cu[b];
         if (len < 0) return record(p, FA_GPU_STATUS_VARLEN_DECREASING, array, b, b + 1, cu[b + 1], cu[b]), false;
         if (len > max_len) return record(p, FA_GPU_STATUS_VARLEN_TOO_LONG, array, b, b, len, max_len), false;
     }
-    if (cu[p.varlen_batch] != total)
-        return record(p, FA_GPU_STATUS_VARLEN_TOTAL, array, p.varlen_batch, p.varlen_batch, cu[p.varlen_batch], total),
+    if (cu[p.varlen.batch] != total)
+        return record(p, FA_GPU_STATUS_VARLEN_TOTAL, array, p.varlen.batch, p.varlen.batch, cu[p.varlen.batch], total),
                false;
     return true;
 }
@@ -53,8 +53,8 @@ __global__ void __launch_bounds__(kThreads) check_varlen(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
     if (threadIdx.x != 0 || fa_gpu_failed(p)) return;
-    if (offsets_valid(p, 0, p.cu_seqlens_q, p.dropout_rows, p.seqlen_q))
-        (void)offsets_valid(p, 1, p.cu_seqlens_k, p.dropout_cols, p.seqlen_k);
+    if (offsets_valid(p, 0, p.varlen.cu_seqlens_q, p.dropout.rows, p.shape.seqlen_q))
+        (void)offsets_valid(p, 1, p.varlen.cu_seqlens_k, p.dropout.cols, p.shape.seqlen_k);
 }
 
 /* One thread: lengths not negative, cached + new within the capacity or the pages, every page used
@@ -63,15 +63,15 @@ __global__ void __launch_bounds__(kThreads) check_kvcache(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
     if (threadIdx.x != 0 || fa_gpu_failed(p)) return;
-    for (int64_t b = 0; b < p.batch; ++b) {
-        const int64_t cached = p.cache_seqlens[b], total = cached + p.seqlen_new;
+    for (int64_t b = 0; b < p.shape.batch; ++b) {
+        const int64_t cached = p.cache.cache_seqlens[b], total = cached + p.cache.seqlen_new;
         if (cached < 0) return record(p, FA_GPU_STATUS_KV_NEGATIVE, 0, b, b, cached, 0);
-        if (total > p.seqlen_k) return record(p, FA_GPU_STATUS_KV_CAPACITY, 0, b, b, total, p.seqlen_k);
-        if (!p.block_table) continue;
-        const int64_t pages = (total + p.page_size - 1) / p.page_size;
+        if (total > p.shape.seqlen_k) return record(p, FA_GPU_STATUS_KV_CAPACITY, 0, b, b, total, p.shape.seqlen_k);
+        if (!p.cache.block_table) continue;
+        const int64_t pages = (total + p.cache.page_size - 1) / p.cache.page_size;
         for (int64_t x = 0; x < pages; ++x) {
-            const int32_t page = p.block_table[b * p.max_pages + x];
-            if (page < 0 || page >= p.num_pages) return record(p, FA_GPU_STATUS_KV_PAGE, 0, b, x, page, p.num_pages);
+            const int32_t page = p.cache.block_table[b * p.cache.max_pages_per_seq + x];
+            if (page < 0 || page >= p.cache.num_pages) return record(p, FA_GPU_STATUS_KV_PAGE, 0, b, x, page, p.cache.num_pages);
         }
     }
 }
@@ -90,20 +90,20 @@ __global__ void __launch_bounds__(kThreads) check_modifier_values(const fa_gpu_p
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
     if (threadIdx.x != 0 || fa_gpu_failed(p)) return;
-    const int64_t batches = p.varlen_batch ? p.varlen_batch : p.batch;
-    const int64_t slopes = p.alibi_slopes ? (p.alibi_stride_batch ? batches : 1) * p.heads_q : 0;
+    const int64_t batches = p.varlen.batch ? p.varlen.batch : p.shape.batch;
+    const int64_t slopes = p.modifiers.alibi_slopes ? (p.modifiers.alibi_stride_batch ? batches : 1) * p.shape.heads_q : 0;
     for (int64_t x = 0; x < slopes; ++x)
-        if (!isfinite(p.alibi_slopes[x])) return record(p, FA_GPU_STATUS_ALIBI_SLOPE, 0, 0, x, float_bits(p.alibi_slopes[x]), 0);
-    for (int64_t h = 0; p.sinks && h < p.heads_q; ++h)
-        if (isnan(p.sinks[h]) || p.sinks[h] == INFINITY) return record(p, FA_GPU_STATUS_SINK, 0, 0, h, float_bits(p.sinks[h]), 0);
+        if (!isfinite(p.modifiers.alibi_slopes[x])) return record(p, FA_GPU_STATUS_ALIBI_SLOPE, 0, 0, x, float_bits(p.modifiers.alibi_slopes[x]), 0);
+    for (int64_t h = 0; p.modifiers.sinks && h < p.shape.heads_q; ++h)
+        if (isnan(p.modifiers.sinks[h]) || p.modifiers.sinks[h] == INFINITY) return record(p, FA_GPU_STATUS_SINK, 0, 0, h, float_bits(p.modifiers.sinks[h]), 0);
 }
 
 /* Element offset of key j of sequence b, head h, in a cache tensor: through the block table when
  * paged ([num_pages, page_size, heads, d]), else [batch, capacity, heads, d]. */
 __device__ __forceinline__ int64_t key_offset(const fa_gpu_params &p, const fa_gpu_tensor &t, int64_t b, int64_t j, int64_t h)
 {
-    if (!p.block_table) return fa_row_offset(t, b, j, h);
-    return fa_row_offset(t, p.block_table[b * p.max_pages + j / p.page_size], j % p.page_size, h);
+    if (!p.cache.block_table) return fa_row_offset(t, b, j, h);
+    return fa_row_offset(t, p.cache.block_table[b * p.cache.max_pages_per_seq + j / p.cache.page_size], j % p.cache.page_size, h);
 }
 
 /* One block per (new token, kv head, sequence): the token's K and V rows into the cache. */
@@ -112,26 +112,26 @@ __global__ void __launch_bounds__(kThreads) append(const fa_gpu_params p)
     FA_GPU_REQUIRE_BLOCK(kThreads);
     if (fa_gpu_failed(p)) return;
     const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int64_t j = p.cache_seqlens[b] + t;
+    const int64_t j = p.cache.cache_seqlens[b] + t;
     const int64_t k_dst = key_offset(p, p.k, b, j, h), v_dst = key_offset(p, p.v, b, j, h);
     const int64_t k_src = fa_row_offset(p.k_new, b, t, h), v_src = fa_row_offset(p.v_new, b, t, h);
-    for (int64_t x = threadIdx.x; x < p.head_dim; x += blockDim.x) {
-        fa_store_elem(p.k.data, k_dst + x, p.dtype, fa_load_elem(p.k_new.data, k_src + x, p.dtype));
-        fa_store_elem(p.v.data, v_dst + x, p.dtype, fa_load_elem(p.v_new.data, v_src + x, p.dtype));
+    for (int64_t x = threadIdx.x; x < p.shape.head_dim; x += blockDim.x) {
+        fa_store_elem(p.k.data, k_dst + x, p.shape.dtype, fa_load_elem(p.k_new.data, k_src + x, p.shape.dtype));
+        fa_store_elem(p.v.data, v_dst + x, p.shape.dtype, fa_load_elem(p.v_new.data, v_src + x, p.shape.dtype));
     }
 }
 
 /* The packed rows of one kv head: group query heads x seqlen_q positions. */
-__device__ __forceinline__ int64_t packed_rows(const fa_gpu_params &p) { return p.heads_q / p.heads_kv * p.seqlen_q; }
+__device__ __forceinline__ int64_t packed_rows(const fa_gpu_params &p) { return p.shape.heads_q / p.shape.heads_kv * p.shape.seqlen_q; }
 
 /* Partial (O, m, l) of row r of (sequence b, kv head hk, chunk c): O rows first, then m, then l. */
 __device__ __forceinline__ int64_t partial_row(const fa_gpu_params &p, int64_t b, int64_t hk, int64_t c, int64_t r)
 {
-    return ((b * p.heads_kv + hk) * p.kv_chunks + c) * packed_rows(p) + r;
+    return ((b * p.shape.heads_kv + hk) * p.kv_chunks + c) * packed_rows(p) + r;
 }
 __device__ __forceinline__ int64_t partial_rows(const fa_gpu_params &p)
 {
-    return p.batch * p.heads_kv * p.kv_chunks * packed_rows(p);
+    return p.shape.batch * p.shape.heads_kv * p.kv_chunks * packed_rows(p);
 }
 
 /* Keys [lo, hi) of chunk c of a sequence with `keys` keys (empty past the last key). */
@@ -148,10 +148,10 @@ __device__ __forceinline__ fa_key_range chunk_keys(const fa_gpu_params &p, int64
 __device__ __forceinline__ void load_key_tile(const fa_gpu_params &p, const fa_gpu_tensor &t, int64_t b, int64_t j0,
                                               int64_t h, int64_t valid, int tile_rows, float *tile, int64_t ld)
 {
-    const int64_t d = p.head_dim, total = static_cast<int64_t>(tile_rows) * d;
+    const int64_t d = p.shape.head_dim, total = static_cast<int64_t>(tile_rows) * d;
     for (int64_t e = threadIdx.x; e < total; e += blockDim.x) {
         const int64_t x = e / d, c = e - x * d;
-        tile[x * ld + c] = x < valid ? fa_load_elem(t.data, key_offset(p, t, b, j0 + x, h) + c, p.dtype) : 0.0f;
+        tile[x * ld + c] = x < valid ? fa_load_elem(t.data, key_offset(p, t, b, j0 + x, h) + c, p.shape.dtype) : 0.0f;
     }
 }
 
@@ -164,18 +164,18 @@ __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
     FA_DYNAMIC_SMEM(float, smem);
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
-    const fa_generic::forward_smem sm = fa_generic::forward_layout<TILE>(smem, p.head_dim, warp);
-    const int64_t d = p.head_dim, ld = sm.ld;
+    const fa_generic::forward_smem sm = fa_generic::forward_layout<TILE>(smem, p.shape.head_dim, warp);
+    const int64_t d = p.shape.head_dim, ld = sm.ld;
     float *const sq = sm.sq, *const sk = sm.sk, *const sv = sm.sv, *const sp = sm.sp;
-    const int64_t b = blockIdx.z, hk = blockIdx.y, group = p.heads_q / p.heads_kv;
+    const int64_t b = blockIdx.z, hk = blockIdx.y, group = p.shape.heads_q / p.shape.heads_kv;
     const int64_t c = blockIdx.x % p.kv_chunks, r0 = blockIdx.x / p.kv_chunks * TILE;
     const int64_t rows = packed_rows(p) - r0 < TILE ? packed_rows(p) - r0 : TILE;
-    const int64_t keys = p.cache_seqlens[b] + p.seqlen_new;
+    const int64_t keys = p.cache.cache_seqlens[b] + p.cache.seqlen_new;
     /* Keys of the chunk any row may see: ranges never shrink from one query position to the next. */
     const fa_key_range chunk = chunk_keys(p, keys, c);
-    const fa_key_range first = fa_visible_keys(r0 / group, p.seqlen_q, keys, keys, p.causal, p.window_left, p.window_right);
+    const fa_key_range first = fa_visible_keys(r0 / group, p.shape.seqlen_q, keys, keys, p.mask.causal, p.mask.window_left, p.mask.window_right);
     const fa_key_range last =
-        fa_visible_keys((r0 + rows - 1) / group, p.seqlen_q, keys, keys, p.causal, p.window_left, p.window_right);
+        fa_visible_keys((r0 + rows - 1) / group, p.shape.seqlen_q, keys, keys, p.mask.causal, p.mask.window_left, p.mask.window_right);
     const int64_t lo = first.lo > chunk.lo ? first.lo : chunk.lo, hi = last.hi < chunk.hi ? last.hi : chunk.hi;
 
     float o[RPW][DPL], m[RPW], l[RPW];
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
     }
     for (int64_t e = threadIdx.x; e < TILE * d; e += blockDim.x) {
         const int64_t r = e / d, x = e - r * d, i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
-        sq[r * ld + x] = r < rows ? fa_load_elem(p.q.data, fa_row_offset(p.q, b, i, h) + x, p.dtype) : 0.0f;
+        sq[r * ld + x] = r < rows ? fa_load_elem(p.q.data, fa_row_offset(p.q, b, i, h) + x, p.shape.dtype) : 0.0f;
     }
 
     for (int64_t j0 = lo; j0 < hi; j0 += TILE) {
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
             const int r = warp * RPW + rr;
             if (r >= rows) break;
             fa_key_range range =
-                fa_visible_keys((r0 + r) / group, p.seqlen_q, keys, keys, p.causal, p.window_left, p.window_right);
+                fa_visible_keys((r0 + r) / group, p.shape.seqlen_q, keys, keys, p.mask.causal, p.mask.window_left, p.mask.window_right);
             if (range.lo < chunk.lo) range.lo = chunk.lo;
             if (range.hi > chunk.hi) range.hi = chunk.hi;
             if (range.hi <= j0 || range.lo >= j0 + cols) continue;
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
                 s[cc] = -INFINITY;
                 if (col < cols && j0 + col >= range.lo && j0 + col < range.hi)
                     s[cc] = fa_score_log2_on(p, b, hk * group + (r0 + r) % group, (r0 + r) / group, j0 + col,
-                                             keys - p.seqlen_q, fa_generic::dot_row(sq + r * ld, sk + col * ld, d), NULL);
+                                             keys - p.shape.seqlen_q, fa_generic::dot_row(sq + r * ld, sk + col * ld, d), NULL);
                 tile_max = fmaxf(tile_max, s[cc]);
             }
             tile_max = fa_warp_max(tile_max);
@@ -252,11 +252,11 @@ __global__ void __launch_bounds__(kThreads) merge(const fa_gpu_params p)
     FA_GPU_REQUIRE_BLOCK(kThreads);
     if (fa_gpu_failed(p)) return;
     const int W = FA_WARP_SIZE, lane = threadIdx.x % W;
-    const int64_t rows = packed_rows(p), group = p.heads_q / p.heads_kv, d = p.head_dim;
-    const int64_t total = p.batch * p.heads_kv * rows, warps = static_cast<int64_t>(gridDim.x) * FA_GENERIC_WARPS;
+    const int64_t rows = packed_rows(p), group = p.shape.heads_q / p.shape.heads_kv, d = p.shape.head_dim;
+    const int64_t total = p.shape.batch * p.shape.heads_kv * rows, warps = static_cast<int64_t>(gridDim.x) * FA_GENERIC_WARPS;
     const float *part_o = p.partial, *part_m = part_o + partial_rows(p) * d, *part_l = part_m + partial_rows(p);
     for (int64_t n = blockIdx.x * FA_GENERIC_WARPS + threadIdx.x / W; n < total; n += warps) {
-        const int64_t r = n % rows, hk = n / rows % p.heads_kv, b = n / (rows * p.heads_kv);
+        const int64_t r = n % rows, hk = n / rows % p.shape.heads_kv, b = n / (rows * p.shape.heads_kv);
         /* The sink (-inf without) takes part in the max and the sum like one more chunk without values. */
         const int64_t i = r / group, h = hk * group + r % group;
         const float sink = fa_sink_log2(p, h);
@@ -275,10 +275,10 @@ __global__ void __launch_bounds__(kThreads) merge(const fa_gpu_params p)
                 const int64_t row = partial_row(p, b, hk, c, r);
                 if (part_m[row] != -INFINITY) acc = fmaf(fa_exp2(part_m[row] - top), part_o[row * d + x], acc);
             }
-            fa_store_elem(p.out.data, out_base + x, p.dtype, acc * inv);
+            fa_store_elem(p.out.data, out_base + x, p.shape.dtype, acc * inv);
         }
-        if (p.lse && lane == 0)
-            p.lse[fa_stat_index(p, b, h, i)] = sum > 0.0f ? (top + log2f(sum)) * FA_LN2 : -INFINITY;
+        if (p.outputs.lse && lane == 0)
+            p.outputs.lse[fa_stat_index(p, b, h, i)] = sum > 0.0f ? (top + log2f(sum)) * FA_LN2 : -INFINITY;
     }
 }
 

@@ -62,9 +62,9 @@ __device__ __forceinline__ query_block this_query_block(const fa_gpu_params &p)
     query_block q;
     q.b = blockIdx.z;
     q.h = blockIdx.y;
-    q.hk = q.h / (p.heads_q / p.heads_kv);
+    q.hk = q.h / (p.shape.heads_q / p.shape.heads_kv);
     q.i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * TILE;
-    q.rows = p.seqlen_q - q.i0 < TILE ? p.seqlen_q - q.i0 : TILE;
+    q.rows = p.shape.seqlen_q - q.i0 < TILE ? p.shape.seqlen_q - q.i0 : TILE;
     q.keys = fa_tile_keys(p, q.b, q.i0, q.rows);
     return q;
 }
@@ -78,8 +78,8 @@ __device__ __forceinline__ bool stage_key_tile(const fa_gpu_params &p, const que
     if (!fa_block_mask_any(p, qb.i0, qb.rows, j0, cols)) return false; /* K_j, V_j never loaded */
     __syncthreads(); /* the previous tile is no longer read */
     const int64_t loaded = fa_loaded_keys(p, qb.b, j0, cols);
-    fa_load_tile(p.k, p.dtype, qb.b, j0, qb.hk, loaded, TILE, p.head_dim, sk, ld);
-    fa_load_tile(p.v, p.dtype, qb.b, j0, qb.hk, loaded, TILE, p.head_dim, sv, ld);
+    fa_load_tile(p.k, p.shape.dtype, qb.b, j0, qb.hk, loaded, TILE, p.shape.head_dim, sk, ld);
+    fa_load_tile(p.v, p.shape.dtype, qb.b, j0, qb.hk, loaded, TILE, p.shape.head_dim, sv, ld);
     __syncthreads();
     return true;
 }
@@ -114,8 +114,8 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
     FA_DYNAMIC_SMEM(float, smem);
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
-    const forward_smem sm = forward_layout<TILE>(smem, p.head_dim, warp);
-    const int64_t d = p.head_dim, ld = sm.ld;
+    const forward_smem sm = forward_layout<TILE>(smem, p.shape.head_dim, warp);
+    const int64_t d = p.shape.head_dim, ld = sm.ld;
     float *const sq = sm.sq, *const sk = sm.sk, *const sv = sm.sv, *const sp = sm.sp;
     const query_block qb = this_query_block<TILE>(p);
     if (qb.rows <= 0) return; /* past its sequence (packed batch) */
@@ -128,10 +128,10 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
         l[rr] = sink == -INFINITY ? 0.0f : 1.0f;
         for (int t = 0; t < DPL; ++t) o[rr][t] = 0.0f;
     }
-    fa_load_tile(p.q, p.dtype, b, i0, h, rows, TILE, d, sq, ld);
+    fa_load_tile(p.q, p.shape.dtype, b, i0, h, rows, TILE, d, sq, ld);
 
     for (int64_t j0 = qb.keys.lo / TILE * TILE; j0 < qb.keys.hi; j0 += TILE) {
-        const int64_t cols = p.seqlen_k - j0 < TILE ? p.seqlen_k - j0 : TILE;
+        const int64_t cols = p.shape.seqlen_k - j0 < TILE ? p.shape.seqlen_k - j0 : TILE;
         if (!stage_key_tile<TILE>(p, qb, j0, cols, sk, sv, ld)) continue;
         for (int rr = 0; rr < RPW; ++rr) {
             const int r = warp * RPW + rr;
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
                 const int c = lane + cc * W;
                 float prob = fa_exp2(s[cc] - m_new);
                 row_sum += prob;
-                if (p.dropout_p > 0.0f && c < cols)
+                if (p.dropout.p > 0.0f && c < cols)
                     prob = fa_dropout_kept(p, b, h, i, j0 + c) ? prob * p.keep_scale : 0.0f;
                 if (c < TILE) sp[c] = prob;
             }
@@ -174,10 +174,10 @@ __global__ void __launch_bounds__(kThreads) forward(const fa_gpu_params params)
         const int64_t base = fa_row_offset(p.out, b, i, h);
         for (int t = 0; t < DPL; ++t) {
             const int64_t x = lane + t * W;
-            if (x < d) fa_store_elem(p.out.data, base + x, p.dtype, o[rr][t] * inv);
+            if (x < d) fa_store_elem(p.out.data, base + x, p.shape.dtype, o[rr][t] * inv);
         }
-        if (p.lse && lane == 0)
-            p.lse[fa_stat_index(p, b, h, i)] = l[rr] > 0.0f ? m[rr] * FA_LN2 + logf(l[rr]) : -INFINITY;
+        if (p.outputs.lse && lane == 0)
+            p.outputs.lse[fa_stat_index(p, b, h, i)] = l[rr] > 0.0f ? m[rr] * FA_LN2 + logf(l[rr]) : -INFINITY;
     }
 }
 
@@ -189,7 +189,7 @@ __device__ __forceinline__ void stage_row_stats(const fa_gpu_params &p, int64_t 
 {
     const int64_t stat_base = fa_stat_index(p, b, h, i0);
     for (int r = threadIdx.x; r < tile; r += blockDim.x) {
-        slse[r] = r < rows ? p.lse[stat_base + r] * FA_LOG2E : -INFINITY;
+        slse[r] = r < rows ? p.outputs.lse[stat_base + r] * FA_LOG2E : -INFINITY;
         sdelta[r] = r < rows ? p.delta[stat_base + r] : 0.0f;
     }
 }
@@ -199,15 +199,15 @@ __global__ void __launch_bounds__(kThreads) row_delta(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
     const int W = FA_WARP_SIZE;
-    const int64_t total = p.batch * p.heads_q * p.seqlen_q;
+    const int64_t total = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;
     const int64_t warps = static_cast<int64_t>(gridDim.x) * FA_GENERIC_WARPS;
     const int lane = threadIdx.x % W;
     for (int64_t row = blockIdx.x * FA_GENERIC_WARPS + threadIdx.x / W; row < total; row += warps) {
-        const int64_t i = row % p.seqlen_q, h = (row / p.seqlen_q) % p.heads_q, b = row / (p.seqlen_q * p.heads_q);
+        const int64_t i = row % p.shape.seqlen_q, h = (row / p.shape.seqlen_q) % p.shape.heads_q, b = row / (p.shape.seqlen_q * p.shape.heads_q);
         const int64_t o_base = fa_row_offset(p.out, b, i, h), g_base = fa_row_offset(p.dout, b, i, h);
         float acc = 0.0f;
-        for (int64_t x = lane; x < p.head_dim; x += W)
-            acc = fmaf(fa_load_elem(p.dout.data, g_base + x, p.dtype), fa_load_elem(p.out.data, o_base + x, p.dtype), acc);
+        for (int64_t x = lane; x < p.shape.head_dim; x += W)
+            acc = fmaf(fa_load_elem(p.dout.data, g_base + x, p.shape.dtype), fa_load_elem(p.out.data, o_base + x, p.shape.dtype), acc);
         acc = fa_warp_sum(acc);
         if (lane == 0) p.delta[fa_stat_index(p, b, h, i)] = acc;
     }
@@ -226,7 +226,7 @@ __device__ __forceinline__ element_grads recompute(const fa_gpu_params &p, int64
     element_grads g;
     float dp = dov;
     g.z = prob;
-    if (p.dropout_p > 0.0f) {
+    if (p.dropout.p > 0.0f) {
         g.z = kept ? prob * p.keep_scale : 0.0f;
         dp = kept ? dov * p.keep_scale : 0.0f;
     }
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params para
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
     FA_DYNAMIC_SMEM(float, smem);
-    const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
+    const int64_t d = p.shape.head_dim, ld = fa_gpu_smem_ld(d);
     float *sq = smem, *sdo = sq + TILE * ld, *sk = sdo + TILE * ld, *sv = sk + TILE * ld;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
     float *sds = sv + TILE * ld + warp * TILE;
@@ -257,17 +257,17 @@ __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params para
     float dq[RPW][DPL];
     for (int rr = 0; rr < RPW; ++rr)
         for (int t = 0; t < DPL; ++t) dq[rr][t] = 0.0f;
-    fa_load_tile(p.q, p.dtype, b, i0, h, rows, TILE, d, sq, ld);
-    fa_load_tile(p.dout, p.dtype, b, i0, h, rows, TILE, d, sdo, ld);
+    fa_load_tile(p.q, p.shape.dtype, b, i0, h, rows, TILE, d, sq, ld);
+    fa_load_tile(p.dout, p.shape.dtype, b, i0, h, rows, TILE, d, sdo, ld);
 
     for (int64_t j0 = qb.keys.lo / TILE * TILE; j0 < qb.keys.hi; j0 += TILE) {
-        const int64_t cols = p.seqlen_k - j0 < TILE ? p.seqlen_k - j0 : TILE;
+        const int64_t cols = p.shape.seqlen_k - j0 < TILE ? p.shape.seqlen_k - j0 : TILE;
         if (!stage_key_tile<TILE>(p, qb, j0, cols, sk, sv, ld)) continue;
         for (int rr = 0; rr < RPW; ++rr) {
             const int r = warp * RPW + rr;
             if (r >= rows) break;
             const int64_t i = i0 + r;
-            const float lse = p.lse[stat_base + r];
+            const float lse = p.outputs.lse[stat_base + r];
             const fa_key_range range = fa_row_keys(p, b, i);
             if (lse == -INFINITY || range.hi <= j0 || range.lo >= j0 + cols) continue;
             const float lse_log2 = lse * FA_LOG2E, delta = p.delta[stat_base + r];
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params para
                 const int c = lane + cc * W;
                 float ds = 0.0f;
                 if (c < cols && fa_element_visible(p, range, i, j0 + c)) {
-                    const bool kept = p.dropout_p > 0.0f && fa_dropout_kept(p, b, h, i, j0 + c);
+                    const bool kept = p.dropout.p > 0.0f && fa_dropout_kept(p, b, h, i, j0 + c);
                     ds = recompute(p, b, h, i, j0 + c, dot_row(sq + r * ld, sk + c * ld, d),
                                    dot_row(sdo + r * ld, sv + c * ld, d), lse_log2, delta, kept).ds;
                 }
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq(const fa_gpu_params para
         const int64_t base = fa_row_offset(p.dq, b, i0 + r, h);
         for (int t = 0; t < DPL; ++t) {
             const int64_t x = lane + t * W;
-            if (x < d) fa_store_elem(p.dq.data, base + x, p.dtype, dq[rr][t] * p.scale);
+            if (x < d) fa_store_elem(p.dq.data, base + x, p.shape.dtype, dq[rr][t] * p.shape.scale);
         }
     }
 }
@@ -315,30 +315,30 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params pa
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS;
     constexpr int DPL = (BUCKET + W - 1) / W, CPL = (TILE + W - 1) / W;
     FA_DYNAMIC_SMEM(float, smem);
-    const int64_t d = p.head_dim, ld = fa_gpu_smem_ld(d);
+    const int64_t d = p.shape.head_dim, ld = fa_gpu_smem_ld(d);
     float *sk = smem, *sv = sk + TILE * ld, *sq = sv + TILE * ld, *sdo = sq + TILE * ld;
     float *slse = sdo + TILE * ld, *sdelta = slse + TILE;
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
     float *sz = sdelta + TILE + warp * 2 * TILE, *sds = sz + TILE;
-    const int64_t b = blockIdx.z, hk = blockIdx.y, group = p.heads_q / p.heads_kv;
+    const int64_t b = blockIdx.z, hk = blockIdx.y, group = p.shape.heads_q / p.shape.heads_kv;
     const int64_t j0 = static_cast<int64_t>(blockIdx.x) * TILE;
-    const int64_t keys = p.seqlen_k - j0 < TILE ? p.seqlen_k - j0 : TILE;
+    const int64_t keys = p.shape.seqlen_k - j0 < TILE ? p.shape.seqlen_k - j0 : TILE;
     if (keys <= 0) return; /* past its sequence (packed batch) */
 
     float dk[RPW][DPL], dv[RPW][DPL];
     for (int rr = 0; rr < RPW; ++rr)
         for (int t = 0; t < DPL; ++t) dk[rr][t] = dv[rr][t] = 0.0f;
-    fa_load_tile(p.k, p.dtype, b, j0, hk, keys, TILE, d, sk, ld);
-    fa_load_tile(p.v, p.dtype, b, j0, hk, keys, TILE, d, sv, ld);
+    fa_load_tile(p.k, p.shape.dtype, b, j0, hk, keys, TILE, d, sk, ld);
+    fa_load_tile(p.v, p.shape.dtype, b, j0, hk, keys, TILE, d, sv, ld);
 
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        for (int64_t i0 = 0; i0 < p.seqlen_q; i0 += TILE) {
-            const int64_t rows = p.seqlen_q - i0 < TILE ? p.seqlen_q - i0 : TILE;
+        for (int64_t i0 = 0; i0 < p.shape.seqlen_q; i0 += TILE) {
+            const int64_t rows = p.shape.seqlen_q - i0 < TILE ? p.shape.seqlen_q - i0 : TILE;
             const fa_key_range span = fa_tile_keys(p, b, i0, rows);
             if (span.hi <= j0 || span.lo >= j0 + keys || !fa_block_mask_any(p, i0, rows, j0, keys)) continue;
             __syncthreads();
-            fa_load_tile(p.q, p.dtype, b, i0, h, rows, TILE, d, sq, ld);
-            fa_load_tile(p.dout, p.dtype, b, i0, h, rows, TILE, d, sdo, ld);
+            fa_load_tile(p.q, p.shape.dtype, b, i0, h, rows, TILE, d, sq, ld);
+            fa_load_tile(p.dout, p.shape.dtype, b, i0, h, rows, TILE, d, sdo, ld);
             stage_row_stats(p, b, h, i0, rows, TILE, slse, sdelta);
             __syncthreads();
             for (int rr = 0; rr < RPW; ++rr) {
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params pa
                     const int c = lane + cc * W;
                     element_grads g = {0.0f, 0.0f, 0.0f};
                     if (c < rows && slse[c] != -INFINITY && fa_element_visible(p, fa_row_keys(p, b, i0 + c), i0 + c, j)) {
-                        const bool kept = p.dropout_p > 0.0f && fa_dropout_kept(p, b, h, i0 + c, j);
+                        const bool kept = p.dropout.p > 0.0f && fa_dropout_kept(p, b, h, i0 + c, j);
                         g = recompute(p, b, h, i0 + c, j, dot_row(sq + c * ld, sk + kr * ld, d),
                                       dot_row(sdo + c * ld, sv + kr * ld, d), slse[c], sdelta[c], kept);
                     }
@@ -381,9 +381,9 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv(const fa_gpu_params pa
         const int64_t k_base = fa_row_offset(p.dk, b, j0 + kr, hk), v_base = fa_row_offset(p.dv, b, j0 + kr, hk);
         for (int t = 0; t < DPL; ++t) {
             const int64_t x = lane + t * W;
-            if (x >= p.head_dim) break;
-            fa_store_elem(p.dk.data, k_base + x, p.dtype, dk[rr][t] * p.scale);
-            fa_store_elem(p.dv.data, v_base + x, p.dtype, dv[rr][t]);
+            if (x >= p.shape.head_dim) break;
+            fa_store_elem(p.dk.data, k_base + x, p.shape.dtype, dk[rr][t] * p.shape.scale);
+            fa_store_elem(p.dv.data, v_base + x, p.shape.dtype, dv[rr][t]);
         }
     }
 }

@@ -30,7 +30,7 @@ template <int W>
 __device__ __forceinline__ void load_tile(const fa_gpu_params &p, const fa_gpu_tensor &t, int64_t b, int64_t s0, int64_t h,
                                           int64_t valid_rows, int rows, uint16_t *tile)
 {
-    const int64_t d = p.head_dim;
+    const int64_t d = p.shape.head_dim;
     const uint16_t *base = static_cast<const uint16_t *>(t.data);
     if (p.chunked_loads) {
         /* A thread copies one chunk column x of every row_step-th row: the block's thread count (a
@@ -58,7 +58,7 @@ __device__ __forceinline__ void load_tile(const fa_gpu_params &p, const fa_gpu_t
 template <int BC>
 __device__ __forceinline__ int64_t tile_cols(const fa_gpu_params &p, int64_t tile)
 {
-    return p.seqlen_k - tile * BC < BC ? p.seqlen_k - tile * BC : BC;
+    return p.shape.seqlen_k - tile * BC < BC ? p.shape.seqlen_k - tile * BC : BC;
 }
 
 /* The last key tile at or before `tile` that the block mask does not hide entirely, or first - 1. */
@@ -80,7 +80,7 @@ __device__ __noinline__ bool dropout_keep_element(uint64_t seed, uint64_t offset
 
 __device__ __forceinline__ bool dropout_kept(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    return dropout_keep_element(p.dropout_seed, p.dropout_offset, fa_element_of(p, b, h, i, j), p.dropout_p);
+    return dropout_keep_element(p.dropout.seed, p.dropout.offset, fa_element_of(p, b, h, i, j), p.dropout.p);
 }
 
 /* Whether the block mask lets row i see key j, out of line for the same reason (two 64-bit
@@ -95,7 +95,7 @@ __device__ __noinline__ bool block_mask_allows(const uint8_t *mask, int64_t cols
 __device__ __forceinline__ bool element_visible(const fa_gpu_params &p, fa_key_range range, int64_t i, int64_t j)
 {
     return j >= range.lo && j < range.hi &&
-           (!p.block_mask || block_mask_allows(p.block_mask, p.mask_cols, p.mask_block_q, p.mask_block_k, i, j));
+           (!p.mask.block_mask.mask || block_mask_allows(p.mask.block_mask.mask, p.mask.block_mask.cols, p.mask.block_mask.block_q, p.mask.block_mask.block_k, i, j));
 }
 
 /* Online softmax of one score tile in registers: scales and masks s into base-2 logits, updates
@@ -147,7 +147,7 @@ __device__ __forceinline__ void softmax_tile(const fa_gpu_params &p, const fa_ge
         s.v[it] = fa_exp2(s.v[it] - m_use[sl]);
         l[sl] += s.v[it]; /* the denominator counts dropped elements too */
     }
-    if (p.dropout_p > 0.0f) {
+    if (p.dropout.p > 0.0f) {
 #pragma unroll
         for (int it = 0; it < L::items(BC); ++it)
             if (s.v[it] != 0.0f)
@@ -235,18 +235,18 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp, FA_TC_MIN_BLOCKS(W <= 
         total[sl] = L::row_sum(l[sl]);
         inv[sl] = total[sl] > 0.0f ? 1.0f / total[sl] : 0.0f;
     }
-    const int64_t d = p.head_dim;
+    const int64_t d = p.shape.head_dim;
 #pragma unroll
     for (int it = 0; it < L::items(W); ++it) {
         const int sl = L::item_slot(it), col = L::item_col(lane, it);
         if (row_index[sl] - qb.i0 < qb.rows && col < d)
-            fa_store_elem(p.out.data, fa_row_offset(p.out, qb.b, row_index[sl], qb.h) + col, p.dtype, o.v[it] * inv[sl]);
+            fa_store_elem(p.out.data, fa_row_offset(p.out, qb.b, row_index[sl], qb.h) + col, p.shape.dtype, o.v[it] * inv[sl]);
     }
-    if (p.lse && L::row_leader(lane)) {
+    if (p.outputs.lse && L::row_leader(lane)) {
 #pragma unroll
         for (int sl = 0; sl < L::kSlots; ++sl)
             if (row_index[sl] - qb.i0 < qb.rows)
-                p.lse[fa_stat_index(p, qb.b, qb.h, row_index[sl])] =
+                p.outputs.lse[fa_stat_index(p, qb.b, qb.h, row_index[sl])] =
                     total[sl] > 0.0f ? (m[sl] + log2f(total[sl])) * FA_LN2 : -INFINITY;
     }
 }

@@ -31,7 +31,7 @@ __device__ __forceinline__ element_terms element_gradients(const fa_gpu_params &
     float dscore;
     const float prob = fa_exp2(fa_score_log2(p, b, h, i, j, score, &dscore) - lse_log2);
     t.z = prob;
-    if (p.dropout_p > 0.0f) {
+    if (p.dropout.p > 0.0f) {
         const bool kept = dropout_kept(p, b, h, i, j);
         t.z = kept ? prob * p.keep_scale : 0.0f;
         dp = kept ? dp * p.keep_scale : 0.0f;
@@ -42,7 +42,7 @@ __device__ __forceinline__ element_terms element_gradients(const fa_gpu_params &
 
 /* Whether a tile whose elements are all visible may take plain_gradients: no score modifier and
  * no dropout (their per-element work stays in element_gradients). */
-__device__ __forceinline__ bool plain_terms(const fa_gpu_params &p) { return !p.modified && p.dropout_p == 0.0f; }
+__device__ __forceinline__ bool plain_terms(const fa_gpu_params &p) { return !p.modified && p.dropout.p == 0.0f; }
 
 /* element_gradients of a visible element without modifiers or dropout (d score = 1), branch-free:
  * score becomes P (= z) and dp becomes dS, bit for bit what element_gradients gives. */
@@ -64,8 +64,8 @@ __device__ __forceinline__ void store_rows(const fa_gpu_params &p, const fa_gpu_
 #pragma unroll
     for (int it = 0; it < L::items(W); ++it) {
         const int r = L::slot_row(lane, L::item_slot(it)), col = L::item_col(lane, it);
-        if (row0 + r < valid_rows && col < p.head_dim)
-            fa_store_elem(t.data, fa_row_offset(t, b, row0 + r, h) + col, p.dtype, a.v[it] * factor);
+        if (row0 + r < valid_rows && col < p.shape.head_dim)
+            fa_store_elem(t.data, fa_row_offset(t, b, row0 + r, h) + col, p.shape.dtype, a.v[it] * factor);
     }
 }
 
@@ -79,9 +79,9 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
     uint16_t *sk = fa_tc_smem, *sv = sk + BK * W, *sq = sv + BK * W, *sdo = sq + BQ * W;
     float *slse = reinterpret_cast<float *>(sdo + BQ * W), *sdelta = slse + BQ;
     const int warp = threadIdx.x / L::kWarp, lane = threadIdx.x % L::kWarp;
-    const int64_t b = blockIdx.z, hk = blockIdx.y, group = p.heads_q / p.heads_kv;
+    const int64_t b = blockIdx.z, hk = blockIdx.y, group = p.shape.heads_q / p.shape.heads_kv;
     const int64_t j0 = static_cast<int64_t>(blockIdx.x) * BK;
-    const int64_t keys = p.seqlen_k - j0 < BK ? p.seqlen_k - j0 : BK;
+    const int64_t keys = p.shape.seqlen_k - j0 < BK ? p.shape.seqlen_k - j0 : BK;
     if (keys <= 0) return; /* past its sequence (packed batch) */
     const int64_t valid_k = fa_valid_keys(p, b);
 
@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
     fa_copy_commit();
 
     for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        for (int64_t i0 = 0; i0 < p.seqlen_q; i0 += BQ) {
-            const int64_t rows = p.seqlen_q - i0 < BQ ? p.seqlen_q - i0 : BQ;
+        for (int64_t i0 = 0; i0 < p.shape.seqlen_q; i0 += BQ) {
+            const int64_t rows = p.shape.seqlen_q - i0 < BQ ? p.shape.seqlen_q - i0 : BQ;
             const fa_key_range span = fa_tile_keys(p, b, i0, rows);
             if (span.hi <= j0 || span.lo >= j0 + keys || !fa_block_mask_any(p, i0, rows, j0, keys)) continue;
             __syncthreads(); /* the previous query tile is no longer read */
@@ -120,8 +120,8 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
                 for (int it = 0; it < L::items(BQ); ++it) {
                     const int c = L::item_col(lane, it);
                     const int64_t i = i0 + c, j = j0 + warp * FA_TC_WARP_ROWS + L::slot_row(lane, L::item_slot(it));
-                    const fa_key_range range = fa_visible_keys_at(fa_diagonal_key(i, p.diag_offset), valid_k, p.causal,
-                                                                  p.window_left, p.window_right);
+                    const fa_key_range range = fa_visible_keys_at(fa_diagonal_key(i, p.mask.diag_offset), valid_k, p.mask.causal,
+                                                                  p.mask.window_left, p.mask.window_right);
                     const bool visible = c < rows && slse[c] != -INFINITY && element_visible(p, range, i, j);
                     const element_terms t = element_gradients(p, visible, st.v[it], dpt.v[it], slse[c], sdelta[c], b, h, i, j);
                     st.v[it] = t.z;
@@ -133,8 +133,8 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp) backward_dkdv(const fa
         }
     }
     fa_copy_wait_all(); /* K and V copies when no query tile was visible */
-    store_rows<L, W>(p, p.dk, b, hk, j0 + warp * FA_TC_WARP_ROWS, p.seqlen_k, dk, p.scale);
-    store_rows<L, W>(p, p.dv, b, hk, j0 + warp * FA_TC_WARP_ROWS, p.seqlen_k, dv, 1.0f);
+    store_rows<L, W>(p, p.dk, b, hk, j0 + warp * FA_TC_WARP_ROWS, p.shape.seqlen_k, dk, p.shape.scale);
+    store_rows<L, W>(p, p.dv, b, hk, j0 + warp * FA_TC_WARP_ROWS, p.shape.seqlen_k, dv, 1.0f);
 }
 
 template <class L, int W>
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp, FA_TC_MIN_BLOCKS(3)) b
         row_index[sl] = qb.i0 + r;
         const int64_t stat = fa_stat_index(p, qb.b, qb.h, row_index[sl]);
         range[sl] = r < qb.rows ? fa_row_keys(p, qb.b, row_index[sl]) : fa_key_range{0, 0};
-        lse_log2[sl] = r < qb.rows ? p.lse[stat] * FA_LOG2E : -INFINITY;
+        lse_log2[sl] = r < qb.rows ? p.outputs.lse[stat] * FA_LOG2E : -INFINITY;
         delta[sl] = r < qb.rows ? p.delta[stat] : 0.0f;
     }
     const fa_key_range common = fa_tile_common_keys(p, qb.b, qb.i0, qb.rows);
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(FA_TC_WARPS * L::kWarp, FA_TC_MIN_BLOCKS(3)) b
         L::template pv<BC, W>(dq, s, sk);
     }
     fa_copy_wait_all(); /* Q and dO copies when no key tile was visible */
-    store_rows<L, W>(p, p.dq, qb.b, qb.h, qb.i0 + warp * FA_TC_WARP_ROWS, p.seqlen_q, dq, p.scale);
+    store_rows<L, W>(p, p.dq, qb.b, qb.h, qb.i0 + warp * FA_TC_WARP_ROWS, p.shape.seqlen_q, dq, p.shape.scale);
 }
 
 } // namespace fa_tc

@@ -16,12 +16,12 @@ __global__ void __launch_bounds__(kThreads) sink_gradients(const fa_gpu_params p
     FA_GPU_REQUIRE_BLOCK(kThreads);
     FA_DYNAMIC_SMEM(double, partial);
     if (fa_gpu_failed(p)) return; /* a device-side check failed: write nothing */
-    const int64_t h = blockIdx.x, rows = p.batch * p.seqlen_q;
-    const float sink = p.sinks[h];
+    const int64_t h = blockIdx.x, rows = p.shape.batch * p.shape.seqlen_q;
+    const float sink = p.modifiers.sinks[h];
     double acc = 0.0;
     for (int64_t row = threadIdx.x; sink != -INFINITY && row < rows; row += blockDim.x) {
-        const int64_t at = fa_stat_index(p, row / p.seqlen_q, h, row % p.seqlen_q);
-        const float lse = p.lse[at];
+        const int64_t at = fa_stat_index(p, row / p.shape.seqlen_q, h, row % p.shape.seqlen_q);
+        const float lse = p.outputs.lse[at];
         if (lse != -INFINITY) acc -= exp(static_cast<double>(sink) - static_cast<double>(lse)) * p.delta[at];
     }
     partial[threadIdx.x] = acc;
@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kThreads) sink_gradients(const fa_gpu_params p
     if (threadIdx.x != 0) return;
     double sum = 0.0;
     for (unsigned t = 0; t < blockDim.x; ++t) sum += partial[t];
-    p.dsinks[h] = static_cast<float>(sum);
+    p.outputs.dsinks[h] = static_cast<float>(sum);
 }
 
 /* The dbias pass: one block per distinct row tile of dbias (its batch, head and query tile; a
@@ -48,8 +48,8 @@ __global__ void __launch_bounds__(kThreads) backward_dbias(const fa_gpu_params p
     constexpr int W = FA_WARP_SIZE, RPW = TILE / FA_GENERIC_WARPS, CPL = (TILE + W - 1) / W;
     FA_DYNAMIC_SMEM(float, smem);
     if (fa_gpu_failed(params)) return; /* a device-side check failed: write nothing (not even zeros) */
-    const fa_bias &db = params.dbias;
-    const int64_t d = params.head_dim, ld = fa_gpu_smem_ld(d), group = params.heads_q / params.heads_kv;
+    const fa_bias &db = params.outputs.dbias;
+    const int64_t d = params.shape.head_dim, ld = fa_gpu_smem_ld(d), group = params.shape.heads_q / params.shape.heads_kv;
     float *sq = smem, *sdo = sq + TILE * ld, *sk = sdo + TILE * ld, *sv = sk + TILE * ld;
     float *slse = sv + TILE * ld, *sdelta = slse + TILE, *srow = sdelta + TILE; /* srow: a row per warp */
     const int warp = threadIdx.x / W, lane = threadIdx.x % W;
@@ -57,9 +57,9 @@ __global__ void __launch_bounds__(kThreads) backward_dbias(const fa_gpu_params p
     const int64_t grid_rows = params.grid_rows, grid_keys = params.grid_cols;
     const int64_t i0 = rows_summed ? 0 : static_cast<int64_t>(blockIdx.x) * TILE;
     const int64_t out_rows = rows_summed ? 1 : (grid_rows - i0 < TILE ? grid_rows - i0 : TILE);
-    const int64_t batches = params.varlen_batch ? params.varlen_batch : params.batch;
+    const int64_t batches = params.varlen.batch ? params.varlen.batch : params.shape.batch;
     const int64_t b_lo = db.stride_batch ? blockIdx.z : 0, b_hi = db.stride_batch ? b_lo + 1 : batches;
-    const int64_t h_lo = db.stride_head ? blockIdx.y : 0, h_hi = db.stride_head ? h_lo + 1 : params.heads_q;
+    const int64_t h_lo = db.stride_head ? blockIdx.y : 0, h_hi = db.stride_head ? h_lo + 1 : params.shape.heads_q;
 
     for (int64_t j0 = 0; j0 < grid_keys; j0 += TILE) {
         const int64_t cols = grid_keys - j0 < TILE ? grid_keys - j0 : TILE;
@@ -68,18 +68,18 @@ __global__ void __launch_bounds__(kThreads) backward_dbias(const fa_gpu_params p
             for (int cc = 0; cc < CPL; ++cc) acc[rr][cc] = 0.0f;
         for (int64_t b = b_lo; b < b_hi; ++b) {
             const fa_gpu_params p = fa_sequence_params(params, b);
-            const int64_t keys = p.seqlen_k - j0 < cols ? p.seqlen_k - j0 : cols;
+            const int64_t keys = p.shape.seqlen_k - j0 < cols ? p.shape.seqlen_k - j0 : cols;
             for (int64_t h = h_lo; h < h_hi && keys > 0; ++h) {
-                for (int64_t q0 = i0; q0 < p.seqlen_q && (rows_summed || q0 == i0); q0 += TILE) {
-                    const int64_t rows = p.seqlen_q - q0 < TILE ? p.seqlen_q - q0 : TILE;
+                for (int64_t q0 = i0; q0 < p.shape.seqlen_q && (rows_summed || q0 == i0); q0 += TILE) {
+                    const int64_t rows = p.shape.seqlen_q - q0 < TILE ? p.shape.seqlen_q - q0 : TILE;
                     const fa_key_range span = fa_tile_keys(p, b, q0, rows);
                     if (span.hi <= j0 || span.lo >= j0 + keys || !fa_block_mask_any(p, q0, rows, j0, keys)) continue;
                     __syncthreads(); /* the previous tiles are no longer read */
                     const int64_t loaded = fa_loaded_keys(p, b, j0, keys);
-                    fa_load_tile(p.q, p.dtype, b, q0, h, rows, TILE, d, sq, ld);
-                    fa_load_tile(p.dout, p.dtype, b, q0, h, rows, TILE, d, sdo, ld);
-                    fa_load_tile(p.k, p.dtype, b, j0, h / group, loaded, TILE, d, sk, ld);
-                    fa_load_tile(p.v, p.dtype, b, j0, h / group, loaded, TILE, d, sv, ld);
+                    fa_load_tile(p.q, p.shape.dtype, b, q0, h, rows, TILE, d, sq, ld);
+                    fa_load_tile(p.dout, p.shape.dtype, b, q0, h, rows, TILE, d, sdo, ld);
+                    fa_load_tile(p.k, p.shape.dtype, b, j0, h / group, loaded, TILE, d, sk, ld);
+                    fa_load_tile(p.v, p.shape.dtype, b, j0, h / group, loaded, TILE, d, sv, ld);
                     stage_row_stats(p, b, h, q0, rows, TILE, slse, sdelta);
                     __syncthreads();
                     for (int rr = 0; rr < RPW; ++rr) {
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) backward_dbias(const fa_gpu_params p
                         for (int cc = 0; cc < CPL; ++cc) {
                             const int c = lane + cc * W;
                             if (c >= keys || !fa_element_visible(p, range, i, j0 + c)) continue;
-                            const bool kept = p.dropout_p > 0.0f && fa_dropout_kept(p, b, h, i, j0 + c);
+                            const bool kept = p.dropout.p > 0.0f && fa_dropout_kept(p, b, h, i, j0 + c);
                             acc[rr][cc] += recompute(p, b, h, i, j0 + c, dot_row(sq + r * ld, sk + c * ld, d),
                                                      dot_row(sdo + r * ld, sv + c * ld, d), slse[r], sdelta[r], kept)
                                                .ds_score;

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "flashattn.h"
+#include "../../common/problem.h"
 
 /* A device tensor [batch, seqlen, heads, head_dim] with element strides (head_dim stride 1). */
 typedef struct fa_gpu_tensor {
@@ -34,59 +35,29 @@ typedef struct fa_gpu_status {
     int64_t sequence, index, value, limit;
 } fa_gpu_status;
 
+/* The sections of the core's problem (src/common/problem.h) as they are, tables pointing at device
+ * memory; then what only the kernels need, derived on the host once per call. */
 typedef struct fa_gpu_params {
     fa_gpu_tensor q, k, v, out, dout, dq, dk, dv;
-    fa_dtype dtype;
+    fa_shape_section shape;
+    fa_mask_section mask;        /* seqlens_k and block_mask.mask: the plugin's device copies */
+    fa_dropout_section dropout;
+    fa_modifier_section modifiers;
+    fa_varlen varlen;            /* packed batch: one sequence per blockIdx.z (fa_sequence_params) */
+    fa_output_section outputs;
+    fa_cache_section cache;      /* fa_forward_kvcache: k, v are the cache */
+    fa_gpu_tensor k_new, v_new;
     int chunked_loads; /* tile-MMA forward: Q, K, V rows are whole, aligned 16-byte chunks */
-    int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
-    float scale;      /* softmax scale tau */
-    float scale_log2; /* tau * log2(e): scores go straight into exp2 */
-    int causal;
-    int32_t window_left, window_right;
-    const int32_t *seqlens_k; /* device copy, [batch], or NULL */
-    const uint8_t *block_mask; /* device copy, rows x cols, or NULL */
-    int32_t mask_block_q, mask_block_k;
-    int64_t mask_cols;
-    float dropout_p;
-    float keep_scale; /* 1 / (1 - p) */
-    uint64_t dropout_seed, dropout_offset;
-    float *lse;   /* natural log; row i of (b, h) at b * lse_stride_batch + h * lse_stride_head + i */
-    float *delta; /* backward: rowsum(dO o O), same layout as lse (context workspace) */
-    int64_t lse_stride_batch, lse_stride_head;
-    /* Dropout element of (b, h, i, j): fa_dropout_element(b, heads_q, h, dropout_rows, dropout_row0 + i,
-     * dropout_cols, dropout_col0 + j) (src/common/philox.h). Dense: seqlen_q x seqlen_k from 0; a
-     * block of a larger problem (desc->q_offset...): the global grid from its global row and key. */
-    int64_t dropout_rows, dropout_cols;
-    int64_t dropout_row0, dropout_col0;
-    /* Query row i's causal/window/ALiBi diagonal is local key fa_diagonal_key(i, diag_offset)
-     * (src/common/visibility.h): seqlen_k - seqlen_q, or a block's global diagonal. */
-    int64_t diag_offset;
+    float scale_log2;  /* fa_shape_scale_log2: scores go straight into exp2 */
+    float keep_scale;  /* fa_dropout_keep_scale */
+    int modified;      /* fa_modifiers_form_scores */
+    float inv_softcap; /* fa_modifiers_inv_softcap */
+    float *delta;      /* backward: rowsum(dO o O), same layout as lse (context workspace) */
     /* The padded layout the dbias pass covers: seqlen_q x seqlen_k, max_seqlen_q x max_seqlen_k of
      * a packed batch. */
     int64_t grid_rows, grid_cols;
-    /* Packed varlen batch: [varlen_batch + 1] offsets in device memory, or NULL. batch is then 1,
-     * seqlen_q and seqlen_k the total rows; kernels see one sequence per blockIdx.z through
-     * fa_sequence_params. */
-    const int32_t *cu_seqlens_q, *cu_seqlens_k;
-    int64_t varlen_batch;
-    /* fa_forward_kvcache: k, v are the cache (seqlen_k its capacity per sequence), the tables
-     * device memory; the key chunks' partial (O, m, l) go to `partial`. */
-    fa_gpu_tensor k_new, v_new;
-    int64_t seqlen_new;
-    const int32_t *cache_seqlens, *block_table;
-    int64_t max_pages, page_size, num_pages;
-    int64_t kv_chunks;
+    int64_t kv_chunks; /* fa_forward_kvcache: key chunks, whose partial (O, m, l) go to partial */
     float *partial;
     fa_gpu_status *status; /* device; NULL for calls without device tables */
-    /* Score modifiers (fa_problem's, arrays in device memory; score_modifiers.cuh applies them).
-     * modified: softcap, ALiBi or a bias is on, so scores are formed explicitly (sinks alone need
-     * not). Alibi slope of (b, h): alibi_slopes[b * alibi_stride_batch + h]. */
-    int modified;
-    float softcap, inv_softcap;
-    const float *alibi_slopes;
-    int64_t alibi_stride_batch;
-    const float *sinks;
-    fa_bias bias, dbias; /* data NULL when absent; dbias and dsinks: backward outputs */
-    float *dsinks;
 } fa_gpu_params;
 #endif

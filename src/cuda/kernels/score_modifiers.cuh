@@ -27,7 +27,7 @@ __device__ __forceinline__ float fa_score_log2_on(const fa_gpu_params &p, int64_
 __device__ __forceinline__ float fa_score_log2(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j,
                                                float qk, float *dscore)
 {
-    return fa_score_log2_on(p, b, h, i, j, p.diag_offset, qk, dscore);
+    return fa_score_log2_on(p, b, h, i, j, p.mask.diag_offset, qk, dscore);
 }
 
 /* fa_score_log2 with the diagonal of row i given (the KV-cache path: each sequence's own,
@@ -37,15 +37,15 @@ __device__ __forceinline__ float fa_score_log2_on(const fa_gpu_params &p, int64_
 {
     if (dscore) *dscore = 1.0f;
     if (!p.modified) return qk * p.scale_log2;
-    float s = qk * p.scale;
-    if (p.softcap > 0.0f) {
+    float s = qk * p.shape.scale;
+    if (p.modifiers.softcap > 0.0f) {
         const float t = tanhf(s * p.inv_softcap);
-        s = p.softcap * t;
+        s = p.modifiers.softcap * t;
         if (dscore) *dscore = 1.0f - t * t;
     }
-    if (p.alibi_slopes)
-        s -= p.alibi_slopes[b * p.alibi_stride_batch + h] * fabsf(static_cast<float>(fa_diagonal_key(i, diag_offset) - j));
-    if (p.bias.data) s += fa_load_elem(p.bias.data, fa_bias_index(p.bias, b, h, i, j), p.bias.dtype);
+    if (p.modifiers.alibi_slopes)
+        s -= p.modifiers.alibi_slopes[b * p.modifiers.alibi_stride_batch + h] * fabsf(static_cast<float>(fa_diagonal_key(i, diag_offset) - j));
+    if (p.modifiers.bias.data) s += fa_load_elem(p.modifiers.bias.data, fa_bias_index(p.modifiers.bias, b, h, i, j), p.modifiers.bias.dtype);
     return s * FA_LOG2E;
 }
 
@@ -53,6 +53,6 @@ __device__ __forceinline__ float fa_score_log2_on(const fa_gpu_params &p, int64_
  * from it (running max m = sink, sum l = 1), so it takes part in the max and the lse. */
 __device__ __forceinline__ float fa_sink_log2(const fa_gpu_params &p, int64_t h)
 {
-    return p.sinks ? p.sinks[h] * FA_LOG2E : -INFINITY;
+    return p.modifiers.sinks ? p.modifiers.sinks[h] * FA_LOG2E : -INFINITY;
 }
 #endif

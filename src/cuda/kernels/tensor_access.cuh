@@ -49,7 +49,7 @@ __device__ __forceinline__ void fa_load_tile(const fa_gpu_tensor &t, fa_dtype dt
 
 __device__ __forceinline__ int64_t fa_valid_keys(const fa_gpu_params &p, int64_t b)
 {
-    return p.seqlens_k ? p.seqlens_k[b] : p.seqlen_k;
+    return p.mask.seqlens_k ? p.mask.seqlens_k[b] : p.shape.seqlen_k;
 }
 
 /* Rows of the key tile [j0, j0 + cols) to load: keys hidden by padding (j >= seqlens_k[b]) are
@@ -63,8 +63,8 @@ __device__ __forceinline__ int64_t fa_loaded_keys(const fa_gpu_params &p, int64_
 
 __device__ __forceinline__ fa_key_range fa_row_keys(const fa_gpu_params &p, int64_t b, int64_t i)
 {
-    return fa_visible_keys_at(fa_diagonal_key(i, p.diag_offset), fa_valid_keys(p, b), p.causal, p.window_left,
-                              p.window_right);
+    return fa_visible_keys_at(fa_diagonal_key(i, p.mask.diag_offset), fa_valid_keys(p, b), p.mask.causal, p.mask.window_left,
+                              p.mask.window_right);
 }
 
 /* Keys [lo, hi) any row of the query tile [i0, i0 + rows) may see: lo and hi of fa_visible_keys
@@ -92,11 +92,11 @@ __device__ __forceinline__ fa_key_range fa_tile_common_keys(const fa_gpu_params 
 __device__ __forceinline__ bool fa_block_mask_has(const fa_gpu_params &p, int64_t i0, int64_t rows, int64_t j0,
                                                   int64_t cols, bool set)
 {
-    const int64_t r0 = i0 / p.mask_block_q, r1 = (i0 + rows - 1) / p.mask_block_q;
-    const int64_t c0 = j0 / p.mask_block_k, c1 = (j0 + cols - 1) / p.mask_block_k;
+    const int64_t r0 = i0 / p.mask.block_mask.block_q, r1 = (i0 + rows - 1) / p.mask.block_mask.block_q;
+    const int64_t c0 = j0 / p.mask.block_mask.block_k, c1 = (j0 + cols - 1) / p.mask.block_mask.block_k;
     for (int64_t r = r0; r <= r1; ++r)
         for (int64_t c = c0; c <= c1; ++c)
-            if ((p.block_mask[r * p.mask_cols + c] != 0) == set) return true;
+            if ((p.mask.block_mask.mask[r * p.mask.block_mask.cols + c] != 0) == set) return true;
     return false;
 }
 
@@ -104,14 +104,14 @@ __device__ __forceinline__ bool fa_block_mask_has(const fa_gpu_params &p, int64_
 __device__ __forceinline__ bool fa_block_mask_any(const fa_gpu_params &p, int64_t i0, int64_t rows, int64_t j0,
                                                   int64_t cols)
 {
-    return !p.block_mask || fa_block_mask_has(p, i0, rows, j0, cols, true);
+    return !p.mask.block_mask.mask || fa_block_mask_has(p, i0, rows, j0, cols, true);
 }
 
 /* Whether the block mask leaves every element of the tile (no element needs the mask). */
 __device__ __forceinline__ bool fa_block_mask_all(const fa_gpu_params &p, int64_t i0, int64_t rows, int64_t j0,
                                                   int64_t cols)
 {
-    return !p.block_mask || !fa_block_mask_has(p, i0, rows, j0, cols, false);
+    return !p.mask.block_mask.mask || !fa_block_mask_has(p, i0, rows, j0, cols, false);
 }
 
 /* Whether every element of the tile [i0, i0 + rows) x [j0, j0 + width) is visible, so no element
@@ -126,7 +126,7 @@ __device__ __forceinline__ bool fa_tile_all_visible(const fa_gpu_params &p, fa_k
 __device__ __forceinline__ bool fa_element_visible(const fa_gpu_params &p, fa_key_range range, int64_t i, int64_t j)
 {
     if (j < range.lo || j >= range.hi) return false;
-    return !p.block_mask || p.block_mask[(i / p.mask_block_q) * p.mask_cols + j / p.mask_block_k] != 0;
+    return !p.mask.block_mask.mask || p.mask.block_mask.mask[(i / p.mask.block_mask.block_q) * p.mask.block_mask.cols + j / p.mask.block_mask.block_k] != 0;
 }
 
 /* The shared Philox stream's element index of (b, h, i, j): the dense layout's, a block's global
@@ -134,21 +134,21 @@ __device__ __forceinline__ bool fa_element_visible(const fa_gpu_params &p, fa_ke
  * max_seqlen_q x max_seqlen_k). */
 __device__ __forceinline__ uint64_t fa_element_of(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    return fa_dropout_element(static_cast<uint64_t>(b), static_cast<uint64_t>(p.heads_q), static_cast<uint64_t>(h),
-                              static_cast<uint64_t>(p.dropout_rows), static_cast<uint64_t>(p.dropout_row0 + i),
-                              static_cast<uint64_t>(p.dropout_cols), static_cast<uint64_t>(p.dropout_col0 + j));
+    return fa_dropout_element(static_cast<uint64_t>(b), static_cast<uint64_t>(p.shape.heads_q), static_cast<uint64_t>(h),
+                              static_cast<uint64_t>(p.dropout.rows), static_cast<uint64_t>(p.dropout.row0 + i),
+                              static_cast<uint64_t>(p.dropout.cols), static_cast<uint64_t>(p.dropout.col0 + j));
 }
 
 /* The shared Philox dropout stream (src/common/philox.h): element (b, h, i, j). */
 __device__ __forceinline__ bool fa_dropout_kept(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    return fa_dropout_keep(p.dropout_seed, p.dropout_offset, fa_element_of(p, b, h, i, j), p.dropout_p) != 0;
+    return fa_dropout_keep(p.dropout.seed, p.dropout.offset, fa_element_of(p, b, h, i, j), p.dropout.p) != 0;
 }
 
 /* Where row i of (b, h) sits in lse and delta. */
 __device__ __forceinline__ int64_t fa_stat_index(const fa_gpu_params &p, int64_t b, int64_t h, int64_t i)
 {
-    return b * p.lse_stride_batch + h * p.lse_stride_head + i;
+    return b * p.outputs.lse_stride_batch + h * p.outputs.lse_stride_head + i;
 }
 
 /* Rows s0.. of every head of t as a tensor of their own, whatever batch index is used. */
@@ -170,23 +170,23 @@ __device__ __forceinline__ fa_gpu_params fa_sequence_params(const fa_gpu_params 
 {
     fa_gpu_params p = in;
     if (fa_gpu_failed(in)) {
-        p.seqlen_q = p.seqlen_k = 0;
+        p.shape.seqlen_q = p.shape.seqlen_k = 0;
         return p;
     }
-    if (!in.cu_seqlens_q) return p;
-    const int64_t q0 = in.cu_seqlens_q[b], k0 = in.cu_seqlens_k[b];
-    p.seqlen_q = in.cu_seqlens_q[b + 1] - q0;
-    p.seqlen_k = in.cu_seqlens_k[b + 1] - k0;
-    p.diag_offset = p.seqlen_k - p.seqlen_q; /* bottom-right within the sequence */
-    p.q = fa_rows_from(in.q, q0, in.dtype);
-    p.out = fa_rows_from(in.out, q0, in.dtype);
-    p.dout = fa_rows_from(in.dout, q0, in.dtype);
-    p.dq = fa_rows_from(in.dq, q0, in.dtype);
-    p.k = fa_rows_from(in.k, k0, in.dtype);
-    p.v = fa_rows_from(in.v, k0, in.dtype);
-    p.dk = fa_rows_from(in.dk, k0, in.dtype);
-    p.dv = fa_rows_from(in.dv, k0, in.dtype);
-    if (p.lse) p.lse += q0;
+    if (!in.varlen.cu_seqlens_q) return p;
+    const int64_t q0 = in.varlen.cu_seqlens_q[b], k0 = in.varlen.cu_seqlens_k[b];
+    p.shape.seqlen_q = in.varlen.cu_seqlens_q[b + 1] - q0;
+    p.shape.seqlen_k = in.varlen.cu_seqlens_k[b + 1] - k0;
+    p.mask.diag_offset = p.shape.seqlen_k - p.shape.seqlen_q; /* bottom-right within the sequence */
+    p.q = fa_rows_from(in.q, q0, in.shape.dtype);
+    p.out = fa_rows_from(in.out, q0, in.shape.dtype);
+    p.dout = fa_rows_from(in.dout, q0, in.shape.dtype);
+    p.dq = fa_rows_from(in.dq, q0, in.shape.dtype);
+    p.k = fa_rows_from(in.k, k0, in.shape.dtype);
+    p.v = fa_rows_from(in.v, k0, in.shape.dtype);
+    p.dk = fa_rows_from(in.dk, k0, in.shape.dtype);
+    p.dv = fa_rows_from(in.dv, k0, in.shape.dtype);
+    if (p.outputs.lse) p.outputs.lse += q0;
     if (p.delta) p.delta += q0;
     return p;
 }

@@ -1,0 +1,28 @@
+/* The table sections of a problem: a packed variable-length batch (fa_varlen, include/flashattn.h)
+ * and a KV cache's lengths and pages. Shared as is by the core's problems and the GPU kernels'
+ * parameters; the tables live in the context's memory. */
+#ifndef FA_PROBLEM_TABLES_H
+#define FA_PROBLEM_TABLES_H
+#include <stdint.h>
+
+#include "flashattn.h"
+#include "hostdev.h"
+
+/* fa_forward_kvcache's cache: the cache tensors' capacity per sequence is seqlen_k (contiguous) or
+ * page_size (paged). */
+typedef struct fa_cache_section {
+    const int32_t *cache_seqlens;   /* [batch] tokens cached before this call */
+    const int32_t *block_table;     /* [batch, max_pages_per_seq], NULL = contiguous */
+    int64_t max_pages_per_seq, page_size, num_pages;
+    int64_t seqlen_new;             /* tokens appended by this call, 0 = none */
+} fa_cache_section;
+
+/* The rows of sequence b of a packed batch's offsets [batch + 1]. */
+FA_HD int64_t fa_varlen_rows(const int32_t *cu_seqlens, int64_t b) { return cu_seqlens[b + 1] - cu_seqlens[b]; }
+
+/* The cache's capacity in tokens per sequence (tensor_seqlen: the cache tensors' seqlen). */
+FA_HD int64_t fa_cache_capacity(const fa_cache_section *c, int64_t tensor_seqlen)
+{
+    return c->block_table ? c->max_pages_per_seq * c->page_size : tensor_seqlen;
+}
+#endif
