@@ -1,5 +1,5 @@
 /* The lse merge of one row (fa_merge_partials), the one rule of the host merge (merge.c) and the
- * GPU kernel (src/cuda/kernels/merge.cuh). With part c's normalised output O_c, lse L_c and
+ * GPU kernel (src/gpu/kernels/merge.cuh). With part c's normalised output O_c, lse L_c and
  * M = max_c L_c:
  *   w_c = exp(L_c - M),  O = (sum_c w_c O_c) / sum_c w_c,  L = M + log(sum_c w_c),
  * every sum in part order (deterministic), the products accumulated by fmaf so that the host and

@@ -96,7 +96,29 @@ static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op,
 PLUGIN_SLOT(cuda_slot, FA_BACKEND_CUDA, "libflashattn-cuda.so")
 PLUGIN_SLOT(hip_slot, FA_BACKEND_HIP, "libflashattn-hip.so")
 
-static plugin_slot *const plugins[] = {&cuda_slot, &hip_slot};
+/* Every backend, the one list: its public name, and its plugin slot (NULL: built in, or "auto").
+ * AUTO picks the first plugin of this list that is available, else the CPU. */
+typedef struct backend_entry {
+    fa_backend kind;
+    const char *name;
+    plugin_slot *slot;
+} backend_entry;
+
+static const backend_entry backends[] = {
+    {FA_BACKEND_AUTO, "auto", NULL},
+    {FA_BACKEND_CPU, "cpu", NULL},
+    {FA_BACKEND_CUDA, "cuda", &cuda_slot},
+    {FA_BACKEND_HIP, "hip", &hip_slot},
+};
+enum { BACKEND_COUNT = sizeof backends / sizeof backends[0] };
+
+/* The entry of kind, or NULL for a value that is no backend. */
+static const backend_entry *entry_of(fa_backend kind)
+{
+    for (size_t i = 0; i < BACKEND_COUNT; ++i)
+        if (backends[i].kind == kind) return &backends[i];
+    return NULL;
+}
 
 /* The host tables offered to a plugin, newest first: FA_BACKEND_ABI_VERSION down to
  * FA_BACKEND_ABI_OLDEST (fa_host_api has the same layout in all of them). */
@@ -141,9 +163,8 @@ static const fa_backend_iface *upgrade(plugin_slot *slot, const fa_backend_iface
 
 static plugin_slot *slot_for(fa_backend kind)
 {
-    for (size_t i = 0; i < sizeof plugins / sizeof plugins[0]; ++i)
-        if (plugins[i]->kind == kind) return plugins[i];
-    return NULL;
+    const backend_entry *e = entry_of(kind);
+    return e ? e->slot : NULL;
 }
 
 /* Directory holding this library, so a build tree and an install tree both find their plugins. */
@@ -280,44 +301,38 @@ const fa_backend_iface *fa_registry_get(fa_backend kind)
 fa_status fa_registry_resolve(fa_backend requested, fa_backend *resolved)
 {
     if (requested != FA_BACKEND_AUTO) {
-        if (requested != FA_BACKEND_CPU && requested != FA_BACKEND_CUDA && requested != FA_BACKEND_HIP)
+        if (!entry_of(requested))
             return fa_set_error(FA_ERROR_INVALID_VALUE, "backend: unknown backend %d", (int)requested);
         *resolved = requested;
         return FA_SUCCESS;
     }
     const char *env = getenv("FLASHATTN_BACKEND");
-    if (env && env[0]) {
-        static const fa_backend named[] = {FA_BACKEND_AUTO, FA_BACKEND_CPU, FA_BACKEND_CUDA, FA_BACKEND_HIP};
-        for (size_t i = 0; i < sizeof named / sizeof named[0]; ++i) {
-            if (strcasecmp(env, fa_backend_name(named[i])) == 0) {
-                if (named[i] != FA_BACKEND_AUTO) {
-                    *resolved = named[i];
-                    return FA_SUCCESS;
-                }
-                env = NULL; /* "auto" behaves as unset */
-                break;
+    if (env && env[0] && strcasecmp(env, "auto") != 0) { /* "auto" behaves as unset */
+        char names[64] = "";
+        for (size_t i = 0; i < BACKEND_COUNT; ++i) {
+            if (strcasecmp(env, backends[i].name) == 0) {
+                *resolved = backends[i].kind;
+                return FA_SUCCESS;
             }
+            size_t used = strlen(names);
+            snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "", backends[i].name);
         }
-        if (env)
-            return fa_set_error(FA_ERROR_INVALID_VALUE,
-                                "FLASHATTN_BACKEND: '%s' is not one of auto, cpu, cuda, hip", env);
+        return fa_set_error(FA_ERROR_INVALID_VALUE, "FLASHATTN_BACKEND: '%s' is not one of %s", env, names);
     }
-    *resolved = fa_registry_get(FA_BACKEND_CUDA) ? FA_BACKEND_CUDA
-              : fa_registry_get(FA_BACKEND_HIP)  ? FA_BACKEND_HIP
-                                                 : FA_BACKEND_CPU;
+    *resolved = FA_BACKEND_CPU;
+    for (size_t i = 0; i < BACKEND_COUNT; ++i)
+        if (backends[i].slot && fa_registry_get(backends[i].kind)) {
+            *resolved = backends[i].kind;
+            break;
+        }
     fa_clear_error();
     return FA_SUCCESS;
 }
 
 const char *fa_backend_name(fa_backend backend)
 {
-    switch (backend) {
-    case FA_BACKEND_AUTO: return "auto";
-    case FA_BACKEND_CPU: return "cpu";
-    case FA_BACKEND_CUDA: return "cuda";
-    case FA_BACKEND_HIP: return "hip";
-    }
-    return "unknown";
+    const backend_entry *e = entry_of(backend);
+    return e ? e->name : "unknown";
 }
 
 int fa_backend_available(fa_backend backend)

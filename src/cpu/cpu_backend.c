@@ -8,6 +8,7 @@
 #include "../common/error.h"
 #include "../common/registry.h"
 #include "../common/tiling.h"
+#include "cpu_modifiers.h"
 #include "cpu_tile.h"
 
 static int cpu_device_count(void) { return 1; }
@@ -114,6 +115,26 @@ static const char *cpu_info(void *state)
     return s->info;
 }
 
+/* The entry points: each picks its algorithm once. */
+static fa_status cpu_forward(void *state, const fa_problem *p)
+{
+    return p->varlen.batch ? fa_cpu_varlen_run(state, p, 0) : fa_cpu_forward_dense(state, p);
+}
+
+static fa_status cpu_backward(void *state, const fa_problem *p)
+{
+    if (p->outputs.dsinks) { /* over the whole problem, packed or not, before its sequences run */
+        fa_status st = fa_cpu_sink_gradients(p);
+        if (st) return st;
+    }
+    return p->varlen.batch ? fa_cpu_varlen_run(state, p, 1) : fa_cpu_backward_dense(state, p);
+}
+
+static fa_status cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
+{
+    return fa_modifiers_any(&kp->attn.modifiers) ? fa_cpu_decode_modified(state, kp) : fa_cpu_decode(state, kp);
+}
+
 /* The CPU backend runs every problem the core validates. */
 static fa_status cpu_supports(void *state, fa_op op, const fa_problem *p)
 {
@@ -137,10 +158,10 @@ static const fa_backend_iface cpu_iface = {
     .copy_d2h = cpu_copy,
     .tiling = cpu_tiling,
     .info = cpu_info,
-    .forward = fa_cpu_forward,
-    .backward = fa_cpu_backward,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
     .features = FA_BACKEND_HOST_MEMORY,
-    .forward_kvcache = fa_cpu_forward_kvcache,
+    .forward_kvcache = cpu_forward_kvcache,
     .supports = cpu_supports,
 };
 

@@ -31,17 +31,23 @@ static inline int64_t fa_cpu_first_key(const fa_problem *p, int64_t key_lo, int6
     return fa_mask_has_block_mask(&p->mask) ? key_lo / block_cols * block_cols : key_lo;
 }
 
-fa_status fa_cpu_forward(void *state, const fa_problem *p);
-fa_status fa_cpu_backward(void *state, const fa_problem *p);
-/* A packed variable-length problem (p->varlen.batch > 0), one sequence at a time (cpu_varlen.c). */
+/* The algorithms, each for one kind of problem; the backend's entry points (cpu_backend.c) pick
+ * one per call, and none calls another's entry point. */
+/* Algorithms 1/2 and 4 on a dense problem (no varlen), dsinks excluded (fa_cpu_sink_gradients). */
+fa_status fa_cpu_forward_dense(void *state, const fa_problem *p);
+fa_status fa_cpu_backward_dense(void *state, const fa_problem *p);
+/* A packed variable-length problem (p->varlen.batch > 0), one dense sequence at a time
+ * (cpu_varlen.c). */
 fa_status fa_cpu_varlen_run(void *state, const fa_problem *p, int backward);
-/* fa_forward_kvcache: append, then split-KV decode attention (cpu_decode.c). */
-fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *p);
-/* The KV-cache path with score modifiers: per sequence through the dense forward on its gathered
+/* fa_forward_kvcache without score modifiers: append, then split-KV decode (cpu_decode.c). */
+fa_status fa_cpu_decode(void *state, const fa_kv_problem *p);
+/* fa_forward_kvcache with score modifiers: per sequence through the dense forward on its gathered
  * keys (cpu_kvcache_modifiers.c). */
-fa_status fa_cpu_forward_kvcache_modified(void *state, const fa_kv_problem *kp);
-/* Row (b, key j, head h) of a cache tensor, through the block table when paged; and the append of
- * k_new/v_new at cache_seqlens[b] (cpu_decode.c). */
+fa_status fa_cpu_decode_modified(void *state, const fa_kv_problem *kp);
+/* Where key position j of sequence b lives in the cache tensors (batch or page, row), row (b, key
+ * j, head h) of a cache tensor, and the append of k_new/v_new at cache_seqlens[b]
+ * (cpu_kvcache.c). */
+void fa_cpu_kvcache_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slot_b, int64_t *slot_s);
 const void *fa_cpu_kvcache_row(const fa_kv_problem *kp, const fa_tensor *cache, int64_t b, int64_t j, int64_t h);
 void fa_cpu_kvcache_append(const fa_kv_problem *kp);
 #endif

@@ -386,13 +386,8 @@ static backward_path backward_path_for(const fa_problem *p, int64_t k_tiles, int
     return PATH_TWO_PASS;
 }
 
-fa_status fa_cpu_backward(void *state, const fa_problem *p)
+fa_status fa_cpu_backward_dense(void *state, const fa_problem *p)
 {
-    if (p->outputs.dsinks) { /* over the whole problem, packed or not, before its sequences run */
-        fa_status st = fa_cpu_sink_gradients(p);
-        if (st) return st;
-    }
-    if (p->varlen.batch) return fa_cpu_varlen_run(state, p, 1);
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);

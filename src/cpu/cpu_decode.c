@@ -78,40 +78,6 @@ static void chunk_range(const fa_kv_problem *kp, const decode_plan *plan, int64_
     *hi = (c + 1) * len < keys ? (c + 1) * len : keys;
 }
 
-/* Where key position j of sequence b lives in the cache tensors: (batch or page, row). */
-static void key_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slot_b, int64_t *slot_s)
-{
-    if (!kp->cache.block_table) {
-        *slot_b = b;
-        *slot_s = j;
-        return;
-    }
-    *slot_b = kp->cache.block_table[b * kp->cache.max_pages_per_seq + j / kp->cache.page_size];
-    *slot_s = j % kp->cache.page_size;
-}
-
-const void *fa_cpu_kvcache_row(const fa_kv_problem *kp, const fa_tensor *cache, int64_t b, int64_t j, int64_t h)
-{
-    int64_t sb, ss;
-    key_slot(kp, b, j, &sb, &ss);
-    return fa_row_ptr(cache, sb, ss, h);
-}
-
-void fa_cpu_kvcache_append(const fa_kv_problem *kp)
-{
-    const fa_problem *p = &kp->attn;
-    const size_t row_bytes = (size_t)p->shape.head_dim * fa_dtype_size(p->shape.dtype);
-    for (int64_t b = 0; b < p->shape.batch; ++b)
-        for (int64_t t = 0; t < kp->cache.seqlen_new; ++t) {
-            int64_t sb, ss;
-            key_slot(kp, b, kp->cache.cache_seqlens[b] + t, &sb, &ss);
-            for (int64_t h = 0; h < p->shape.heads_kv; ++h) {
-                memcpy(fa_row_ptr(&p->k, sb, ss, h), fa_row_ptr(&kp->k_new, b, t, h), row_bytes);
-                memcpy(fa_row_ptr(&p->v, sb, ss, h), fa_row_ptr(&kp->v_new, b, t, h), row_bytes);
-            }
-        }
-}
-
 /* Per-thread memory: the row tile's query rows of every kv head, the scores S^T of every kv
  * head's rows, the softmax vectors, the NaN marks, the merge's row and the rows' key ranges. K and
  * V are read in place by the decode kernels (f16/bf16 widened in registers). */
@@ -149,7 +115,7 @@ static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
  * end of j's page), and where the first of them is: (batch or page, row). */
 static int64_t slot_run(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t n, int64_t *slot_b, int64_t *slot_s)
 {
-    key_slot(kp, b, j, slot_b, slot_s);
+    fa_cpu_kvcache_slot(kp, b, j, slot_b, slot_s);
     const int64_t room = kp->cache.block_table ? kp->cache.page_size - *slot_s : n;
     return n < room ? n : room;
 }
@@ -381,11 +347,10 @@ static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     }
 }
 
-fa_status fa_cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
+fa_status fa_cpu_decode(void *state, const fa_kv_problem *kp)
 {
     const fa_cpu_state *s = state;
     const fa_problem *p = &kp->attn;
-    if (fa_modifiers_any(&p->modifiers)) return fa_cpu_forward_kvcache_modified(state, kp);
     decode_plan plan = make_plan(p);
     plan.chunks = 1;
     for (int64_t b = 0; b < p->shape.batch; ++b)

@@ -408,9 +408,8 @@ static int64_t forward_rows(const fa_problem *p, int64_t br)
     return !fa_mask_has_block_mask(&p->mask) && br < FORWARD_ROWS && FORWARD_ROWS <= 8 * p->shape.head_dim ? FORWARD_ROWS : br;
 }
 
-fa_status fa_cpu_forward(void *state, const fa_problem *p)
+fa_status fa_cpu_forward_dense(void *state, const fa_problem *p)
 {
-    if (p->varlen.batch) return fa_cpu_varlen_run(state, p, 0);
     const fa_cpu_state *s = state;
     int64_t br, bc;
     fa_cpu_problem_tiles(s, p, &br, &bc);

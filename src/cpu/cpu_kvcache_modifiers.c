@@ -1,6 +1,6 @@
 /* fa_forward_kvcache with score modifiers (softcap, ALiBi, sinks, bias) on the CPU.
  * Each sequence's keys (its cached rows through the block table, then k_new/v_new) are gathered
- * into one contiguous block and attended by the dense forward (fa_cpu_forward), which already has
+ * into one contiguous block and attended by the dense forward (fa_cpu_forward_dense), which already has
  * every modifier: the sequence's slopes, its bias rows (key j = cache position j) and the sinks,
  * with causal and window bottom-right on its own lengths. That is the definition the decode path
  * must match ("fa_forward on the gathered keys"), taken literally.
@@ -55,7 +55,7 @@ static fa_problem sequence_problem(const fa_kv_problem *kp, int64_t b, int64_t k
     return s;
 }
 
-fa_status fa_cpu_forward_kvcache_modified(void *state, const fa_kv_problem *kp)
+fa_status fa_cpu_decode_modified(void *state, const fa_kv_problem *kp)
 {
     const fa_problem *p = &kp->attn;
     const size_t es = fa_dtype_size(p->shape.dtype);
@@ -84,7 +84,7 @@ fa_status fa_cpu_forward_kvcache_modified(void *state, const fa_kv_problem *kp)
         gather_keys(kp, &p->k, &kp->k_new, b, k);
         gather_keys(kp, &p->v, &kp->v_new, b, v);
         const fa_problem s = sequence_problem(kp, b, keys, k, v, out_b, lse_b);
-        st = fa_cpu_forward(state, &s);
+        st = fa_cpu_forward_dense(state, &s);
     }
     if (st == FA_SUCCESS) { /* every sequence done: now the cache and the caller's outputs */
         fa_cpu_kvcache_append(kp);

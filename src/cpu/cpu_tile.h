@@ -1,5 +1,7 @@
-/* Tile plumbing shared by the CPU forward and backward: moving rows between tensors (any dtype,
- * any strides) and f32 tiles, and the visibility of one (query tile, key tile) pair. */
+/* Tile plumbing shared by the CPU algorithms, one job per file: rows between tensors (any dtype,
+ * any strides) and f32 tiles (cpu_rows.c), the visibility and masks of a (query tile, key tile)
+ * pair (cpu_visibility.c), dropout (cpu_dropout.c), the online-softmax step (cpu_softmax.c) and
+ * thread helpers (cpu_threads.c). */
 #ifndef FA_CPU_TILE_H
 #define FA_CPU_TILE_H
 #include <math.h>

@@ -124,7 +124,7 @@ fa_status fa_cpu_varlen_run(void *state, const fa_problem *p, int backward)
                 s.outputs.dbias = shared.part;
                 fa_cpu_zero_bias(&s.outputs.dbias, 1, p->shape.heads_q, shared.rows, shared.keys);
             }
-            st = backward ? fa_cpu_backward(state, &s) : fa_cpu_forward(state, &s);
+            st = backward ? fa_cpu_backward_dense(state, &s) : fa_cpu_forward_dense(state, &s);
             if (dbias_shared && st == FA_SUCCESS) shared_dbias_add_part(&shared);
         } else if (backward) { /* no score exists: zero gradients */
             st = zero_rows(&p->dq, kern, q0, len_q);

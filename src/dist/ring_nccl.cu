@@ -7,10 +7,10 @@
  * each a poll against a deadline (FLASHATTN_RING_TIMEOUT_S) with ncclCommGetAsyncError; on an
  * NCCL error or the deadline it aborts the communicator.
  *
- * Written with the vendor names of src/cuda/gpu_runtime.h, so that it compiles with nvcc against
+ * Written with the vendor names of src/gpu/gpu_runtime.h, so that it compiles with nvcc against
  * the real NCCL and, as host C++, against the SIMT emulator's runtime and the NCCL double of
  * tests/dist (fake_nccl.c), where it runs. */
-#include "cuda/gpu_runtime.h"
+#include "gpu/gpu_runtime.h"
 
 #include <nccl.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* CPU emulation of AMD CDNA MFMA instructions as the ISA manual states them, shared by the layout
  * tests (test_mfma_layout.c, test_tc_layout.c). Written from the manual, independently of the
- * layouts under test (src/cuda/kernels/mma_layout.h, src/cuda/kernels/tc_layout.h). */
+ * layouts under test (src/gpu/kernels/mma_layout.h, src/gpu/kernels/tc_layout.h). */
 #ifndef FA_TEST_MMA_EMULATION_H
 #define FA_TEST_MMA_EMULATION_H
 #include <string.h>

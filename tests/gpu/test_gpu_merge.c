@@ -1,4 +1,4 @@
-/* fa_merge_partials on a GPU context (plugin ABI 5: the device merge of src/cuda/kernels/merge.cuh)
+/* fa_merge_partials on a GPU context (plugin ABI 5: the device merge of src/gpu/kernels/merge.cuh)
  * against the host merge (src/common/merge.c) on the same values: 4 parts, one with strides, into
  * a strided out, with rows whose every part is -inf (zeros, lse -inf), a part of -inf lse whose
  * output is NaN (never read), a NaN and a +inf lse (NaN rows). Both merges follow one row rule

@@ -1,4 +1,4 @@
-/* Host-side planning of the GPU plugins (src/cuda/plan.h) on the CPU, with the shared-memory
+/* Host-side planning of the GPU plugins (src/gpu/plan.h) on the CPU, with the shared-memory
  * sizes of the GPUs the plugins target: the tile comes from the common tiling logic, is one the
  * plugin instantiates, fits the device, and is the largest such tile not above the paper's. */
 #include <setjmp.h>
@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "cuda/plan.h"
+#include "gpu/plan.h"
 
 typedef struct device_smem { const char *name; int64_t bytes; } device_smem;
 

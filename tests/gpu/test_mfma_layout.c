@@ -1,5 +1,5 @@
 /* CPU emulation of the matrix instructions of the tile layer, checking the fragment index math
- * of src/cuda/kernels/mma_layout.h: matrices are scattered into per-lane registers with the layer's
+ * of src/gpu/kernels/mma_layout.h: matrices are scattered into per-lane registers with the layer's
  * functions, the instruction is emulated as its ISA manual states it (lane and register
  * operands, written here independently), and the result gathered with the layer's C layout must
  * equal a plain matrix product. Chaining instructions along K checks the accumulation too. */
@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "cuda/kernels/mma_layout.h"
+#include "gpu/kernels/mma_layout.h"
 #include "mma_emulation.h"
 
 /* PTX ISA, "Matrix fragments for mma.m16n8k16" (f16/bf16): groupID = lane >> 2,

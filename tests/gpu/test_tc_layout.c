@@ -1,11 +1,11 @@
-/* The index math of the tile-MMA forward (src/cuda/kernels/tc_layout.h, src/cuda/tc_plan.h) on
+/* The index math of the tile-MMA forward (src/gpu/kernels/tc_layout.h, src/gpu/tc_plan.h) on
  * the CPU. A warp's ldmatrix and mma.sync are emulated as the PTX ISA states them (written here
  * independently of the layer): the Q K^T and P V loops of tile_mma_sync.cuh, replayed with the
  * layer's address and item functions on swizzled tiles, must give the plain matrix products. The
  * swizzle must be a bijection and conflict-free for the kernel's ldmatrix and 16-byte copy
  * phases; the plain-FMA layer's ownership and shuffle sources must be consistent; the padded
  * head dims, tiles, shared memory (forward and backward) and chunk alignment of the plan are
- * checked. The CDNA layer (src/hip/tile_mfma.cuh) is replayed the same way on an emulated
+ * checked. The CDNA layer (src/gpu/amd/tile_mfma.cuh) is replayed the same way on an emulated
  * v_mfma_f32_16x16x16f16 (tests/gpu/mma_emulation.h). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,8 +16,8 @@
 
 #include <cmocka.h>
 
-#include "cuda/kernels/tc_layout.h"
-#include "cuda/tc_plan.h"
+#include "gpu/kernels/tc_layout.h"
+#include "gpu/tc_plan.h"
 #include "mma_emulation.h"
 
 static const int widths[] = {64, 128, 256};
@@ -299,7 +299,7 @@ static void test_mma_emulation_detects_wrong_packing(void **state)
 
 /* ---- CDNA MFMA layer (transposed products) ----------------------------------------------------- */
 
-/* The qk and pv loops of mfma_layer (src/hip/tile_mfma.cuh) for every warp (wavefront) of a block,
+/* The qk and pv loops of mfma_layer (src/gpu/amd/tile_mfma.cuh) for every warp (wavefront) of a block,
  * with operands gathered by the layer's coordinate functions from swizzled tiles. */
 static void check_mfma_products(int w)
 {

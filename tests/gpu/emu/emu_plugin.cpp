@@ -1,4 +1,4 @@
-/* An emulated build of a GPU plugin: src/cuda/plugin.cu (or src/hip/plugin.hip), host code and
+/* An emulated build of a GPU plugin: src/gpu/nvidia/plugin.cu (or src/gpu/amd/plugin.hip), host code and
  * kernels, compiled unchanged as host C++ for the target that -DEMU_TARGET_* names, with
  * FA_GPU_EMULATOR="emu_runtime.h" (see emu_runtime.h). The result is a plugin with the real
  * file name (libflashattn-cuda.so, libflashattn-hip.so) in a folder of its own, which the
@@ -15,7 +15,7 @@
 
 #if defined(__HIPCC__)
 #  define FA_HIP_TARGETS "gfx90a", "gfx908", "gfx1030"
-#  include "hip/plugin.hip"
+#  include "gpu/amd/plugin.hip"
 #else
-#  include "cuda/plugin.cu"
+#  include "gpu/nvidia/plugin.cu"
 #endif

@@ -1,5 +1,5 @@
-/* The SIMT emulator's vendor header: what src/cuda/gpu_runtime.h spells for CUDA and HIP, spelled
- * for the CPU, so that src/cuda/plugin.cu and its kernels compile unchanged as host C++ (g++ or
+/* The SIMT emulator's vendor header: what src/gpu/gpu_runtime.h spells for CUDA and HIP, spelled
+ * for the CPU, so that src/gpu/plugin.cuh and its kernels compile unchanged as host C++ (g++ or
  * clang++) and run through emu_core. Included by gpu_runtime.h when FA_GPU_EMULATOR names it; the
  * translation unit first defines the target it models (emu_plugin.cpp):
  *   EMU_TARGET_CUDA            NVIDIA sm_80 model: warp 32, mma.sync/ldmatrix/cp.async models
@@ -395,7 +395,7 @@ static inline fa_gpu_error fa_gpu_launch(void (*kernel)(Params), dim3 grid, dim3
     return emuSuccess;
 }
 
-/* ---- NVIDIA instructions (replaces src/cuda/kernels/ptx.cuh) ---------------------------------- */
+/* ---- NVIDIA instructions (replaces src/gpu/nvidia/ptx.cuh) ---------------------------------- */
 #define FA_GPU_PTX_CUH 1
 inline void fa_ptx_cp_async16(void *smem_dst, const void *global_src, bool valid) { ::emu::copy_async16(smem_dst, global_src, valid); }
 inline void fa_ptx_cp_async_commit(void) { ::emu::copy_async_commit(); }
@@ -422,7 +422,7 @@ inline float fa_ptx_ex2_approx_ftz(float x)
     return fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
 }
 
-/* ---- AMD instructions (replaces src/hip/amdgcn.cuh) ------------------------------------------- */
+/* ---- AMD instructions (replaces src/gpu/amd/amdgcn.cuh) ------------------------------------------- */
 #define FA_HIP_AMDGCN_CUH 1
 struct fa_amdgcn_half { uint16_t bits; };
 struct fa_amdgcn_half4 {

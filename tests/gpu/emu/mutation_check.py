@@ -29,7 +29,7 @@ import sys
 MUTANTS = [
     {
         "name": "generic_missing_key_tile_barrier",
-        "file": "src/cuda/kernels/attention_generic.cuh",
+        "file": "src/gpu/kernels/attention_generic.cuh",
         "find": "    __syncthreads(); /* the previous tile is no longer read */\n",
         "replace": "",
         "family": "generic",
@@ -38,7 +38,7 @@ MUTANTS = [
     },
     {
         "name": "tc_p_halves_swapped",
-        "file": "src/cuda/kernels/tile_mma_sync.cuh",
+        "file": "src/gpu/nvidia/tile_mma_sync.cuh",
         "find": "pack2<DT>(p.v[fa_tc_p_item(kstep, reg, 0)], p.v[fa_tc_p_item(kstep, reg, 1)])",
         "replace": "pack2<DT>(p.v[fa_tc_p_item(kstep, reg, 1)], p.v[fa_tc_p_item(kstep, reg, 0)])",
         "family": "tc",
@@ -50,7 +50,7 @@ MUTANTS = [
 
 HARMLESS_MUTANT = {
     "name": "comment_only",
-    "file": "src/cuda/kernels/attention_generic.cuh",
+    "file": "src/gpu/kernels/attention_generic.cuh",
     "find": "/* the previous tile is no longer read */",
     "replace": "/* (a changed comment) */",
     "family": "generic",

@@ -1,12 +1,12 @@
 /* The SIMT emulator's own contract (emu_core.h, emu_runtime.h): its instruction models agree with
- * the fragment layouts the device code is written against (src/cuda/kernels/mma_layout.h), its
+ * the fragment layouts the device code is written against (src/gpu/kernels/mma_layout.h), its
  * 16-bit conversions with src/common/half.h (two independent implementations), shuffles follow
  * the CUDA width rules, cp.async lands only at wait_group, shared memory starts as NaN, and the
  * faults that make the emulated suite meaningful (divergent barrier or collective, wrong block
  * size, missing shared-memory opt-in) are raised rather than passed over. */
 #define EMU_TARGET_CUDA 1
 #define FA_GPU_EMULATOR "emu_runtime.h"
-#include "cuda/gpu_runtime.h"
+#include "gpu/gpu_runtime.h"
 
 #include <setjmp.h>
 #include <signal.h>
@@ -23,7 +23,7 @@ extern "C" {
 #include <cmocka.h>
 }
 #include "common/half.h"
-#include "cuda/kernels/mma_layout.h"
+#include "gpu/kernels/mma_layout.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 
 #include "../gpu_runtime.h"
 #if !defined(__HIPCC__)
-#  include "ptx.cuh"
+#  include "../nvidia/ptx.cuh"
 #endif
 
 __device__ __forceinline__ void fa_copy16(uint16_t *smem_dst, const uint16_t *global_src, bool valid)

@@ -8,7 +8,6 @@
 #include "attention_tc_backward.cuh"
 #include "generic_dispatch.cuh"
 #include "tile_fma.cuh"
-#include "tile_mma_sync.cuh"
 
 /* The kernels of one (layer, width): NULL entries where not instantiated. */
 typedef struct fa_tc_set {
@@ -48,17 +47,10 @@ static fa_tc_set fa_tc_kernels_of_dtype(fa_dtype dtype, int width)
     return none;
 }
 
-/* The tc family: the architecture's matrix instructions. NVIDIA: mma.sync, defined here. AMD:
- * defined by the HIP plugin (src/hip/tc_matrix_kernels.cuh: MFMA for f16 where the device has it,
- * matrix_cores on gfx908 and gfx90a, the plain-FMA layer otherwise). */
+/* The tc family: the architecture's matrix instructions, defined by each vendor's
+ * tc_matrix_kernels.cuh (src/gpu/nvidia: mma.sync; src/gpu/amd: MFMA where the device has matrix
+ * cores, the plain-FMA layer otherwise). */
 static fa_tc_set fa_tc_matrix_kernels(fa_dtype dtype, int width, bool matrix_cores);
-#if !defined(__HIPCC__)
-static fa_tc_set fa_tc_matrix_kernels(fa_dtype dtype, int width, bool matrix_cores)
-{
-    (void)matrix_cores;
-    return fa_tc_kernels_of_dtype<fa_tc::mma_sync_layer>(dtype, width);
-}
-#endif
 
 /* The kernels of (family, dtype, padded width); NULL entries make the caller run the generic
  * kernels (f32, head dims above 256, backward above width 128, the generic family). */

@@ -5,9 +5,9 @@
 #define FA_GPU_TILE_MMA_SYNC_CUH
 #if !defined(__HIPCC__)
 #include "ptx.cuh"
-#include "tc_layout.h"
-#include "tile_layer.cuh"
-#include "warp.cuh"
+#include "../kernels/tc_layout.h"
+#include "../kernels/tile_layer.cuh"
+#include "../kernels/warp.cuh"
 
 namespace fa_tc {
 

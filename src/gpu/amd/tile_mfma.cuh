@@ -1,5 +1,5 @@
 /* The AMD CDNA tile layer (gfx908, gfx90a): v_mfma_f32_16x16x16f16 with f32 accumulation, for
- * f16 inputs, under the contract of src/cuda/kernels/tile_layer.cuh. Computed transposed
+ * f16 inputs, under the contract of src/gpu/kernels/tile_layer.cuh. Computed transposed
  * (S^T = K Q^T, O^T = V^T P^T; index math in tc_layout.h, emulated on the CPU by
  * tests/gpu/test_tc_layout.c) so that P stays in registers as the B operand. One query row per lane
  * (lane % 16): row reductions are shuffles by 16 and 32, as in the plain-FMA layer.
@@ -8,9 +8,9 @@
 #ifndef FA_HIP_TILE_MFMA_CUH
 #define FA_HIP_TILE_MFMA_CUH
 #if defined(__HIPCC__)
-#include "../cuda/kernels/tc_layout.h"
-#include "../cuda/kernels/tile_layer.cuh"
-#include "../cuda/kernels/warp.cuh"
+#include "../kernels/tc_layout.h"
+#include "../kernels/tile_layer.cuh"
+#include "../kernels/warp.cuh"
 #include "amdgcn.cuh"
 
 namespace fa_tc {

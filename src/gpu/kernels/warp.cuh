@@ -6,7 +6,7 @@
 #define FA_GPU_WARP_CUH
 #include "../gpu_runtime.h"
 #if !defined(__HIPCC__)
-#include "ptx.cuh"
+#include "../nvidia/ptx.cuh"
 #endif
 
 #if defined(__HIPCC__)

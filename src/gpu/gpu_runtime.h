@@ -1,10 +1,11 @@
 /* The vendor header: the few runtime calls and types the plugin uses, spelled once for CUDA and
- * once for HIP. Everything else in src/cuda (and src/hip, which compiles the same sources with
- * hipcc) uses the fa_gpu* names below, so the host code and the kernels are written once.
+ * once for HIP. Everything else in src/gpu (compiled by nvcc from nvidia/plugin.cu and by hipcc
+ * from amd/plugin.hip) uses the fa_gpu* names below, so the host code and the kernels are written
+ * once.
  * A third spelling comes from outside src: FA_GPU_EMULATOR names a header (tests/gpu/emu) that
  * provides the same names on the CPU, so the unchanged plugin and kernels run under the SIMT
- * emulator. The vendor-specific instructions live in kernels/ptx.cuh (NVIDIA inline asm) and
- * src/hip/amdgcn.cuh (AMD builtins), behind include guards the emulator pre-empts. */
+ * emulator. The vendor-specific instructions live in nvidia/ptx.cuh (NVIDIA inline asm) and
+ * amd/amdgcn.cuh (AMD builtins), behind include guards the emulator pre-empts. */
 #ifndef FA_GPU_RUNTIME_H
 #define FA_GPU_RUNTIME_H
 

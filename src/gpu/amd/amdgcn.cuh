@@ -5,7 +5,7 @@
 #define FA_HIP_AMDGCN_CUH
 #include <stdint.h>
 
-#include "../cuda/gpu_runtime.h"
+#include "../gpu_runtime.h"
 
 typedef _Float16 fa_amdgcn_half;
 typedef _Float16 fa_amdgcn_half4 __attribute__((ext_vector_type(4)));

@@ -1,9 +1,9 @@
-/* The HIP plugin's tc family (declared in src/cuda/kernels/tc_dispatch.cuh): the CDNA MFMA layer
+/* The HIP plugin's tc family (declared in src/gpu/kernels/tc_dispatch.cuh): the CDNA MFMA layer
  * for f16 on devices with matrix cores (gfx908, gfx90a), the plain-FMA layer for bf16 and on
  * devices without them (gfx1030). */
 #ifndef FA_HIP_TC_MATRIX_KERNELS_CUH
 #define FA_HIP_TC_MATRIX_KERNELS_CUH
-#include "../cuda/kernels/tc_dispatch.cuh"
+#include "../kernels/tc_dispatch.cuh"
 #include "tile_mfma.cuh"
 
 static fa_tc_set fa_tc_matrix_kernels(fa_dtype dtype, int width, bool matrix_cores)
