@@ -15,7 +15,7 @@
 #include "bench_clock.h"
 #include "common/alloc.h"
 #include "common/half.h"
-#include "cpu/kernels/fma_peak.h"
+#include "fma_peak.h" /* bench/cpu/probe */
 #include "flashattn.h"
 #include "torch_column.h"
 #ifdef FA_BENCH_HAVE_OPENBLAS

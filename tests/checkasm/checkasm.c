@@ -27,7 +27,7 @@
 #include "common/dtype.h"
 #include "common/half.h"
 #include "cpu/kernels/exp_poly.h"
-#include "cpu/kernels/fma_peak.h"
+#include "fma_peak.h" /* bench/cpu/probe */
 #include "cpu/kernels/kernels.h"
 #include "flashattn.h"
 
