@@ -19,6 +19,7 @@
 #include "common/half.h"
 #include "cpu/kernels/kernels.h"
 #include "flashattn.h"
+#include "test_util.h" /* test_dtype_size */
 
 /* The random sequence: its state (set by --seed) and a uniform value in [lo, hi) from it. */
 extern uint32_t rng_state;

@@ -262,7 +262,7 @@ void test_bias_cols(void **state)
                                  (long long)rows, (long long)cols, (long long)c, max_isa[c], max_want[c]);
                 assert_true(max_isa[cols] == 99.0f);
                 /* the keys in two calls, the max carried by col_max: the same bits */
-                const int64_t split = rows / 2, elem = dtype == FA_DTYPE_F32 ? 4 : 2;
+                const int64_t split = rows / 2, elem = (int64_t)test_dtype_size(dtype);
                 for (int64_t e = 0; e < rows * ld; ++e) x_split[e] = x_orig[e];
                 for (int64_t c = 0; c < cols; ++c) max_split[c] = -INFINITY;
                 isa->bias_cols(x_split, ld, split, cols, scale, bias, dtype, ld_bias, max_split);

@@ -56,7 +56,7 @@ static void run_case(const e2e_case *c, const char *isa, void *const inputs[4], 
     assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &ctx), FA_SUCCESS);
     unsetenv("FLASHATTN_CPU_ISA");
     const int64_t nq = c->batch * c->seqlen_q * c->heads_q * c->head_dim, nk = c->batch * c->seqlen_k * c->heads_kv * c->head_dim;
-    const size_t es = c->dtype == FA_DTYPE_F32 ? 4 : 2;
+    const size_t es = test_dtype_size(c->dtype);
     void *out = calloc((size_t)nq, es), *dq = calloc((size_t)nq, es), *dk = calloc((size_t)nk, es), *dv = calloc((size_t)nk, es);
     res->lse = calloc((size_t)(c->batch * c->heads_q * c->seqlen_q), 4);
     int32_t seqlens[2] = {(int32_t)c->seqlen_k, (int32_t)(c->seqlen_k * 2 / 3)};
