@@ -1,9 +1,11 @@
 /* flashattn IO model: exact counts of the memory traffic of the paper's attention algorithms.
  *
- * A companion of flashattn.h, in the same library (libflashattn, pkg-config flashattn, CMake
- * flashattn::flashattn) but a separate header: the attention runtime (contexts, forward, backward)
- * does not use the model, and programs that only run attention need not see it. Include this
- * header for fa_io_*; it includes flashattn.h itself. */
+ * A companion of flashattn.h in a library of its own, libflashattn_io (pkg-config flashattn_io,
+ * CMake find_package(flashattn COMPONENTS io) and flashattn::flashattn_io, Meson
+ * dependency('flashattn_io')), which links libflashattn: the attention runtime (contexts, forward,
+ * backward) does not use the model, and programs that only run attention need neither link nor
+ * see it. Include this header for fa_io_*; it includes flashattn.h itself. Errors are reported
+ * as libflashattn's are: fa_status, and fa_last_error() names the argument. */
 #ifndef FLASHATTN_IO_H
 #define FLASHATTN_IO_H
 

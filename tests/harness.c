@@ -251,30 +251,6 @@ static uint64_t name_seed(const char *name)
     return h;
 }
 
-/* ---- dtype conversion, written here independently of src/common/half.h --------------------- */
-/* Rounds x to nearest-even with `bits` significant bits and smallest subnormal 2^min_exp. */
-static double round_to_bits(double x, int bits, int min_exp)
-{
-    if (x == 0.0 || !isfinite(x)) return x;
-    int e;
-    frexp(x, &e);
-    int ulp_exp = e - bits;
-    if (ulp_exp < min_exp) ulp_exp = min_exp;
-    return ldexp(nearbyint(ldexp(x, -ulp_exp)), ulp_exp);
-}
-
-static double round_to_dtype(double x, fa_dtype dtype)
-{
-    switch (dtype) {
-    case FA_DTYPE_F32: return (double)(float)x;
-    case FA_DTYPE_F16: return round_to_bits(x, 11, -24);
-    case FA_DTYPE_BF16: return round_to_bits(x, 8, -133);
-    }
-    return x;
-}
-
-static size_t dtype_bytes(fa_dtype dtype) { return dtype == FA_DTYPE_F32 ? 4 : 2; }
-
 /* ---- tensors ----------------------------------------------------------------------------------- */
 /* A tensor's host image in the case's layout, and its copy in the context's memory. */
 typedef struct case_tensor {
@@ -347,7 +323,7 @@ static void unpack_tensor(const case_tensor *ct, double *values)
  * filled with NaN so that an element the backend never writes shows up as an error). */
 static fa_status tensor_upload(fa_context *ctx, case_tensor *ct, const double *values)
 {
-    const size_t bytes = ct->elements * dtype_bytes(ct->t.dtype);
+    const size_t bytes = ct->elements * test_dtype_size(ct->t.dtype);
     ct->host = malloc(bytes);
     if (!ct->host) return FA_ERROR_OUT_OF_MEMORY;
     memset(ct->host, 0xff, bytes); /* all-ones: NaN in every dtype, also in the gaps */
@@ -359,7 +335,7 @@ static fa_status tensor_upload(fa_context *ctx, case_tensor *ct, const double *v
 
 static fa_status tensor_download(fa_context *ctx, case_tensor *ct, double *values)
 {
-    fa_status st = fa_memcpy_d2h(ctx, ct->host, ct->t.data, ct->elements * dtype_bytes(ct->t.dtype));
+    fa_status st = fa_memcpy_d2h(ctx, ct->host, ct->t.data, ct->elements * test_dtype_size(ct->t.dtype));
     if (st == FA_SUCCESS) unpack_tensor(ct, values);
     return st;
 }
@@ -371,7 +347,7 @@ static double gap_error(const case_tensor *ct)
     const fa_tensor *t = &ct->t;
     const size_t count = (size_t)(t->batch * t->seqlen * t->heads * t->head_dim);
     if (ct->elements == count) return 0.0; /* no gaps */
-    const size_t esize = dtype_bytes(t->dtype);
+    const size_t esize = test_dtype_size(t->dtype);
     uint8_t *is_element = calloc(ct->elements, 1);
     if (!is_element) return INFINITY;
     for (int64_t b = 0; b < t->batch; ++b)
@@ -451,7 +427,7 @@ static double *random_values(uint64_t *rng, size_t n, fa_dtype dtype)
 {
     double *values = malloc(n * sizeof *values);
     if (values)
-        for (size_t i = 0; i < n; ++i) values[i] = round_to_dtype(next_normal(rng), dtype);
+        for (size_t i = 0; i < n; ++i) values[i] = test_round_to_dtype(next_normal(rng), dtype);
     return values;
 }
 
@@ -512,7 +488,7 @@ static fa_status build_modifiers(fa_context *ctx, const fa_test_case *c, fa_dtyp
     }
     if (c->modifiers & MOD_SINKS) {
         if (!(m->sinks = malloc((size_t)s->heads_q * sizeof(float)))) return FA_ERROR_OUT_OF_MEMORY;
-        for (int64_t h = 0; h < s->heads_q; ++h) m->sinks[h] = (float)round_to_dtype(next_normal(rng), FA_DTYPE_BF16);
+        for (int64_t h = 0; h < s->heads_q; ++h) m->sinks[h] = (float)test_round_to_dtype(next_normal(rng), FA_DTYPE_BF16);
         if ((st = upload(ctx, m->sinks, (size_t)s->heads_q * sizeof(float), &m->sinks_dev))) return st;
         desc_host->sinks = m->sinks;
         desc->sinks = m->sinks_dev;
@@ -524,10 +500,10 @@ static fa_status build_modifiers(fa_context *ctx, const fa_test_case *c, fa_dtyp
                                full ? ld : 0};
         const int64_t batches = full ? s->batch : 1, rows = full ? s->seqlen_q : 1;
         m->bias_elements = (size_t)(batches * s->heads_q * rows * ld);
-        const size_t bytes = m->bias_elements * dtype_bytes(dtype);
+        const size_t bytes = m->bias_elements * test_dtype_size(dtype);
         if (!(m->bias_host = malloc(bytes)) || !(m->dbias_host = malloc(bytes))) return FA_ERROR_OUT_OF_MEMORY;
         for (size_t x = 0; x < m->bias_elements; ++x)
-            test_store_element(m->bias_host, x, dtype, round_to_dtype(next_normal(rng), dtype));
+            test_store_element(m->bias_host, x, dtype, test_round_to_dtype(next_normal(rng), dtype));
         if ((st = upload(ctx, m->bias_host, bytes, &m->bias_dev))) return st;
         bias_host->data = m->bias_host;
         *bias_dev = *bias_host;
@@ -632,7 +608,7 @@ fa_status fa_run_case(fa_context *ctx, const fa_test_case *c, fa_dtype dtype, in
     /* dbias in the bias's layout, filled with all-ones bytes so an element never written shows */
     fa_bias dbias_dev;
     size_t dbias_count = 0;
-    const size_t bias_bytes = m.bias_elements * dtype_bytes(dtype);
+    const size_t bias_bytes = m.bias_elements * test_dtype_size(dtype);
     if (m.bias_dev) {
         memset(m.dbias_host, 0xff, bias_bytes);
         TRY(upload(ctx, m.dbias_host, bias_bytes, &m.dbias_dev));

@@ -43,49 +43,6 @@ double test_relative_error(const double *ref, const float *got, size_t n)
     return worst / largest;
 }
 
-/* Stores x, already representable in dtype, at element index of buf. */
-void test_store_element(void *buf, size_t index, fa_dtype dtype, double x)
-{
-    if (dtype == FA_DTYPE_F32) {
-        ((float *)buf)[index] = (float)x;
-        return;
-    }
-    uint16_t bits;
-    if (dtype == FA_DTYPE_BF16) {
-        const float f = (float)x;
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        bits = (uint16_t)(u >> 16);
-    } else {
-        const uint16_t sign = signbit(x) ? 0x8000u : 0u;
-        const double a = fabs(x);
-        int e;
-        const double m = frexp(a, &e); /* a = m 2^e, m in [0.5, 1) */
-        if (a == 0.0) bits = sign;
-        else if (e - 1 >= -14) bits = (uint16_t)(sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((m * 2.0 - 1.0) * 1024.0));
-        else bits = (uint16_t)(sign | (uint16_t)ldexp(a, 24)); /* subnormal */
-    }
-    ((uint16_t *)buf)[index] = bits;
-}
-
-double test_load_element(const void *buf, size_t index, fa_dtype dtype)
-{
-    if (dtype == FA_DTYPE_F32) return ((const float *)buf)[index];
-    const uint16_t bits = ((const uint16_t *)buf)[index];
-    if (dtype == FA_DTYPE_BF16) {
-        const uint32_t u = (uint32_t)bits << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    const double sign = bits & 0x8000u ? -1.0 : 1.0;
-    const int exp = (bits >> 10) & 0x1f;
-    const int man = bits & 0x3ff;
-    if (exp == 0x1f) return man ? NAN : sign * INFINITY;
-    if (exp == 0) return sign * ldexp(man, -24);
-    return sign * ldexp(1024 + man, exp - 25);
-}
-
 int32_t *test_page_table(int64_t batch, int64_t max_pages, int64_t pages)
 {
     int32_t *table = malloc((size_t)(batch * max_pages) * sizeof *table);

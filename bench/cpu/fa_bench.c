@@ -15,15 +15,19 @@
 #include "bench_clock.h"
 #include "common/alloc.h"
 #include "common/half.h"
-#include "cpu/kernels/fma_peak.h"
+#include "fma_peak.h" /* bench/cpu/probe */
 #include "flashattn.h"
+#include "flops.h" /* bench/flops.h */
 #include "torch_column.h"
 #ifdef FA_BENCH_HAVE_OPENBLAS
 #include "std_attention.h"
 #endif
 
 enum { MAX_LIST = 16, MAX_REPS = 64 };
-typedef enum pass { PASS_FWD, PASS_BWD, PASS_FWDBWD } pass;
+typedef fa_bench_pass pass; /* bench/flops.h: the passes the FLOP convention counts */
+#define PASS_FWD FA_BENCH_FWD
+#define PASS_BWD FA_BENCH_BWD
+#define PASS_FWDBWD FA_BENCH_FWDBWD
 static const char *pass_names[] = {"fwd", "bwd", "fwd+bwd"};
 static const char *dtype_names[] = {"f32", "f16", "bf16"}; /* indexed by fa_dtype */
 
@@ -272,13 +276,6 @@ static void let_engines_idle(void)
     nanosleep(&pause, NULL);
 }
 
-static double attention_flops(int64_t n, int64_t heads, int64_t d, int causal, pass which)
-{
-    const double pairs = causal ? (double)n * (double)(n + 1) / 2.0 : (double)n * (double)n;
-    const double fwd = 4.0 * pairs * (double)d * (double)heads;
-    return which == PASS_FWD ? fwd : which == PASS_BWD ? 2.5 * fwd : 3.5 * fwd;
-}
-
 static void print_info(fa_context *ctx, const options *o)
 {
     printf("%s\n", fa_context_info(ctx));
@@ -371,8 +368,8 @@ int main(int argc, char **argv)
     printf("sgemm 2048^3, %d threads: %.1f GFLOP/s = %.2f of the FMA peak (what the BLAS reaches; the 'of BLAS' "
            "column divides by this)\n", o.threads, sgemm_rate, sgemm_rate / fma_peak);
 #endif
-    printf("times: %s of up to %d repetitions%s, %s; FLOPs: 4 N^2 d per head forward, 2.5x that backward, causal "
-           "counts the N(N+1)/2 visible scores\n",
+    printf("times: %s of up to %d repetitions%s, %s; FLOPs (bench/flops.h): 4 N^2 d per head forward, 2.5x that backward, "
+           "causal counts the N(N+1)/2 visible scores\n",
            o.median ? "median" : "best", o.max_reps, o.max_reps > 1 ? " after a warm-up run" : " (no warm-up)",
            bench_use_cpu_clock ? "process CPU time / threads" : "wall clock");
     /* --layout bhnd: [B, H, N, d], each head's rows contiguous; else [B, N, H, d] */
@@ -461,7 +458,7 @@ int main(int argc, char **argv)
                         const double l1_rate = 0.5 * (l1_before + fa_cpu_l1_gemm_rate(kernels, o.threads));
                         if (dtype == FA_DTYPE_F32) f32_seconds = flash.seconds;
                         const double vs_f32 = f32_seconds > 0 ? flash.seconds / f32_seconds : 0.0;
-                        const double flops = attention_flops(n, o.heads, d, causal, (pass)ps);
+                        const double flops = fa_bench_attention_flops(o.heads, n, n, d, causal, (pass)ps);
                         const double fg = flops / flash.seconds * 1e-9, sg = std.ok ? flops / std.seconds * 1e-9 : 0.0;
                         const double fmib = flash.peak_bytes / 1048576.0, smib = std.peak_bytes / 1048576.0;
                         fprintf(stderr, "\r%70s\r", "");

@@ -3,7 +3,8 @@
 same GPU, same tensors: fp16 and bf16, d = 64 and 128, N = 1k..16k with batch * N = 16k, 16 heads,
 dense and causal. Prints forward and forward+backward TFLOP/s and the ratios the CUDA issue
 targets (forward >= 0.9x, forward+backward >= 0.85x).
-FLOPs: 4 N^2 d heads batch forward, 2.5x that backward, halved when causal.
+FLOPs: bench/flops.py (4 N^2 d heads batch forward, 3.5x that forward+backward; causal counts the
+N(N+1)/2 visible scores).
 
 flashattn is called through ctypes on the tensors' device pointers, on PyTorch's current stream.
 Usage: python3 sdpa_compare.py [--lib build/src/libflashattn.so] [--quick]
@@ -16,6 +17,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from flops import attention_flops  # noqa: E402  (bench/flops.py: the benchmarks' one FLOP convention)
 
 FA_DTYPE = {torch.float16: 1, torch.bfloat16: 2}
 
@@ -108,7 +112,8 @@ def main():
                     batch = max(1, 16384 // n)
                     shape = (batch, heads, n, d)
                     q, k, v, dout = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4))
-                    flops = 4.0 * n * n * d * heads * batch * (0.5 if causal else 1.0)
+                    flops = attention_flops(batch * heads, n, n, d, causal, "fwd")
+                    flops_fb = attention_flops(batch * heads, n, n, d, causal, "fwdbwd")
                     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
 
                     def sdpa_fwd():
@@ -140,8 +145,8 @@ def main():
                         err = (out.float() - sdpa_fwd().float()).abs().max().item()
                     tf = lambda f, ms: f / ms / 1e9
                     print(f"{str(dtype)[6:]:6} {d:4} {n:6} {str(causal):>6} | {tf(flops, t_sdpa_fwd):9.1f} "
-                          f"{tf(flops, t_fa_fwd):9.1f} {t_sdpa_fwd / t_fa_fwd:6.2f} | {tf(3.5 * flops, t_sdpa_fb):9.1f} "
-                          f"{tf(3.5 * flops, t_fa_fb):9.1f} {t_sdpa_fb / t_fa_fb:6.2f}   max|O-O_sdpa|={err:.2e}")
+                          f"{tf(flops, t_fa_fwd):9.1f} {t_sdpa_fwd / t_fa_fwd:6.2f} | {tf(flops_fb, t_sdpa_fb):9.1f} "
+                          f"{tf(flops_fb, t_fa_fb):9.1f} {t_sdpa_fb / t_fa_fb:6.2f}   max|O-O_sdpa|={err:.2e}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@
 #include <time.h>
 
 #include "cpu/cpu_tile.h"
-#include "cpu/kernels/fma_peak.h"
+#include "fma_peak.h" /* bench/cpu/probe */
 #include "cpu/kernels/kernels.h"
 
 enum { BUF = 1 << 18, SAMPLES = 9 }; /* BUF: floats per buffer, >= the forward's S^T at d 64 (1024 x 144) */

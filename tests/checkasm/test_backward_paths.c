@@ -20,6 +20,7 @@
 #include "../../src/common/alloc.h"
 #include "../../src/common/half.h"
 #include "harness.h"
+#include "test_util.h"
 
 /* Fields: name, {batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim}, scale, causal,
  * window_left, window_right, key_padding, dropout_p, seed, offset, block mask, block_q, block_k,
@@ -65,7 +66,7 @@ typedef struct problem {
 
 static void *random_tensor(size_t count, fa_dtype dtype, uint32_t seed)
 {
-    const size_t es = dtype == FA_DTYPE_F32 ? 4 : 2;
+    const size_t es = test_dtype_size(dtype);
     unsigned char *x = malloc(count * es);
     assert_non_null(x);
     for (size_t i = 0; i < count; ++i) {
@@ -84,7 +85,7 @@ static void *random_tensor(size_t count, fa_dtype dtype, uint32_t seed)
 static void problem_init(problem *pr, const fa_test_case *c, fa_dtype dtype)
 {
     const oracle_shape *s = &c->shape;
-    const size_t es = dtype == FA_DTYPE_F32 ? 4 : 2;
+    const size_t es = test_dtype_size(dtype);
     const size_t nq = (size_t)(s->batch * s->seqlen_q * s->heads_q * s->head_dim);
     const size_t nk = (size_t)(s->batch * s->seqlen_k * s->heads_kv * s->head_dim);
     pr->c = c;

@@ -1,7 +1,9 @@
 #!/bin/sh
 # A built library exports exactly the fa_* functions its public headers declare FA_API, plus the
-# private names given (src/common/error.h: fa_private_set_error, for libflashattn_dist only), so no
-# internal function leaks into the ABI. Names the toolchain adds (starting with '_') are ignored.
+# private names given (src/common/error.h: fa_private_set_error, for libflashattn_dist and
+# libflashattn_io only), so no internal function leaks into the ABI and no function of another
+# library's header is exported (libflashattn has no fa_io_*). Names the toolchain adds (starting
+# with '_') are ignored.
 # Usage: check_library_exports.sh LIBRARY "PRIVATE NAMES" HEADER...
 set -eu
 library=$1

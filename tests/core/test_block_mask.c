@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "test_util.h"
 
 static int bit_count(uint64_t x)
 {
@@ -68,9 +69,7 @@ static void test_local_global(void **state)
 
 static void expect_error(fa_status st, const char *name, const uint8_t *canary_area)
 {
-    assert_int_equal(st, FA_ERROR_INVALID_VALUE);
-    const char *msg = fa_last_error();
-    if (!strstr(msg, name) || strchr(msg, '\n')) fail_msg("message '%s' should name '%s'", msg, name);
+    test_expect_error(st, FA_ERROR_INVALID_VALUE, name);
     if (canary_area)
         for (int i = 0; i < 4; ++i) assert_int_equal(canary_area[i], 0xA5);
 }

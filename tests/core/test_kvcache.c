@@ -66,72 +66,12 @@ static const kv_case cases[] = {
     {"modifiers_window_bf16_outer", 2, 6, 3, 48, 3, 2, 16, 512, {300, 17}, 1, 64, -1, FA_DTYPE_BF16, 3, 0, 0, 1},
 };
 
-/* f32 <-> element of dtype (f32 or f16), round to nearest even. */
-static uint16_t to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
-    const float a = fabsf(f);
-    if (a >= 65520.0f) return (uint16_t)(sign | 0x7c00u);
-    if (a < 6.103515625e-05f) return (uint16_t)(sign | (uint16_t)lrintf(a * 16777216.0f));
-    int e;
-    const float m = frexpf(a, &e); /* a = m 2^e, m in [0.5, 1) */
-    uint32_t mant = (uint32_t)lrintf(m * 2048.0f); /* 11 bits with the implicit one */
-    if (mant == 2048) {
-        mant = 1024;
-        ++e;
-    }
-    return (uint16_t)(sign | (uint32_t)(e + 14) << 10 | (mant - 1024));
-}
-
-static float from_f16(uint16_t h)
-{
-    const float sign = h & 0x8000u ? -1.0f : 1.0f;
-    const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    if (e == 0x1f) return m ? NAN : sign * INFINITY;
-    if (e == 0) return sign * ldexpf((float)m, -24);
-    return sign * ldexpf((float)(1024 + m), e - 25);
-}
-
-static uint16_t to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-static float from_bf16(uint16_t h)
-{
-    const uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static size_t esize(fa_dtype t) { return t == FA_DTYPE_F32 ? 4 : 2; }
-
-static void store(void *buf, size_t i, fa_dtype t, double v)
-{
-    if (t == FA_DTYPE_F32) ((float *)buf)[i] = (float)v;
-    else if (t == FA_DTYPE_F16) ((uint16_t *)buf)[i] = to_f16((float)v);
-    else ((uint16_t *)buf)[i] = to_bf16((float)v);
-}
-
-static float load(const void *buf, size_t i, fa_dtype t)
-{
-    if (t == FA_DTYPE_F32) return ((const float *)buf)[i];
-    return t == FA_DTYPE_F16 ? from_f16(((const uint16_t *)buf)[i]) : from_bf16(((const uint16_t *)buf)[i]);
-}
-
 static void *filled(size_t n, fa_dtype t, uint64_t seed)
 {
     double *x = test_random_doubles(seed, n);
-    void *buf = malloc(n * esize(t) + 1);
+    void *buf = malloc(n * test_dtype_size(t) + 1);
     assert_non_null(buf);
-    for (size_t i = 0; i < n; ++i) store(buf, i, t, x[i]);
+    for (size_t i = 0; i < n; ++i) test_store_element(buf, i, t, x[i]);
     free(x);
     return buf;
 }
@@ -206,41 +146,41 @@ static void run_setup(kv_run *r, const kv_case *c)
     for (int64_t s = 0; s < r->slots * r->slot_len; ++s)
         for (int64_t h = 0; !used[s] && h < c->heads_kv; ++h)
             for (int64_t x = 0; x < d; ++x) {
-                store(r->k_cache, cache_index(c, r, 0, s / r->slot_len, s % r->slot_len, h, x), c->dtype, NAN);
-                store(r->v_cache, cache_index(c, r, 1, s / r->slot_len, s % r->slot_len, h, x), c->dtype, NAN);
+                test_store_element(r->k_cache, cache_index(c, r, 0, s / r->slot_len, s % r->slot_len, h, x), c->dtype, NAN);
+                test_store_element(r->v_cache, cache_index(c, r, 1, s / r->slot_len, s % r->slot_len, h, x), c->dtype, NAN);
             }
     free(used);
     if (c->nan_in && c->nan_key < c->cached[0]) {
         int64_t slot, row;
         slot_of(c, r, 0, c->nan_key, &slot, &row);
-        store(c->nan_in == 1 ? r->k_cache : r->v_cache, cache_index(c, r, c->nan_in - 1, slot, row, 0, 3), c->dtype,
+        test_store_element(c->nan_in == 1 ? r->k_cache : r->v_cache, cache_index(c, r, c->nan_in - 1, slot, row, 0, 3), c->dtype,
               NAN);
     }
-    r->k_expect = malloc(r->cache_n * esize(c->dtype));
-    r->v_expect = malloc(r->cache_n * esize(c->dtype));
-    memcpy(r->k_expect, r->k_cache, r->cache_n * esize(c->dtype));
-    memcpy(r->v_expect, r->v_cache, r->cache_n * esize(c->dtype));
+    r->k_expect = malloc(r->cache_n * test_dtype_size(c->dtype));
+    r->v_expect = malloc(r->cache_n * test_dtype_size(c->dtype));
+    memcpy(r->k_expect, r->k_cache, r->cache_n * test_dtype_size(c->dtype));
+    memcpy(r->v_expect, r->v_cache, r->cache_n * test_dtype_size(c->dtype));
     if (c->seqlen_new) {
         r->k_new = filled(r->new_n, c->dtype, 14);
         r->v_new = filled(r->new_n, c->dtype, 15);
         if (c->nan_in && c->nan_key >= c->cached[0])
-            store(c->nan_in == 1 ? r->k_new : r->v_new, (size_t)((c->nan_key - c->cached[0]) * c->heads_kv * d + 3),
+            test_store_element(c->nan_in == 1 ? r->k_new : r->v_new, (size_t)((c->nan_key - c->cached[0]) * c->heads_kv * d + 3),
                   c->dtype, NAN);
         for (int64_t b = 0; b < c->batch; ++b)
             for (int64_t t = 0; t < c->seqlen_new; ++t) {
                 int64_t slot, row;
                 slot_of(c, r, b, c->cached[b] + t, &slot, &row);
                 for (int64_t h = 0; h < c->heads_kv; ++h) {
-                    const size_t at_k = cache_index(c, r, 0, slot, row, h, 0) * esize(c->dtype);
-                    const size_t at_v = cache_index(c, r, 1, slot, row, h, 0) * esize(c->dtype);
-                    const size_t from = (size_t)(((b * c->seqlen_new + t) * c->heads_kv + h) * d) * esize(c->dtype);
-                    memcpy((char *)r->k_expect + at_k, (char *)r->k_new + from, (size_t)d * esize(c->dtype));
-                    memcpy((char *)r->v_expect + at_v, (char *)r->v_new + from, (size_t)d * esize(c->dtype));
+                    const size_t at_k = cache_index(c, r, 0, slot, row, h, 0) * test_dtype_size(c->dtype);
+                    const size_t at_v = cache_index(c, r, 1, slot, row, h, 0) * test_dtype_size(c->dtype);
+                    const size_t from = (size_t)(((b * c->seqlen_new + t) * c->heads_kv + h) * d) * test_dtype_size(c->dtype);
+                    memcpy((char *)r->k_expect + at_k, (char *)r->k_new + from, (size_t)d * test_dtype_size(c->dtype));
+                    memcpy((char *)r->v_expect + at_v, (char *)r->v_new + from, (size_t)d * test_dtype_size(c->dtype));
                 }
             }
     }
-    r->out = malloc(r->q_n * esize(c->dtype));
-    memset(r->out, 0xff, r->q_n * esize(c->dtype));
+    r->out = malloc(r->q_n * test_dtype_size(c->dtype));
+    memset(r->out, 0xff, r->q_n * test_dtype_size(c->dtype));
     r->lse = test_nan_floats((size_t)(c->batch * c->heads_q * c->seqlen_q));
     r->tq = (fa_tensor){r->q, c->dtype, c->batch, c->seqlen_q, c->heads_q, d, 0, 0, 0};
     r->tout = (fa_tensor){r->out, c->dtype, c->batch, c->seqlen_q, c->heads_q, d, 0, 0, 0};
@@ -304,14 +244,14 @@ static double compare_sequence(fa_context *ctx, const kv_case *c, const kv_run *
 {
     const int64_t d = c->head_dim, keys = c->cached[b] + c->seqlen_new;
     const size_t row = (size_t)(c->heads_kv * d), qrow = (size_t)(c->seqlen_q * c->heads_q * d);
-    const size_t es = esize(c->dtype);
+    const size_t es = test_dtype_size(c->dtype);
     const size_t q_off = (size_t)b * qrow;
     float *lse = test_nan_floats((size_t)(c->heads_q * c->seqlen_q));
     void *out = malloc(qrow * es);
     double worst = 0.0;
     if (keys == 0) { /* no key: zeros and -inf (the sink alone with sinks), nothing to call fa_forward with */
         for (size_t e = 0; e < qrow; ++e)
-            if (load(r->out, q_off + e, c->dtype) != 0.0f) worst = INFINITY;
+            if (test_load_element(r->out, q_off + e, c->dtype) != 0.0f) worst = INFINITY;
         for (int64_t e = 0; e < c->heads_q * c->seqlen_q; ++e)
             if (r->lse[b * c->heads_q * c->seqlen_q + e] != (c->modifiers ? r->sinks[e / c->seqlen_q] : -INFINITY))
                 worst = INFINITY;
@@ -345,7 +285,7 @@ static double compare_sequence(fa_context *ctx, const kv_case *c, const kv_run *
     }
     assert_int_equal(fa_forward(ctx, &desc, &tq, &tk, &tv, &tout, lse), FA_SUCCESS);
     for (size_t e = 0; e < qrow; ++e) {
-        const double want = load(out, e, c->dtype), got = load(r->out, q_off + e, c->dtype);
+        const double want = test_load_element(out, e, c->dtype), got = test_load_element(r->out, q_off + e, c->dtype);
         const double err = isnan(want) || isnan(got) ? (isnan(want) && isnan(got) ? 0.0 : INFINITY)
                                                      : fabs(got - want) / (fabs(want) > 1.0 ? fabs(want) : 1.0);
         worst = worse(worst, err);
@@ -374,7 +314,7 @@ static void run_case(const kv_case *c)
         assert_int_equal(fa_context_set_num_threads(ctx, t + 1), FA_SUCCESS);
         const fa_status st = run_library(ctx, &runs[t], c);
         if (st != FA_SUCCESS) fail_msg("%s: %s", c->name, fa_last_error());
-        const size_t cache_bytes = runs[t].cache_n * esize(c->dtype);
+        const size_t cache_bytes = runs[t].cache_n * test_dtype_size(c->dtype);
         assert_memory_equal(runs[t].k_cache, runs[t].k_expect, cache_bytes);
         assert_memory_equal(runs[t].v_cache, runs[t].v_expect, cache_bytes);
         assert_memory_equal(runs[t].cached, c->cached, sizeof runs[t].cached);
@@ -388,12 +328,12 @@ static void run_case(const kv_case *c)
     if (c->nan_in) { /* the NaN reached some rows of sequence 0, and not all of them */
         size_t nans = 0;
         const size_t per_sequence = (size_t)(c->seqlen_q * c->heads_q * c->head_dim);
-        for (size_t e = 0; e < per_sequence; ++e) nans += isnan(load(r->out, e, c->dtype));
+        for (size_t e = 0; e < per_sequence; ++e) nans += isnan(test_load_element(r->out, e, c->dtype));
         printf("  %-24s NaN in %zu of %zu outputs of sequence 0\n", c->name, nans, per_sequence);
         assert_true(nans > 0 && nans < per_sequence);
     }
     for (int t = 1; t < 3; ++t) { /* bit-identical across 1, 2, 3 threads */
-        assert_memory_equal(runs[t].out, r->out, r->q_n * esize(c->dtype));
+        assert_memory_equal(runs[t].out, r->out, r->q_n * test_dtype_size(c->dtype));
         assert_memory_equal(runs[t].lse, r->lse, (size_t)(c->batch * c->heads_q * c->seqlen_q) * sizeof(float));
     }
     for (int t = 0; t < 3; ++t) run_free(&runs[t]);

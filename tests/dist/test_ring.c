@@ -12,8 +12,8 @@
 #include "common/half.h"
 #include "flashattn_dist.h"
 #include "ring_test_common.h"
+#include "test_util.h"
 
-static size_t elem_size(fa_dtype dtype) { return dtype == FA_DTYPE_F32 ? 4 : 2; }
 
 static const char *dtype_name(fa_dtype dtype)
 {
@@ -23,7 +23,7 @@ static const char *dtype_name(fa_dtype dtype)
 /* n f32 values rounded to dtype (round to nearest even), stored in dtype. */
 static void *narrowed(const float *x, size_t n, fa_dtype dtype)
 {
-    void *a = malloc(n * elem_size(dtype));
+    void *a = malloc(n * test_dtype_size(dtype));
     if (!a) abort();
     for (size_t i = 0; i < n; ++i) {
         if (dtype == FA_DTYPE_F32) ((float *)a)[i] = x[i];
@@ -47,7 +47,7 @@ static ring_result run_ring(fa_context *ctx, const char *name, const fa_attentio
                             const void *q, const void *k, const void *v, const void *dout)
 {
     const int64_t l = 2 * CHUNK;
-    const size_t lq = (size_t)(BATCH * l * HQ * D), lk = (size_t)(BATCH * l * HK * D), es = elem_size(dtype);
+    const size_t lq = (size_t)(BATCH * l * HQ * D), lk = (size_t)(BATCH * l * HK * D), es = test_dtype_size(dtype);
     ring_result r = {malloc(lq * es), malloc(lq * es), malloc(lk * es), malloc(lk * es),
                      malloc((size_t)(BATCH * HQ * l) * sizeof(float))};
     if (!r.o || !r.dq || !r.dk || !r.dv || !r.lse) abort();
@@ -91,7 +91,7 @@ static void check_rounded_once(fa_context *ctx, const char *name, const fa_atten
           "%s: f32 ring backward: %s", name, fa_last_error());
     void *ro = narrowed(o, lq, dtype), *rdq = narrowed(dq, lq, dtype), *rdk = narrowed(dk, lk, dtype),
          *rdv = narrowed(dv, lk, dtype);
-    const size_t es = elem_size(dtype);
+    const size_t es = test_dtype_size(dtype);
     CHECK(!memcmp(ro, got->o, lq * es) && !memcmp(lse, got->lse, ll * 4),
           "%s %s: forward is not the f32 ring's rounded once", name, dtype_name(dtype));
     CHECK(!memcmp(rdq, got->dq, lq * es) && !memcmp(rdk, got->dk, lk * es) && !memcmp(rdv, got->dv, lk * es),
@@ -114,7 +114,7 @@ static double tolerance(fa_dtype dtype, int gradient)
 static void run_case(fa_context *ctx, const char *name, const fa_attention_desc *desc, fa_dtype dtype)
 {
     const int64_t n = 2 * CHUNK * ranks, l = 2 * CHUNK;
-    const size_t gq = (size_t)(BATCH * n * HQ * D), gk = (size_t)(BATCH * n * HK * D), es = elem_size(dtype);
+    const size_t gq = (size_t)(BATCH * n * HQ * D), gk = (size_t)(BATCH * n * HK * D), es = test_dtype_size(dtype);
     const size_t lq = (size_t)(BATCH * l * HQ * D), lk = (size_t)(BATCH * l * HK * D), ll = (size_t)(BATCH * HQ * l);
     void *q = random_array(1, gq, dtype), *k = random_array(2, gk, dtype), *v = random_array(3, gk, dtype),
          *dout = random_array(4, gq, dtype);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/half.h"
+#include "test_util.h"
 
 static const uint32_t sentinel = FIXTURE_SENTINEL;
 
@@ -22,7 +23,7 @@ size_t fixture_elements(const fa_tensor *t)
 
 static size_t tensor_bytes(const fa_tensor *t)
 {
-    return fixture_elements(t) * (t->dtype == FA_DTYPE_F32 ? 4 : 2);
+    return fixture_elements(t) * test_dtype_size(t->dtype);
 }
 
 size_t fixture_q_bytes(const fixture *f) { return tensor_bytes(&f->q); }

@@ -1,12 +1,14 @@
 #!/bin/sh
 # Builds and runs one client (tests/core/test_client.c: prints the backends available, then a
-# forward and backward checked against closed forms) against flashattn in one of three ways:
-#   pkgconfig  install into a temporary DESTDIR, compile with pkg-config's flags
+# forward and backward checked against closed forms, and an IO-model estimate) against flashattn
+# and libflashattn_io (which brings flashattn) in one of three ways:
+#   pkgconfig  install into a temporary DESTDIR, compile with pkg-config's flags (flashattn_io)
 #   cmake      install, add the fake plugin as the CUDA plugin, MOVE the installed tree, then
-#              find_package(flashattn) from the moved tree; the client must load the plugin from
+#              find_package(flashattn COMPONENTS io) from the moved tree; the client must load the plugin from
 #              the moved tree, and from FLASHATTN_PLUGIN_DIR when that is set
 #   meson      a parent Meson project with this repository as subprojects/flashattn and
-#              dependency('flashattn') (forced to the subproject even if one is installed); the
+#              dependency('flashattn') and dependency('flashattn_io') (forced to the subproject
+#              even if one is installed); the
 #              plugin is found beside the library in the build tree
 # The fake plugin (tests/plugin/fake_plugin.c) reports no devices, naming the file it was loaded from, so the
 # client's "cuda:" line says which copy the registry opened.
@@ -64,9 +66,11 @@ case $way in
 pkgconfig)
     install_tree
     test -f "$stage/dest$libdir/pkgconfig/flashattn.pc" || fail "flashattn.pc not installed"
+    test -f "$stage/dest$libdir/pkgconfig/flashattn_io.pc" || fail "flashattn_io.pc not installed"
     export PKG_CONFIG_PATH="$stage/dest$libdir/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$stage/dest"
     unset PKG_CONFIG_LIBDIR || true
-    flags=$(pkg-config --cflags --libs flashattn)
+    pkg-config --print-requires flashattn_io | grep -q "^flashattn = $FA_VERSION\$" || fail "flashattn_io.pc does not require flashattn = $FA_VERSION"
+    flags=$(pkg-config --cflags --libs flashattn_io)
     echo "pkg-config: $flags"
     # shellcheck disable=SC2086 # flags are lists of words; a sanitized library needs its runtime first
     "$FA_CC" -std=c11 -Wall -Werror -o "$stage/client" "$FA_CLIENT" $sanitize_flags $flags -lm
@@ -107,6 +111,7 @@ cmake)
         >"$stage/cmake.log" 2>&1 || { cat "$stage/cmake.log"; fail "cmake configure failed"; }
     grep "flashattn" "$stage/cmake.log" | sed 's/^/  cmake: /'
     grep -qF "plugins in $moved_libdir/flashattn" "$stage/cmake.log" || fail "flashattn_PLUGIN_DIR is not in the moved tree"
+    grep -qF "flashattn component io: TRUE" "$stage/cmake.log" || fail "find_package(flashattn COMPONENTS io) failed"
     cmake --build "$stage/build" >"$stage/cmake-build.log" 2>&1 || { cat "$stage/cmake-build.log"; fail "cmake build failed"; }
     # The client finds the moved library through the RPATH CMake gives it, and its plugins beside it.
     plugin_at=$moved_libdir/flashattn/libflashattn-cuda.so run_client "$stage/build/client" FLASHATTN_PLUGIN_DIR=
@@ -132,6 +137,8 @@ meson)
         cat "$stage/setup.log"; fail "meson setup of the parent project failed"; }
     grep -q "Dependency flashattn found: YES .*(overridden)" "$stage/setup.log" || {
         cat "$stage/setup.log"; fail "dependency('flashattn') did not come from the subproject"; }
+    grep -q "Dependency flashattn_io found: YES .*(overridden)" "$stage/setup.log" || {
+        cat "$stage/setup.log"; fail "dependency('flashattn_io') did not come from the subproject"; }
     "$FA_MESON" compile -C "$parent/build" >"$stage/compile.log" 2>&1 || { cat "$stage/compile.log"; fail "build failed"; }
     # GPU plugins are found beside the subproject's library in the build tree.
     cp "$FA_FAKE_PLUGIN" "$parent/build/subprojects/flashattn/src/libflashattn-cuda.so"

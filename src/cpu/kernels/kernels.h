@@ -98,10 +98,13 @@
  *   decode_values: O = diag(alpha) O + P V for every kv head, V read straight from the cache:
  *             o[h*ldo_head + r*d + c] = alpha[h*rows + r] * o[..] + sum over x < n (increasing) of
  *             p[x*ldp + h*rows + r] * V(x,h)[c], V(x,h) as K(x,h) above; alpha NULL = 1.
- *   fma_chains: the FMA-peak probe's loop (fma_peak.h): `iterations` rounds of one FMA on each of
- *             the ISA's independent register-only chains (as many as gemm's register tile has
+ *   fma_chains: the FMA-peak probe's loop: `iterations` rounds of one FMA on each of the ISA's
+ *             independent register-only chains (as many as gemm's register tile has
  *             accumulators: enough to cover FMA latency x pipes); returns the FLOPs done (2 per
- *             lane per FMA) and stores a value depending on every chain in *sink.
+ *             lane per FMA) and stores a value depending on every chain in *sink. The probe's
+ *             driver is a benchmark tool outside the library (bench/cpu/probe/fma_peak.h); this
+ *             loop stays here because it must be compiled with the ISA's flags, in the same
+ *             per-ISA archive as the kernels whose limit it measures.
  * Results are deterministic: the same inputs give the same bits on every call and thread. */
 #ifndef FA_CPU_KERNELS_H
 #define FA_CPU_KERNELS_H

@@ -904,7 +904,7 @@ static void KNAME(decode_values)(int64_t n, int64_t heads, int64_t rows, int64_t
 #undef FA_VALUES_OF
 }
 
-/* The FMA-peak probe (fma_peak.h): 2*MR register-only chains, as many as the gemm tile's
+/* The FMA-peak probe (bench/cpu/probe/fma_peak.h): 2*MR register-only chains, as many as the gemm tile's
  * accumulators. acc = acc * m + a converges to a / (1 - m) = 1: no overflow, no subnormals. */
 static double KNAME(fma_chains)(int64_t iterations, float *sink)
 {

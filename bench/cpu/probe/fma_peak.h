@@ -1,8 +1,11 @@
 /* The machine's FMA peak for the selected kernels: the physical limit the benchmarks (fa-bench,
- * checkasm --bench) divide by. Internal to the library's core archive (not exported). */
+ * checkasm --bench) divide by. A benchmark tool, not part of the library: built as the static
+ * library fa_probe (bench/cpu/probe/meson.build) that fa-bench and test_checkasm link. It drives
+ * the kernels' fma_chains hook and gemm (src/cpu/kernels/kernels.h), which stay in the library
+ * because each must be compiled with its ISA's flags, as the kernels it measures are. */
 #ifndef FA_CPU_FMA_PEAK_H
 #define FA_CPU_FMA_PEAK_H
-#include "kernels.h"
+#include "cpu/kernels/kernels.h"
 
 /* GFLOP/s of kern->fma_chains (register-only independent FMA chains of the ISA's vector width) on
  * `threads` threads (OpenMP; 1 without it): best of 7 bursts of about 20 ms after a warm-up
