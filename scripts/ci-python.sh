@@ -44,4 +44,6 @@ if [ "$status" -eq 5 ]; then
 fi
 "$venv/bin/python" "$root/examples/train_tiny_attention.py" --steps 3
 phase "example"
+"$venv/bin/python" "$root/tests/install/readme_snippets.py" --python "$root/README.md" || status=1
+phase "README's python blocks"
 exit "$status"

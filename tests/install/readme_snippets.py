@@ -12,7 +12,9 @@ block is handled by its language tag:
   meson   appended to `project('app', 'c')` in a parent project beside app.c, set up (the
           dependency found through pkg-config in the installed tree), compiled; ./app run
   python  run from a temporary folder with FA_README_PYTHON (default: this interpreter) if
-          `import numpy, flashattn` works there, else reported as SKIPPED with the reason
+          `import numpy, flashattn` works there, else reported as SKIPPED with the reason;
+          `readme_snippets.py --python [README]` runs only these, strictly, with this interpreter
+          (scripts/ci-python.sh, from the venv holding the installed wheel)
 A block is exempt only through a line `<!-- readme-snippets: skip NAME (reason) -->` right before
 its fence, and only if NAME is listed in EXEMPT below; a marker not listed, or a listed exemption
 whose marker is gone, fails the test. A tag with no handler fails the test. Any block that fails
@@ -218,5 +220,32 @@ def main():
         shutil.rmtree(stage, ignore_errors=True)
 
 
+def python_only(readme):
+    """--python: the README's python blocks with this interpreter, which must import flashattn
+    (scripts/ci-python.sh runs it from the venv holding the installed wheel). No skips."""
+    blocks = [b for b in parse(readme) if b[0] == "python"]
+    if not blocks:
+        print("readme_snippets --python: README.md has no ```python block")
+        return 1
+    failed = 0
+    for lang, text, line, _ in blocks:
+        d = tempfile.mkdtemp(prefix="flashattn-readme-py.")
+        try:
+            with open(os.path.join(d, "snippet.py"), "w") as f:
+                f.write(text)
+            show(run([sys.executable, "snippet.py"], d, dict(os.environ), f"README.md:{line} python"))
+            print(f"README.md:{line} ```python: OK")
+        except Failed as e:
+            print(f"README.md:{line} ```python: FAILED: {e}")
+            failed += 1
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    print(f"readme_snippets --python: {len(blocks) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--python"]:
+        sys.exit(python_only(sys.argv[2] if len(sys.argv) > 2 else
+                             os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")))
     sys.exit(main())
