@@ -13,7 +13,8 @@
  * Internal to libflashattn (hidden). */
 fa_status fa_set_error(fa_status status, const char *fmt, ...) FA_PRINTF(2, 3);
 /* The same, exported under a private name (not in any public header, not API) for
- * libflashattn_dist only, whose failures must show in this library's fa_last_error(). */
+ * the optional libraries over this one (libflashattn_dist, libflashattn_io), whose failures must
+ * show in this library's fa_last_error(). */
 FA_API fa_status fa_private_set_error(fa_status status, const char *fmt, ...) FA_PRINTF(2, 3);
 void fa_clear_error(void);
 #endif
