@@ -24,7 +24,7 @@ meson compile -C "$build" -j "${FA_CI_JOBS:-2}" >/dev/null
 mapfile -t archives < <(find "$build/src" -name '*.a' | sort)
 clang -g -O1 -fsanitize=fuzzer $sanitize -fno-sanitize-recover=all -std=c11 \
   -Iinclude -Isrc -Itests fuzz/fuzz_attention.c tests/oracle.c tests/test_arrays.c tests/test_util.c \
-  -Wl,--start-group "${archives[@]}" -Wl,--end-group -lm -ldl -lpthread -o "$build/fuzz_attention"
+  -Wl,--start-group "${archives[@]}" -Wl,--end-group -lcmocka -lm -ldl -lpthread -o "$build/fuzz_attention"
 
 # Every input that once failed runs first, as a plain regression test.
 mapfile -t regressions < <(find fuzz/regressions -type f | sort)
