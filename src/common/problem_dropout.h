@@ -28,9 +28,4 @@ FA_HD uint64_t fa_dropout_section_element(const fa_dropout_section *d, int64_t h
                               (uint64_t)(d->row0 + i), (uint64_t)d->cols, (uint64_t)(d->col0 + j));
 }
 
-/* 1 when the grid differs from a dense problem's of seqlen_q x seqlen_k (block positions). */
-FA_HD int fa_dropout_moved(const fa_dropout_section *d, int64_t seqlen_q, int64_t seqlen_k)
-{
-    return d->row0 != 0 || d->col0 != 0 || d->rows != seqlen_q || d->cols != seqlen_k;
-}
 #endif

@@ -8,7 +8,6 @@
 
 #include "flashattn.h"
 #include "hostdev.h"
-#include "visibility.h"
 
 typedef struct fa_mask_section {
     int32_t causal;
@@ -25,24 +24,4 @@ FA_HD int fa_mask_has_block_mask(const fa_mask_section *m) { return m->block_mas
 /* The block mask, or NULL when there is none. */
 FA_HD const fa_block_mask *fa_mask_blocks(const fa_mask_section *m) { return m->block_mask.mask ? &m->block_mask : 0; }
 
-/* The valid keys of sequence b (key padding), of seqlen_k keys in all. */
-FA_HD int64_t fa_mask_valid_keys(const fa_mask_section *m, int64_t b, int64_t seqlen_k)
-{
-    if (!m->seqlens_k) return seqlen_k;
-    const int64_t n = m->seqlens_k[b];
-    return n < seqlen_k ? n : seqlen_k;
-}
-
-/* The keys query row i may see before the block mask, of valid_k valid ones. */
-FA_HD fa_key_range fa_mask_row_keys(const fa_mask_section *m, int64_t i, int64_t valid_k)
-{
-    return fa_visible_keys_at(fa_diagonal_key(i, m->diag_offset), valid_k, m->causal, m->window_left,
-                              m->window_right);
-}
-
-/* 1 when the block mask lets the rows of mask block row br see the keys of mask block column bc. */
-FA_HD int fa_mask_block_allows(const fa_mask_section *m, int64_t br, int64_t bc)
-{
-    return !m->block_mask.mask || m->block_mask.mask[br * m->block_mask.cols + bc] != 0;
-}
 #endif

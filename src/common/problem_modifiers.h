@@ -35,12 +35,6 @@ FA_HD float fa_modifiers_inv_softcap(const fa_modifier_section *m)
     return m->softcap > 0.0f ? 1.0f / m->softcap : 0.0f;
 }
 
-/* The ALiBi slope of (b, h). */
-FA_HD float fa_modifiers_alibi_slope(const fa_modifier_section *m, int64_t b, int64_t h)
-{
-    return m->alibi_slopes[b * m->alibi_stride_batch + h];
-}
-
 /* The element offset of (b, h, i, j) in a bias or its gradient: the one indexing rule. */
 FA_HD int64_t fa_bias_offset(const fa_bias *bias, int64_t b, int64_t h, int64_t i, int64_t j)
 {

@@ -17,8 +17,4 @@ typedef struct fa_output_section {
     float *dsinks;  /* backward: [heads_q] the sinks' gradient, NULL = not wanted */
 } fa_output_section;
 
-FA_HD int64_t fa_lse_offset(const fa_output_section *o, int64_t b, int64_t h, int64_t i)
-{
-    return b * o->lse_stride_batch + h * o->lse_stride_head + i;
-}
 #endif

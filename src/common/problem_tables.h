@@ -17,12 +17,4 @@ typedef struct fa_cache_section {
     int64_t seqlen_new;             /* tokens appended by this call, 0 = none */
 } fa_cache_section;
 
-/* The rows of sequence b of a packed batch's offsets [batch + 1]. */
-FA_HD int64_t fa_varlen_rows(const int32_t *cu_seqlens, int64_t b) { return cu_seqlens[b + 1] - cu_seqlens[b]; }
-
-/* The cache's capacity in tokens per sequence (tensor_seqlen: the cache tensors' seqlen). */
-FA_HD int64_t fa_cache_capacity(const fa_cache_section *c, int64_t tensor_seqlen)
-{
-    return c->block_table ? c->max_pages_per_seq * c->page_size : tensor_seqlen;
-}
 #endif

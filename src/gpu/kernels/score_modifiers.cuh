@@ -11,10 +11,10 @@
 #define FA_LN2 0.69314718055994530942f
 #define FA_LOG2E 1.44269504088896340736f
 
-/* Element (b, h, i, j) of a bias or dbias (strides in elements, 0 = broadcast, key stride 1). */
+/* Element (b, h, i, j) of a bias or dbias: the core's rule (fa_bias_offset, problem_modifiers.h). */
 __device__ __forceinline__ int64_t fa_bias_index(const fa_bias &bias, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    return b * bias.stride_batch + h * bias.stride_head + i * bias.stride_q + j;
+    return fa_bias_offset(&bias, b, h, i, j);
 }
 
 /* The base-2 logit of the visible element (b, h, i, j) of a (sequence) problem from its dot
