@@ -17,4 +17,8 @@ typedef struct fa_cache_section {
     int64_t seqlen_new;             /* tokens appended by this call, 0 = none */
 } fa_cache_section;
 
+/* A split-KV decode cuts a sequence's keys into chunks of at least this many keys: shorter chunks
+ * cost more in merging than they share. Every backend's split obeys it. */
+#define FA_CACHE_MIN_CHUNK_KEYS 256
+
 #endif

@@ -6,6 +6,8 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "table_checks.h"
+#include "tensor_strides.h"
 
 #define INVALID(...) fa_set_error(FA_ERROR_INVALID_VALUE, __VA_ARGS__)
 
@@ -37,14 +39,8 @@ fa_status fa_validate_tensor(const char *name, const fa_tensor *t, fa_tensor *ou
     static const char *const dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
     for (int i = 0; i < 4; ++i)
         if (dims[i] <= 0) return INVALID("%s: %s %lld is not positive", name, dim_names[i], (long long)dims[i]);
-    *out = *t;
-    const int packed = t->stride_batch == 0 && t->stride_seq == 0 && t->stride_head == 0;
-    if (packed) {
-        out->stride_head = t->head_dim;
-        if (!fa_checked_mul(t->heads, t->head_dim, &out->stride_seq) ||
-            !fa_checked_mul(t->seqlen, out->stride_seq, &out->stride_batch))
-            return INVALID("%s: element count overflows 64 bits", name);
-    } else if (t->stride_batch <= 0 || t->stride_seq <= 0 || t->stride_head <= 0) {
+    if (!fa_tensor_explicit_strides(t, out)) return INVALID("%s: element count overflows 64 bits", name);
+    if (!fa_tensor_is_packed(t) && (t->stride_batch <= 0 || t->stride_seq <= 0 || t->stride_head <= 0)) {
         return INVALID("%s: strides (%lld, %lld, %lld) must be all 0 (packed) or all positive", name,
                        (long long)t->stride_batch, (long long)t->stride_seq, (long long)t->stride_head);
     }
@@ -95,34 +91,18 @@ static fa_status check_varlen(const fa_attention_desc *desc, fa_problem *p)
     return FA_SUCCESS;
 }
 
-static fa_status check_offsets(const char *name, const int32_t *cu, int64_t batch, int64_t max_len,
-                               const char *max_name, int64_t total, const char *total_name)
+/* A table fault as the caller's error (table_checks.h holds the rule and the words). */
+static fa_status table_fault_error(const fa_table_fault *f)
 {
-    if (cu[0] != 0) return INVALID("desc->varlen->%s[0]: %d, the first offset must be 0", name, cu[0]);
-    for (int64_t b = 0; b < batch; ++b) {
-        const int64_t len = (int64_t)cu[b + 1] - cu[b];
-        if (len < 0)
-            return INVALID("desc->varlen->%s[%lld]: %d is below the previous offset %d (sequence %lld)", name,
-                           (long long)(b + 1), cu[b + 1], cu[b], (long long)b);
-        if (len > max_len)
-            return INVALID("desc->varlen->%s: sequence %lld has %lld rows, more than %s %lld", name, (long long)b,
-                           (long long)len, max_name, (long long)max_len);
-    }
-    if (cu[batch] != total)
-        return INVALID("desc->varlen->%s[%lld]: %d differs from the %lld rows of %s", name, (long long)batch,
-                       cu[batch], (long long)total, total_name);
-    return FA_SUCCESS;
+    char message[256];
+    fa_table_fault_message(f, message, sizeof message);
+    return INVALID("%s", message);
 }
 
 fa_status fa_validate_varlen_offsets(const fa_problem *p)
 {
-    const fa_varlen *vl = &p->varlen;
-    fa_status st = check_offsets("cu_seqlens_q", vl->cu_seqlens_q, vl->batch, vl->max_seqlen_q, "max_seqlen_q",
-                                 p->shape.seqlen_q, "q");
-    if (st == FA_SUCCESS)
-        st = check_offsets("cu_seqlens_k", vl->cu_seqlens_k, vl->batch, vl->max_seqlen_k, "max_seqlen_k",
-                           p->shape.seqlen_k, "k");
-    return st;
+    fa_table_fault f;
+    return fa_check_varlen_tables(&f, &p->varlen, p->shape.seqlen_q, p->shape.seqlen_k) ? FA_SUCCESS : table_fault_error(&f);
 }
 
 /* A bias over extent {batch, heads, rows, keys}; key stride 1. */
@@ -207,14 +187,9 @@ static fa_status check_modifiers(const fa_attention_desc *desc, fa_problem *p, c
 
 fa_status fa_validate_modifier_values(const fa_problem *p)
 {
-    const int64_t slope_batches = p->modifiers.alibi_stride_batch ? (p->varlen.batch ? p->varlen.batch : p->shape.batch) : 1;
-    for (int64_t x = 0; p->modifiers.alibi_slopes && x < slope_batches * p->shape.heads_q; ++x)
-        if (!isfinite(p->modifiers.alibi_slopes[x]))
-            return INVALID("desc->alibi_slopes[%lld]: %g is not finite", (long long)x, (double)p->modifiers.alibi_slopes[x]);
-    for (int64_t h = 0; p->modifiers.sinks && h < p->shape.heads_q; ++h)
-        if (isnan(p->modifiers.sinks[h]) || p->modifiers.sinks[h] == INFINITY)
-            return INVALID("desc->sinks[%lld]: %g is NaN or +inf (-inf = no sink)", (long long)h, (double)p->modifiers.sinks[h]);
-    return FA_SUCCESS;
+    fa_table_fault f;
+    const int64_t batches = p->varlen.batch ? p->varlen.batch : p->shape.batch;
+    return fa_check_modifier_values(&f, &p->modifiers, batches, p->shape.heads_q) ? FA_SUCCESS : table_fault_error(&f);
 }
 
 /* desc->q_offset, k_offset, seqlen_q_global, seqlen_k_global: this call as a block of a larger
@@ -448,30 +423,7 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
 
 fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)
 {
-    const int64_t capacity = kp->attn.shape.seqlen_k;
-    for (int64_t b = 0; b < kp->attn.shape.batch; ++b) {
-        const int64_t cached = kp->cache.cache_seqlens[b], total = cached + kp->cache.seqlen_new;
-        if (cached < 0)
-            return INVALID("cache->cache_seqlens[%lld]: %lld is negative (sequence %lld)", (long long)b,
-                           (long long)cached, (long long)b);
-        if (total > capacity) {
-            if (kp->cache.block_table)
-                return INVALID("cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens (%lld cached + %lld new), "
-                               "more than its %lld pages of %lld", (long long)b, (long long)b, (long long)total,
-                               (long long)cached, (long long)kp->cache.seqlen_new, (long long)kp->cache.max_pages_per_seq,
-                               (long long)kp->cache.page_size);
-            return INVALID("cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens (%lld cached + %lld new), more "
-                           "than the capacity %lld", (long long)b, (long long)b, (long long)total, (long long)cached,
-                           (long long)kp->cache.seqlen_new, (long long)capacity);
-        }
-        if (!kp->cache.block_table) continue;
-        const int64_t pages = (total + kp->cache.page_size - 1) / kp->cache.page_size;
-        for (int64_t x = 0; x < pages; ++x) {
-            const int32_t page = kp->cache.block_table[b * kp->cache.max_pages_per_seq + x];
-            if (page < 0 || page >= kp->cache.num_pages)
-                return INVALID("cache->block_table[%lld][%lld]: page %d of sequence %lld is outside [0, %lld)",
-                               (long long)b, (long long)x, page, (long long)b, (long long)kp->cache.num_pages);
-        }
-    }
-    return FA_SUCCESS;
+    fa_table_fault f;
+    return fa_check_cache_tables(&f, &kp->cache, kp->attn.shape.batch, kp->attn.shape.seqlen_k) ? FA_SUCCESS
+                                                                                             : table_fault_error(&f);
 }

@@ -29,6 +29,7 @@
 
 #include "../common/alloc.h"
 #include "../common/error.h"
+#include "../common/merge_rule.h"
 #include "../common/visibility.h"
 #include "cpu_backend.h"
 #include "cpu_tile.h"
@@ -37,7 +38,6 @@
 #define DECODE_KEYS 64        /* keys per online-softmax step (S^T of every kv head stays in L1) */
 #define DECODE_TASKS 128      /* tasks a split aims at: 4 per thread on 32 threads */
 #define DECODE_STREAM_MIN 8   /* keys per stream at least: shorter spans are read as runs */
-#define DECODE_MIN_CHUNK 256  /* keys: shorter chunks cost more in merging than they share */
 
 typedef struct decode_plan {
     int64_t group, rows, tile_rows, row_tiles, units;
@@ -64,7 +64,7 @@ static int64_t sequence_keys(const fa_kv_problem *kp, int64_t b) { return kp->ca
 /* Sequence b's key chunks: from the shape and its length only. */
 static int64_t chunk_count(const fa_kv_problem *kp, const decode_plan *plan, int64_t b)
 {
-    const int64_t chunks = (sequence_keys(kp, b) + DECODE_MIN_CHUNK - 1) / DECODE_MIN_CHUNK;
+    const int64_t chunks = (sequence_keys(kp, b) + FA_CACHE_MIN_CHUNK_KEYS - 1) / FA_CACHE_MIN_CHUNK_KEYS;
     return chunks > plan->splits ? plan->splits : chunks < 1 ? 1 : chunks;
 }
 
@@ -308,10 +308,10 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     run_tiles(kp, kern, b, rows, all_lo + 4 * stream, hi, w, out);
 }
 
-/* The rows of kv head hk of unit u, each merged over the unit's chunks in increasing chunk order:
- * O = sum_c e^(m_c - M) O_c / l with l = sum_c e^(m_c - M) l_c, lse = M + log l. A task per
- * (unit, kv head), so that a batch-1 decode's merge runs on several threads; each row's
- * arithmetic is the same whichever thread takes it. */
+/* The rows of kv head hk of unit u, each merged over the unit's chunks in increasing chunk order by
+ * the one lse merge (merge_rule.h) of the chunks' partials (m, l, O). A task per (unit, kv head),
+ * so that a batch-1 decode's merge runs on several threads; each row's arithmetic is the same
+ * whichever thread takes it. */
 static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t u,
                        int64_t hk, float *partials, float *acc)
 {
@@ -322,28 +322,26 @@ static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     float *first = partials + (size_t)(u * plan->chunks) * plan->partial_floats;
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t col = hk * rows + r;
-        float top = -INFINITY, sum = 0.0f;
-        int poisoned = 0; /* a chunk saw a NaN score: the row is NaN, lse too */
+        fa_merge_row row = fa_merge_row_start();
         for (int64_t c = 0; c < plan->chunks; ++c) {
             const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
-            if (in.m[col] > top) top = in.m[col];
-            if (in.l[col] != in.l[col]) poisoned = 1;
+            fa_merge_see_part(&row, in.m[col], in.l[col]);
         }
+        float sum = 0.0f;
         memset(acc, 0, (size_t)d * sizeof(float));
-        if (poisoned) top = sum = NAN;
-        for (int64_t c = 0; !poisoned && top != -INFINITY && c < plan->chunks; ++c) {
+        for (int64_t c = 0; c < plan->chunks; ++c) {
             const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
-            if (in.m[col] == -INFINITY) continue;
-            const float weight = expf(in.m[col] - top);
-            sum += weight * in.l[col];
-            for (int64_t x = 0; x < d; ++x) acc[x] += weight * in.o[col * d + x];
+            const float weight = fa_merge_weight(&row, in.m[col]);
+            if (weight == 0.0f) continue;
+            sum = fa_merge_accumulate(sum, weight, in.l[col]);
+            for (int64_t x = 0; x < d; ++x) acc[x] = fa_merge_accumulate(acc[x], weight, in.o[col * d + x]);
         }
-        const float inv = poisoned ? NAN : sum > 0.0f ? 1.0f / sum : 0.0f;
-        for (int64_t x = 0; x < d; ++x) acc[x] *= inv;
+        const float factor = fa_merge_factor(&row, sum);
+        for (int64_t x = 0; x < d; ++x) acc[x] *= factor;
         int64_t i, h;
         tile_row(plan, hk, r0 + r, &i, &h);
         fa_cpu_store_rows(&p->out, kern, b, i, h, 1, acc, d);
-        if (p->outputs.lse) p->outputs.lse[fa_lse_index(p, b, h, i)] = poisoned ? NAN : sum > 0.0f ? top + logf(sum) : -INFINITY;
+        if (p->outputs.lse) p->outputs.lse[fa_lse_index(p, b, h, i)] = fa_merge_lse(&row, sum);
     }
 }
 

@@ -16,6 +16,7 @@
 
 #include "../common/dtype.h"
 #include "../common/error.h"
+#include "../common/tensor_strides.h"
 
 typedef struct ring {
     const fa_ring_transport *t;
@@ -28,12 +29,8 @@ typedef struct ring {
 
 fa_tensor fa_ring_strided(const fa_tensor *t)
 {
-    fa_tensor s = *t;
-    if (!s.stride_batch && !s.stride_seq && !s.stride_head) {
-        s.stride_head = s.head_dim;
-        s.stride_seq = s.heads * s.head_dim;
-        s.stride_batch = s.seqlen * s.stride_seq;
-    }
+    fa_tensor s;
+    (void)fa_tensor_explicit_strides(t, &s); /* check_tensor refused tensors whose strides overflow */
     return s;
 }
 
@@ -77,15 +74,12 @@ static fa_status check_tensor(const char *name, const fa_tensor *t)
     if (t->batch <= 0 || t->seqlen <= 0 || t->heads <= 0 || t->head_dim <= 0)
         return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: dimensions must be positive", name);
     /* The ring copies rows in and out itself: the strides must be sane and every offset must fit. */
-    const int packed_layout = !t->stride_batch && !t->stride_seq && !t->stride_head;
-    if (!packed_layout && (t->stride_batch <= 0 || t->stride_seq <= 0 || t->stride_head <= 0))
+    if (!fa_tensor_is_packed(t) && (t->stride_batch <= 0 || t->stride_seq <= 0 || t->stride_head <= 0))
         return fa_private_set_error(FA_ERROR_INVALID_VALUE, "%s: strides must be all 0 (packed) or all positive", name);
     int64_t last = t->head_dim, term;
-    int overflow = packed_layout && (__builtin_mul_overflow(t->heads, t->head_dim, &term) ||
-                                     __builtin_mul_overflow(t->seqlen, term, &term) ||
-                                     __builtin_mul_overflow(t->batch, term, &term));
-    if (!overflow) { /* the packed strides are computable now */
-        const fa_tensor e = fa_ring_strided(t);
+    fa_tensor e;
+    int overflow = !fa_tensor_explicit_strides(t, &e);
+    if (!overflow) {
         const int64_t extent[3][2] = {{t->batch - 1, e.stride_batch}, {t->seqlen - 1, e.stride_seq},
                                       {t->heads - 1, e.stride_head}};
         for (int x = 0; x < 3; ++x)

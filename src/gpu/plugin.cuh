@@ -45,7 +45,7 @@ typedef struct fa_gpu_state {
     size_t workspace_bytes;
     /* Device record of a failed check of device-memory tables (varlen offsets, KV-cache lengths
      * and pages), reported and cleared by the next synchronize. */
-    fa_gpu_status *status;
+    fa_table_fault *status;
 } fa_gpu_state;
 
 #define FA_ERR(status, ...) g_host->set_error((status), __VA_ARGS__)
@@ -212,51 +212,12 @@ static fa_status gpu_set_stream(void *state, void *stream)
     return FA_SUCCESS;
 }
 
-static float float_of_bits(int64_t bits)
+/* The message of a failed device-side check: the core's words (table_checks.h), and where it ran. */
+static fa_status status_error(const fa_table_fault *fault)
 {
-    const int32_t b32 = (int32_t)bits;
-    float f;
-    memcpy(&f, &b32, sizeof f);
-    return f;
-}
-
-/* The message of a failed device-side check, in the core's words (validate.c). */
-static fa_status status_error(const fa_gpu_status *st)
-{
-    const char *array = st->array ? "cu_seqlens_k" : "cu_seqlens_q";
-    const char *total_of = st->array ? "k" : "q";
-    const long long b = (long long)st->sequence, x = (long long)st->index, value = (long long)st->value,
-                    limit = (long long)st->limit;
-    const char *when = "(checked on the device: that call wrote nothing)";
-    switch (st->code) {
-    case FA_GPU_STATUS_VARLEN_FIRST:
-        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->varlen->%s[0]: %lld, the first offset must be 0 %s", array, value, when);
-    case FA_GPU_STATUS_VARLEN_DECREASING:
-        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->varlen->%s[%lld]: %lld is below the previous offset %lld (sequence %lld) %s",
-                      array, x, value, limit, b, when);
-    case FA_GPU_STATUS_VARLEN_TOO_LONG:
-        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->varlen->%s: sequence %lld has %lld rows, more than max_seqlen_%s %lld %s",
-                      array, b, value, total_of, limit, when);
-    case FA_GPU_STATUS_VARLEN_TOTAL:
-        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->varlen->%s[%lld]: %lld differs from the %lld rows of %s %s", array, x,
-                      value, limit, total_of, when);
-    case FA_GPU_STATUS_KV_NEGATIVE:
-        return FA_ERR(FA_ERROR_INVALID_VALUE, "cache->cache_seqlens[%lld]: %lld is negative (sequence %lld) %s", b, value, b,
-                      when);
-    case FA_GPU_STATUS_KV_CAPACITY:
-        return FA_ERR(FA_ERROR_INVALID_VALUE, "cache->cache_seqlens[%lld]: sequence %lld needs %lld tokens, more than its "
-                      "capacity %lld %s", b, b, value, limit, when);
-    case FA_GPU_STATUS_KV_PAGE:
-        return FA_ERR(FA_ERROR_INVALID_VALUE, "cache->block_table[%lld][%lld]: page %lld of sequence %lld is outside [0, %lld) %s",
-                      b, x, value, b, limit, when);
-    case FA_GPU_STATUS_ALIBI_SLOPE:
-        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->alibi_slopes[%lld]: %g is not finite %s", x, (double)float_of_bits(value),
-                      when);
-    case FA_GPU_STATUS_SINK:
-        return FA_ERR(FA_ERROR_INVALID_VALUE, "desc->sinks[%lld]: %g is NaN or +inf (-inf = no sink) %s", x,
-                      (double)float_of_bits(value), when);
-    }
-    return FA_ERR(FA_ERROR_BACKEND_FAILURE, "%s: unknown device status %d", FA_GPU_VENDOR, (int)st->code);
+    char message[256];
+    fa_table_fault_message(fault, message, sizeof message);
+    return FA_ERR(FA_ERROR_INVALID_VALUE, "%s (checked on the device: that call wrote nothing)", message);
 }
 
 static fa_status gpu_synchronize(void *state)
@@ -264,10 +225,10 @@ static fa_status gpu_synchronize(void *state)
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
     FA_TRY(fa_gpu_stream_synchronize(s->stream), "stream synchronize");
-    fa_gpu_status st;
+    fa_table_fault st;
     FA_TRY(fa_gpu_memcpy_async(&st, s->status, sizeof st, fa_gpu_memcpy_d2h, s->stream), "read the device status");
     FA_TRY(fa_gpu_stream_synchronize(s->stream), "read the device status");
-    if (st.code == FA_GPU_STATUS_OK) return FA_SUCCESS;
+    if (st.code == FA_TABLE_OK) return FA_SUCCESS;
     FA_TRY(fa_gpu_memset_async(s->status, 0, sizeof st, s->stream), "clear the device status");
     FA_TRY(fa_gpu_stream_synchronize(s->stream), "clear the device status");
     return status_error(&st);
@@ -577,11 +538,12 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
 }
 
 /* Splits of each sequence's keys for fa_forward_kvcache: enough (row tile, chunk, kv head,
- * sequence) blocks to fill a large GPU, chunks of at least 256 keys of the capacity; from the
- * shape only, so a problem always runs the same reduction (bit-identical across runs). */
+ * sequence) blocks to fill a large GPU, chunks of at least FA_CACHE_MIN_CHUNK_KEYS keys of the
+ * capacity; from the shape only, so a problem always runs the same reduction (bit-identical
+ * across runs). */
 static int64_t kv_chunk_count(const fa_kv_problem *kp, int64_t row_tiles)
 {
-    const int64_t target_blocks = 512, min_chunk = 256;
+    const int64_t target_blocks = 512, min_chunk = FA_CACHE_MIN_CHUNK_KEYS;
     const int64_t units = kp->attn.shape.batch * kp->attn.shape.heads_kv * row_tiles;
     int64_t chunks = units >= target_blocks ? 1 : (target_blocks + units - 1) / units;
     const int64_t by_length = (kp->attn.shape.seqlen_k + min_chunk - 1) / min_chunk;

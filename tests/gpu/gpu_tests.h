@@ -38,6 +38,7 @@ void test_gpu_varlen_f16(void **state);
 void test_gpu_varlen_bf16(void **state);
 void test_gpu_kvcache_f32(void **state);
 void test_gpu_kvcache_f16(void **state);
+void test_gpu_kvcache_nan(void **state);
 void test_gpu_bad_tables(void **state);
 
 /* Block positions (test_gpu_positions.c). */
@@ -73,6 +74,7 @@ void test_gpu_merge_bf16(void **state);
     cmocka_unit_test_setup_teardown(test_gpu_varlen_bf16, setup, teardown),                      \
     cmocka_unit_test_setup_teardown(test_gpu_kvcache_f32, setup, teardown),                      \
     cmocka_unit_test_setup_teardown(test_gpu_kvcache_f16, setup, teardown),                      \
+    cmocka_unit_test_setup_teardown(test_gpu_kvcache_nan, setup, teardown),                      \
     cmocka_unit_test_setup_teardown(test_gpu_bad_tables, setup, teardown),                       \
     cmocka_unit_test_setup_teardown(test_gpu_bad_modifier_values, setup, teardown)
 #endif

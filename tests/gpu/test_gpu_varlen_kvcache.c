@@ -327,6 +327,52 @@ static void check_kvcache(void **state, fa_dtype dtype)
 void test_gpu_kvcache_f32(void **state) { check_kvcache(state, FA_DTYPE_F32); }
 void test_gpu_kvcache_f16(void **state) { check_kvcache(state, FA_DTYPE_F16); }
 
+/* A NaN key in one chunk of a split decode: the merge (merge_rule.h) poisons exactly the rows that
+ * saw it, out and lse NaN, on the GPU as on the CPU; every other row stays finite and close. */
+void test_gpu_kvcache_nan(void **state)
+{
+    fa_context *ctx = context_or_skip(state), *cpu;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &cpu), FA_SUCCESS);
+    /* 900 and 700 keys: both backends cut them into 256-key chunks. */
+    static const kv_gpu_case c = {"nan_split", 2, 4, 2, 32, 1, 0, 0, 1024, {900, 700}, 0, -1, 0};
+    kv_run gpu, ref;
+    kv_setup(ctx, &c, FA_DTYPE_F32, &gpu);
+    kv_setup(cpu, &c, FA_DTYPE_F32, &ref);
+    const size_t at = (size_t)((0 * c.capacity + 400) * c.heads_kv + 0) * (size_t)c.head_dim; /* seq 0, key 400, kv head 0 */
+    ((float *)gpu.k_cache.host)[at] = NAN;
+    ((float *)ref.k_cache.host)[at] = NAN;
+    const size_t bytes = gpu.k_cache.n * sizeof(float);
+    assert_int_equal(fa_memcpy_h2d(ctx, gpu.k_cache.dev, gpu.k_cache.host, bytes), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_h2d(cpu, ref.k_cache.dev, ref.k_cache.host, bytes), FA_SUCCESS);
+    if (kv_call(ctx, 1, &c, &gpu) != FA_SUCCESS || fa_synchronize(ctx) != FA_SUCCESS)
+        fail_msg("%s: %s", c.name, fa_last_error());
+    assert_int_equal(kv_call(cpu, 0, &c, &ref), FA_SUCCESS);
+    const float *lse = buffer_fetch(ctx, &gpu.lse), *ref_lse = buffer_fetch(cpu, &ref.lse);
+    const float *out = buffer_fetch(ctx, &gpu.out), *ref_out = buffer_fetch(cpu, &ref.out);
+    for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t h = 0; h < c.heads_q; ++h) {
+            const int64_t row = b * c.heads_q + h; /* lse [batch, heads_q, seqlen_q = 1] */
+            const int poisoned = b == 0 && h < c.heads_q / c.heads_kv; /* the query heads of kv head 0 */
+            if (poisoned != (isnan(lse[row]) != 0) || poisoned != (isnan(ref_lse[row]) != 0))
+                fail_msg("lse of sequence %lld, head %lld: GPU %g, CPU %g, NaN expected: %d", (long long)b,
+                         (long long)h, (double)lse[row], (double)ref_lse[row], poisoned);
+            if (!poisoned) assert_true(fabsf(lse[row] - ref_lse[row]) <= 1e-4f * (1.0f + fabsf(ref_lse[row])));
+            for (int64_t x = 0; x < c.head_dim; ++x) {
+                const float o = out[row * c.head_dim + x], r = ref_out[row * c.head_dim + x];
+                if (poisoned ? !(isnan(o) && isnan(r)) : !(fabsf(o - r) <= 1e-4f))
+                    fail_msg("out of sequence %lld, head %lld, dim %lld: GPU %g, CPU %g", (long long)b, (long long)h,
+                             (long long)x, (double)o, (double)r);
+            }
+        }
+    free((void *)lse);
+    free((void *)ref_lse);
+    free((void *)out);
+    free((void *)ref_out);
+    kv_free(ctx, &gpu);
+    kv_free(cpu, &ref);
+    fa_context_destroy(cpu);
+}
+
 /* ---- tables in device memory that fail their checks --------------------------------------------- */
 
 /* The call returned FA_SUCCESS (only shapes are checked on the host); the next synchronize names
@@ -354,7 +400,9 @@ void test_gpu_bad_tables(void **state)
     kv_setup(ctx, &contiguous, FA_DTYPE_F32, &r);
     assert_int_equal(kv_call(ctx, 1, &contiguous, &r), FA_SUCCESS);
     const buffer *kept[] = {&r.k_cache, &r.v_cache, &r.out, &r.lse};
-    expect_deferred_error(ctx, "cache->cache_seqlens[1]: sequence 1", kept, 4);
+    /* The host validator's words (table_checks.h), then where the check ran. */
+    expect_deferred_error(ctx, "cache->cache_seqlens[1]: sequence 1 needs 21 tokens (20 cached + 1 new), more than the "
+                               "capacity 20 (checked on the device", kept, 4);
     kv_free(ctx, &r);
 
     kv_setup(ctx, &paged, FA_DTYPE_F32, &r);

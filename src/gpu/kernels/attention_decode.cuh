@@ -1,8 +1,9 @@
 /* fa_forward_kvcache on the GPU, and the device-side checks of tables in device memory.
  *  - check_varlen / check_kvcache: one thread walks the offsets or the cache lengths and pages in
- *    sequence order and records the first failure in the context's status record; every later
- *    kernel of the call then writes nothing, and the plugin reports it at the next synchronize
- *    (reading the tables on the host would need a synchronisation).
+ *    sequence order (the core's rule, table_checks.h) and records the first failure in the
+ *    context's status record; every later kernel of the call then writes nothing, and the plugin
+ *    reports it at the next synchronize (reading the tables on the host would need a
+ *    synchronisation).
  *  - append: k_new/v_new into the cache at cache_seqlens[b] + t, through the block table.
  *  - attend: the generic forward's structure (fa_generic) for a few query rows against a long
  *    cache. The query heads of a GQA group are packed into the rows of one block (row r: query
@@ -10,92 +11,43 @@
  *    row tile, not once per query head; the keys of each sequence are cut into kv_chunks chunks
  *    (a count from the shape only), one block per (row tile, chunk, kv head, sequence), each
  *    leaving its rows' partial (O, m, l) in the workspace.
- *  - merge: per row, the chunks combined in increasing chunk order (deterministic), O and lse; the
- *    sink, when there is one, joins the max and the sum there (once per row, never per chunk).
+ *  - merge: per row, the chunks combined in increasing chunk order by the one lse merge
+ *    (merge_rule.h: deterministic, one NaN rule), O and lse; the sink, when there is one, joins
+ *    the max and the sum there (once per row, never per chunk).
  *  Score modifiers: every score goes through fa_score_log2_on with the sequence's own diagonal. */
 #ifndef FA_GPU_ATTENTION_DECODE_CUH
 #define FA_GPU_ATTENTION_DECODE_CUH
 #include "attention_generic.cuh"
+#include "../../common/merge_rule.h"
 
 namespace fa_decode {
 
 using fa_generic::kThreads;
 
-__device__ __forceinline__ void record(const fa_gpu_params &p, fa_gpu_status_code code, int array, int64_t sequence,
-                                       int64_t index, int64_t value, int64_t limit)
-{
-    p.status->code = code;
-    p.status->array = array;
-    p.status->sequence = sequence;
-    p.status->index = index;
-    p.status->value = value;
-    p.status->limit = limit;
-}
-
-/* The offsets of one array: first 0, non-decreasing, lengths within max_len, last == total. */
-__device__ __forceinline__ bool offsets_valid(const fa_gpu_params &p, int array, const int32_t *cu, int64_t max_len,
-                                              int64_t total)
-{
-    if (cu[0] != 0) return record(p, FA_GPU_STATUS_VARLEN_FIRST, array, 0, 0, cu[0], 0), false;
-    for (int64_t b = 0; b < p.varlen.batch; ++b) {
-        const int64_t len = static_cast<int64_t>(cu[b + 1]) - cu[b];
-        if (len < 0) return record(p, FA_GPU_STATUS_VARLEN_DECREASING, array, b, b + 1, cu[b + 1], cu[b]), false;
-        if (len > max_len) return record(p, FA_GPU_STATUS_VARLEN_TOO_LONG, array, b, b, len, max_len), false;
-    }
-    if (cu[p.varlen.batch] != total)
-        return record(p, FA_GPU_STATUS_VARLEN_TOTAL, array, p.varlen.batch, p.varlen.batch, cu[p.varlen.batch], total),
-               false;
-    return true;
-}
-
-/* One thread: the packed batch's offsets (fa_validate_varlen_offsets of the core, on the device). */
+/* One thread: the packed batch's offsets (the core's rule, table_checks.h, on the device). */
 __global__ void __launch_bounds__(kThreads) check_varlen(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
     if (threadIdx.x != 0 || fa_gpu_failed(p)) return;
-    if (offsets_valid(p, 0, p.varlen.cu_seqlens_q, p.dropout.rows, p.shape.seqlen_q))
-        (void)offsets_valid(p, 1, p.varlen.cu_seqlens_k, p.dropout.cols, p.shape.seqlen_k);
+    (void)fa_check_varlen_tables(p.status, &p.varlen, p.shape.seqlen_q, p.shape.seqlen_k);
 }
 
-/* One thread: lengths not negative, cached + new within the capacity or the pages, every page used
- * in range (fa_validate_kvcache_tables of the core, on the device). */
+/* One thread: the cache's lengths and pages (the core's rule, table_checks.h, on the device). */
 __global__ void __launch_bounds__(kThreads) check_kvcache(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
     if (threadIdx.x != 0 || fa_gpu_failed(p)) return;
-    for (int64_t b = 0; b < p.shape.batch; ++b) {
-        const int64_t cached = p.cache.cache_seqlens[b], total = cached + p.cache.seqlen_new;
-        if (cached < 0) return record(p, FA_GPU_STATUS_KV_NEGATIVE, 0, b, b, cached, 0);
-        if (total > p.shape.seqlen_k) return record(p, FA_GPU_STATUS_KV_CAPACITY, 0, b, b, total, p.shape.seqlen_k);
-        if (!p.cache.block_table) continue;
-        const int64_t pages = (total + p.cache.page_size - 1) / p.cache.page_size;
-        for (int64_t x = 0; x < pages; ++x) {
-            const int32_t page = p.cache.block_table[b * p.cache.max_pages_per_seq + x];
-            if (page < 0 || page >= p.cache.num_pages) return record(p, FA_GPU_STATUS_KV_PAGE, 0, b, x, page, p.cache.num_pages);
-        }
-    }
+    (void)fa_check_cache_tables(p.status, &p.cache, p.shape.batch, p.shape.seqlen_k);
 }
 
-/* The float's bits, for the status record (the host turns them back into the value). */
-__device__ __forceinline__ int64_t float_bits(float x)
-{
-    union { float f; int32_t i; } u;
-    u.f = x;
-    return u.i;
-}
-
-/* One thread: every ALiBi slope finite, no sink NaN or +inf (fa_validate_modifier_values of the
- * core, on the device: the arrays are device memory). */
+/* One thread: ALiBi slopes and sinks (the core's rule, table_checks.h, on the device: the arrays
+ * are device memory). */
 __global__ void __launch_bounds__(kThreads) check_modifier_values(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
     if (threadIdx.x != 0 || fa_gpu_failed(p)) return;
-    const int64_t batches = p.varlen.batch ? p.varlen.batch : p.shape.batch;
-    const int64_t slopes = p.modifiers.alibi_slopes ? (p.modifiers.alibi_stride_batch ? batches : 1) * p.shape.heads_q : 0;
-    for (int64_t x = 0; x < slopes; ++x)
-        if (!isfinite(p.modifiers.alibi_slopes[x])) return record(p, FA_GPU_STATUS_ALIBI_SLOPE, 0, 0, x, float_bits(p.modifiers.alibi_slopes[x]), 0);
-    for (int64_t h = 0; p.modifiers.sinks && h < p.shape.heads_q; ++h)
-        if (isnan(p.modifiers.sinks[h]) || p.modifiers.sinks[h] == INFINITY) return record(p, FA_GPU_STATUS_SINK, 0, 0, h, float_bits(p.modifiers.sinks[h]), 0);
+    (void)fa_check_modifier_values(p.status, &p.modifiers, p.varlen.batch ? p.varlen.batch : p.shape.batch,
+                                   p.shape.heads_q);
 }
 
 /* Element offset of key j of sequence b, head h, in a cache tensor: through the block table when
@@ -245,8 +197,9 @@ __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
     }
 }
 
-/* One warp per packed row (grid-stride): O = sum_c 2^(m_c - M) O_c / L, L = sum_c 2^(m_c - M) l_c,
- * lse = (M + log2 L) ln 2, the chunks taken in increasing order. */
+/* One warp per packed row (grid-stride): the chunks' partials (m, l, O), m in base 2, merged in
+ * increasing chunk order by the one lse merge (merge_rule.h); the sink, when there is one, joins
+ * as a part without values, once per row (never per chunk). */
 __global__ void __launch_bounds__(kThreads) merge(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
@@ -257,28 +210,32 @@ __global__ void __launch_bounds__(kThreads) merge(const fa_gpu_params p)
     const float *part_o = p.partial, *part_m = part_o + partial_rows(p) * d, *part_l = part_m + partial_rows(p);
     for (int64_t n = blockIdx.x * FA_GENERIC_WARPS + threadIdx.x / W; n < total; n += warps) {
         const int64_t r = n % rows, hk = n / rows % p.shape.heads_kv, b = n / (rows * p.shape.heads_kv);
-        /* The sink (-inf without) takes part in the max and the sum like one more chunk without values. */
         const int64_t i = r / group, h = hk * group + r % group;
-        const float sink = fa_sink_log2(p, h);
-        float top = sink, sum = 0.0f;
-        for (int64_t c = 0; c < p.kv_chunks; ++c) top = fmaxf(top, part_m[partial_row(p, b, hk, c, r)]);
-        if (sink != -INFINITY) sum = fa_exp2(sink - top);
-        for (int64_t c = 0; top != -INFINITY && c < p.kv_chunks; ++c) {
+        const float sink = fa_sink_log2(p, h); /* -inf without */
+        fa_merge_row merged = fa_merge_row_start();
+        fa_merge_see(&merged, sink);
+        for (int64_t c = 0; c < p.kv_chunks; ++c) {
             const int64_t row = partial_row(p, b, hk, c, r);
-            if (part_m[row] != -INFINITY) sum += fa_exp2(part_m[row] - top) * part_l[row];
+            fa_merge_see_part(&merged, part_m[row], part_l[row]);
         }
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        float sum = fa_merge_weight_base2(&merged, sink);
+        for (int64_t c = 0; c < p.kv_chunks; ++c) {
+            const int64_t row = partial_row(p, b, hk, c, r);
+            const float weight = fa_merge_weight_base2(&merged, part_m[row]);
+            if (weight != 0.0f) sum = fa_merge_accumulate(sum, weight, part_l[row]);
+        }
+        const float factor = fa_merge_factor(&merged, sum);
         const int64_t out_base = fa_row_offset(p.out, b, i, h);
         for (int64_t x = lane; x < d; x += W) {
             float acc = 0.0f;
-            for (int64_t c = 0; top != -INFINITY && c < p.kv_chunks; ++c) {
+            for (int64_t c = 0; c < p.kv_chunks; ++c) {
                 const int64_t row = partial_row(p, b, hk, c, r);
-                if (part_m[row] != -INFINITY) acc = fmaf(fa_exp2(part_m[row] - top), part_o[row * d + x], acc);
+                const float weight = fa_merge_weight_base2(&merged, part_m[row]);
+                if (weight != 0.0f) acc = fa_merge_accumulate(acc, weight, part_o[row * d + x]);
             }
-            fa_store_elem(p.out.data, out_base + x, p.shape.dtype, acc * inv);
+            fa_store_elem(p.out.data, out_base + x, p.shape.dtype, acc * factor);
         }
-        if (p.outputs.lse && lane == 0)
-            p.outputs.lse[fa_stat_index(p, b, h, i)] = sum > 0.0f ? (top + log2f(sum)) * FA_LN2 : -INFINITY;
+        if (p.outputs.lse && lane == 0) p.outputs.lse[fa_stat_index(p, b, h, i)] = fa_merge_lse_base2(&merged, sum);
     }
 }
 

@@ -6,6 +6,7 @@
 
 #include "flashattn.h"
 #include "../../common/problem.h"
+#include "../../common/table_checks.h"
 
 /* A device tensor [batch, seqlen, heads, head_dim] with element strides (head_dim stride 1). */
 typedef struct fa_gpu_tensor {
@@ -13,27 +14,10 @@ typedef struct fa_gpu_tensor {
     int64_t stride_batch, stride_seq, stride_head;
 } fa_gpu_tensor;
 
-/* A failed check of what lives in device memory (varlen offsets, KV-cache lengths and pages, ALiBi
- * slopes and sinks), written by the check kernels; every kernel then writes nothing until the
- * plugin reports it at the next synchronize (which clears it). */
-typedef enum fa_gpu_status_code {
-    FA_GPU_STATUS_OK,
-    FA_GPU_STATUS_VARLEN_FIRST,      /* cu_seqlens_*[0] != 0: value */
-    FA_GPU_STATUS_VARLEN_DECREASING, /* cu_seqlens_*[sequence + 1] < cu_seqlens_*[sequence] */
-    FA_GPU_STATUS_VARLEN_TOO_LONG,   /* a sequence longer than max_seqlen_*: value rows, limit */
-    FA_GPU_STATUS_VARLEN_TOTAL,      /* cu_seqlens_*[batch] != the tensors' rows: value, limit */
-    FA_GPU_STATUS_KV_NEGATIVE,       /* cache_seqlens[sequence] < 0: value */
-    FA_GPU_STATUS_KV_CAPACITY,       /* cached + new (value) above the capacity (limit) */
-    FA_GPU_STATUS_KV_PAGE,           /* block_table[sequence][index] = value outside [0, limit) */
-    FA_GPU_STATUS_ALIBI_SLOPE,       /* alibi_slopes[index] not finite: value = the float's bits */
-    FA_GPU_STATUS_SINK               /* sinks[index] NaN or +inf: value = the float's bits */
-} fa_gpu_status_code;
-
-typedef struct fa_gpu_status {
-    int32_t code;   /* fa_gpu_status_code; the first failure is kept */
-    int32_t array;  /* varlen: 0 cu_seqlens_q, 1 cu_seqlens_k */
-    int64_t sequence, index, value, limit;
-} fa_gpu_status;
+/* p.status: the first failed check of what lives in device memory (varlen offsets, KV-cache
+ * lengths and pages, ALiBi slopes and sinks; the rule is the core's, table_checks.h), written by
+ * the check kernels; every kernel then writes nothing until the plugin reports it at the next
+ * synchronize (which clears it). */
 
 /* The sections of the core's problem (src/common/problem.h) as they are, tables pointing at device
  * memory; then what only the kernels need, derived on the host once per call. */
@@ -58,6 +42,6 @@ typedef struct fa_gpu_params {
     int64_t grid_rows, grid_cols;
     int64_t kv_chunks; /* fa_forward_kvcache: key chunks, whose partial (O, m, l) go to partial */
     float *partial;
-    fa_gpu_status *status; /* device; NULL for calls without device tables */
+    fa_table_fault *status; /* device; NULL for calls without device tables */
 } fa_gpu_params;
 #endif

@@ -160,7 +160,7 @@ __device__ __forceinline__ fa_gpu_tensor fa_rows_from(fa_gpu_tensor t, int64_t s
 }
 
 /* 1 once a device-side check failed (until the next synchronize reports it): kernels write nothing. */
-__device__ __forceinline__ bool fa_gpu_failed(const fa_gpu_params &p) { return p.status->code != FA_GPU_STATUS_OK; }
+__device__ __forceinline__ bool fa_gpu_failed(const fa_gpu_params &p) { return p.status->code != FA_TABLE_OK; }
 
 /* The problem a block works on. A packed varlen call: sequence b (blockIdx.z) as a dense problem
  * over its rows, so the kernels run unchanged with b as the batch index (tensor batch strides 0,
