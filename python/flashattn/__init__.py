@@ -37,7 +37,8 @@ Gradients.__doc__ = """backward(..., return_modifier_grads=True): dq, dk, dv, pl
 and dbias (the bias's dtype and shape, each broadcast axis of size 1: summed over it), None where
 sinks / bias were not given."""
 
-_BACKEND_NUMBERS = {"auto": 0, "cpu": 1, "cuda": 2, "hip": 3}
+# The C library's list (fa_backend_name), so a backend it gains needs no edit here.
+_BACKEND_NUMBERS = {name: number for number, name in enumerate(_native.backend_names())}
 
 
 def _backend_number(backend):

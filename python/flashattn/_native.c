@@ -895,16 +895,41 @@ static PyObject *py_tiling_for(PyObject *self, PyObject *args)
     return Py_BuildValue("(LL)", (long long)t.block_rows, (long long)t.block_cols);
 }
 
-/* [(name, available, detail)]: detail is fa_context_info() or the reason it is unavailable. */
+/* The number of fa_backend values: the library numbers them from FA_BACKEND_AUTO = 0 upwards and
+ * names any other "unknown", so its list is the one the package uses. */
+static int backend_count(void)
+{
+    int n = 0;
+    while (strcmp(fa_backend_name((fa_backend)n), "unknown") != 0) ++n;
+    return n;
+}
+
+/* (name of backend 0, name of backend 1, ...): the index is the fa_backend value. */
+static PyObject *py_backend_names(PyObject *self, PyObject *unused)
+{
+    const int n = backend_count();
+    PyObject *names = PyTuple_New(n);
+    for (int i = 0; names && i < n; ++i) {
+        PyObject *name = PyUnicode_FromString(fa_backend_name((fa_backend)i));
+        if (!name) Py_CLEAR(names);
+        else PyTuple_SET_ITEM(names, i, name);
+    }
+    return names;
+}
+
+/* [(name, available, detail)] for every backend but auto: detail is fa_context_info() or the
+ * reason it is unavailable. */
 static PyObject *py_backends(PyObject *self, PyObject *unused)
 {
-    static const fa_backend all[3] = {FA_BACKEND_CPU, FA_BACKEND_CUDA, FA_BACKEND_HIP};
-    PyObject *list = PyList_New(3);
-    for (int i = 0; list && i < 3; ++i) {
+    const int n = backend_count() - FA_BACKEND_CPU;
+    PyObject *list = PyList_New(n > 0 ? n : 0);
+    for (int i = 0; list && i < n; ++i) {
+        const fa_backend backend = (fa_backend)(FA_BACKEND_CPU + i);
         fa_context *ctx = NULL;
-        fa_status st = fa_context_create(all[i], 0, &ctx);
-        PyObject *item = st == FA_SUCCESS ? Py_BuildValue("(sOs)", fa_backend_name(all[i]), Py_True, fa_context_info(ctx))
-                                          : Py_BuildValue("(sOs)", fa_backend_name(all[i]), Py_False, fa_last_error());
+        fa_status st = fa_context_create(backend, 0, &ctx);
+        const char *name = fa_backend_name(backend);
+        PyObject *item = st == FA_SUCCESS ? Py_BuildValue("(sOs)", name, Py_True, fa_context_info(ctx))
+                                          : Py_BuildValue("(sOs)", name, Py_False, fa_last_error());
         fa_context_destroy(ctx);
         if (!item) Py_CLEAR(list);
         else PyList_SET_ITEM(list, i, item);
@@ -925,7 +950,8 @@ static PyMethodDef methods[] = {
     {"export", py_export, METH_VARARGS, "export(output, versioned): the output as a DLPack capsule, once"},
     {"dropout_mask", py_dropout_mask, METH_VARARGS, "fa_dropout_mask: a uint8 [seqlen_q, seqlen_k] capsule"},
     {"tiling_for", py_tiling_for, METH_VARARGS, "fa_tiling_for: (block_rows, block_cols)"},
-    {"backends", py_backends, METH_NOARGS, "[(name, available, detail)] for cpu, cuda, hip"},
+    {"backend_names", py_backend_names, METH_NOARGS, "fa_backend_name(n) for n = 0, 1, ... (index = fa_backend)"},
+    {"backends", py_backends, METH_NOARGS, "[(name, available, detail)] for each backend but auto"},
     {"version", py_version, METH_NOARGS, "fa_version_string() of the loaded library"},
     {NULL, NULL, 0, NULL},
 };

@@ -119,6 +119,27 @@ def test_tiling_backends_version():
     assert flashattn.__version__.count(".") == 2
 
 
+def test_backend_names_come_from_the_library():
+    names = flashattn._native.backend_names()
+    assert names[0] == "auto" and {"cpu", "cuda", "hip"} <= set(names) and "unknown" not in names
+    assert list(flashattn.backends()) == list(names[1:])  # backends() walks the same list
+    assert flashattn._BACKEND_NUMBERS == {name: number for number, name in enumerate(names)}
+    for name in names[:2]:  # auto and cpu run on host memory
+        flashattn.forward(*qkv(), backend=name)
+    for name in names[2:]:
+        # The C side names the backend from its number (fa_backend_name): a misnumbered name shows.
+        with pytest.raises(flashattn.InvalidValueError, match='backend: "%s" cannot run' % name):
+            flashattn.forward(*qkv(), backend=name)
+
+
+@pytest.mark.parametrize("backend", ["tpu", "CPU", None, 1])
+def test_bad_backend_name_lists_the_library_names(backend):
+    with pytest.raises(flashattn.InvalidValueError) as info:
+        flashattn.forward(*qkv(), backend=backend)
+    assert str(info.value) == "backend: %r is not one of %s" % (backend, ", ".join(flashattn._native.backend_names()))
+    assert info.value.status_name == "FA_ERROR_INVALID_VALUE"
+
+
 def test_flash_attn_func_without_torch_says_what_is_missing(monkeypatch):
     import sys
 
