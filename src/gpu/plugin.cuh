@@ -140,8 +140,14 @@ static fa_status gpu_open(int device, void **state)
     s->sync_launches = sync && strcmp(sync, "1") == 0;
     if (s->family == FA_GPU_FAMILY_INVALID) {
         free(s);
-        return FA_ERR(FA_ERROR_INVALID_VALUE, "FLASHATTN_GPU_KERNELS: \"%s\" is not one of generic, tc, fma", requested);
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "FLASHATTN_GPU_KERNELS: \"%s\" is not one of generic, tc, fma, tc-wide", requested);
     }
+#if defined(__HIPCC__)
+    if (s->family == FA_GPU_FAMILY_TC_WIDE) {
+        free(s);
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "FLASHATTN_GPU_KERNELS: \"tc-wide\" runs NVIDIA's mma.sync only; the hip backend offers generic, tc, fma");
+    }
+#endif
     fa_gpu_error e = fa_gpu_set_device(s->ordinal);
     if (e == fa_gpu_success) e = fa_gpu_get_device_properties(&s->props, s->ordinal);
     int smem = 0;
@@ -162,6 +168,10 @@ static fa_status gpu_open(int device, void **state)
     char chosen[64];
     snprintf(chosen, sizeof chosen, forced ? "FLASHATTN_GPU_KERNELS=%s" : "%s", fa_gpu_family_name(s->family));
     if (s->family == FA_GPU_FAMILY_GENERIC) snprintf(kernels, sizeof kernels, "%s", chosen);
+    else if (s->family == FA_GPU_FAMILY_TC_WIDE)
+        snprintf(kernels, sizeof kernels,
+                 "%s for f16/bf16: wide-tile forward d <= %d of plain problems (%s), tc otherwise, generic beyond",
+                 chosen, FA_TC_WIDE_MAX_WIDTH, tc_layer_name(s));
     else snprintf(kernels, sizeof kernels, "%s for f16/bf16, forward d <= 256, backward d <= 128 (%s), generic otherwise",
                   chosen, tc_layer_name(s));
     int driver = 0, runtime = 0;
@@ -280,12 +290,13 @@ static fa_status gpu_copy_d2h(void *state, void *dst, const void *src, size_t by
  * generic kernels); *width receives the padded head dim. */
 static fa_tc_set tc_kernels(const fa_gpu_state *s, fa_dtype dtype, int64_t head_dim, int *width)
 {
-    fa_tc_set none = {NULL, NULL, NULL};
+    fa_tc_set none = {NULL, NULL, NULL, NULL};
     *width = fa_tc_padded_dim(head_dim);
     if (s->family == FA_GPU_FAMILY_GENERIC || *width == 0) return none;
     fa_tc_set set = fa_tc_kernels(s->family, dtype, *width, s->matrix_cores);
     if (fa_tc_smem_bytes(*width) > s->smem_bytes) set.forward = NULL;
     if (!set.backward_dq || fa_tc_backward_smem_bytes(*width) > s->smem_bytes) set.backward_dkdv = set.backward_dq = NULL;
+    if (!set.forward_plain || fa_tc_wide_smem_bytes(*width) > s->smem_bytes) set.forward_plain = NULL;
     return set;
 }
 
@@ -445,6 +456,18 @@ static fa_status tc_forward(fa_gpu_state *s, const fa_problem *p, fa_gpu_kernel 
     return launch_warps(s, kernel, grid, FA_TC_WARPS, (size_t)fa_tc_smem_bytes(width), &k, "tile-MMA forward launch");
 }
 
+/* The wide-tile forward of a problem fa_tc_wide_takes (the caller checked). */
+static fa_status tc_wide_forward(fa_gpu_state *s, const fa_problem *p, fa_gpu_kernel kernel, int width)
+{
+    fa_gpu_params k;
+    fa_status st = build_params(s, p, 0, &k);
+    if (st == FA_SUCCESS) st = device_checks(s, p, &k);
+    if (st != FA_SUCCESS) return st;
+    k.chunked_loads = 1;
+    const dim3 grid((unsigned)fa_gpu_tiles(query_rows(p), FA_TC_WIDE_BLOCK_ROWS), (unsigned)p->shape.heads_q, grid_batch(p));
+    return launch_warps(s, kernel, grid, FA_TC_WIDE_WARPS, (size_t)fa_tc_wide_smem_bytes(width), &k, "wide-tile forward launch");
+}
+
 /* Every feature; head_dim up to FA_GPU_MAX_HEAD_DIM, and batch and heads that fit a grid row. */
 static fa_status gpu_supports(void *state, fa_op op, const fa_problem *p)
 {
@@ -463,8 +486,10 @@ static fa_status gpu_forward(void *state, const fa_problem *p)
     fa_gpu_state *s = (fa_gpu_state *)state;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
     int width;
-    const fa_gpu_kernel tc_kernel = tc_kernels(s, p->shape.dtype, p->shape.head_dim, &width).forward;
-    if (tc_kernel) return tc_forward(s, p, tc_kernel, width);
+    const fa_tc_set tc = tc_kernels(s, p->shape.dtype, p->shape.head_dim, &width);
+    if (tc.forward_plain && fa_tc_wide_takes(p, problem_chunk_aligned(p, 0) && tensor_chunk_aligned(&p->out)))
+        return tc_wide_forward(s, p, tc.forward_plain, width);
+    if (tc.forward) return tc_forward(s, p, tc.forward, width);
     int tile;
     fa_generic_set set;
     fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->shape.head_dim, &tile, &set);

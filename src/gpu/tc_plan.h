@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../common/hostdev.h"
+#include "../common/problem.h"
 
 /* Warps per block; each owns FA_TC_WARP_ROWS query rows, so a block owns FA_TC_BLOCK_ROWS. */
 #define FA_TC_WARPS 4
@@ -19,8 +20,16 @@
 /* Which kernels a context runs for f16/bf16 (environment variable FLASHATTN_GPU_KERNELS).
  * GENERIC: the CUDA-core kernels of attention_generic.cuh (f32 always runs them).
  * TC: the tile-MMA kernels on the architecture's matrix instructions (mma.sync on NVIDIA).
- * FMA: the same tile kernels on the plain-FMA tile layer (the AMD RDNA path, also built for CUDA). */
-typedef enum fa_gpu_family { FA_GPU_FAMILY_GENERIC, FA_GPU_FAMILY_TC, FA_GPU_FAMILY_FMA, FA_GPU_FAMILY_INVALID } fa_gpu_family;
+ * FMA: the same tile kernels on the plain-FMA tile layer (the AMD RDNA path, also built for CUDA).
+ * TC_WIDE ("tc-wide", NVIDIA only): TC, except that the forward of a plain problem (below) runs the
+ * wide-tile kernel of nvidia/attention_tc_wide.cuh. Opt-in until a GPU run shows it faster. */
+typedef enum fa_gpu_family {
+    FA_GPU_FAMILY_GENERIC,
+    FA_GPU_FAMILY_TC,
+    FA_GPU_FAMILY_FMA,
+    FA_GPU_FAMILY_TC_WIDE,
+    FA_GPU_FAMILY_INVALID
+} fa_gpu_family;
 
 /* The family a vendor runs when the variable is unset: TC on NVIDIA, where the tile-MMA kernels
  * passed every GPU test, the sanitizers and the repeat test on an H200 (2026-11-24) and run 10-17x
@@ -35,6 +44,7 @@ static inline fa_gpu_family fa_gpu_parse_family(const char *value, fa_gpu_family
     if (strcmp(value, "generic") == 0) return FA_GPU_FAMILY_GENERIC;
     if (strcmp(value, "tc") == 0) return FA_GPU_FAMILY_TC;
     if (strcmp(value, "fma") == 0) return FA_GPU_FAMILY_FMA;
+    if (strcmp(value, "tc-wide") == 0) return FA_GPU_FAMILY_TC_WIDE;
     return FA_GPU_FAMILY_INVALID;
 }
 
@@ -44,6 +54,7 @@ static inline const char *fa_gpu_family_name(fa_gpu_family family)
     case FA_GPU_FAMILY_GENERIC: return "generic";
     case FA_GPU_FAMILY_TC: return "tc";
     case FA_GPU_FAMILY_FMA: return "fma";
+    case FA_GPU_FAMILY_TC_WIDE: return "tc-wide";
     default: return "invalid";
     }
 }
@@ -91,5 +102,37 @@ FA_HD int fa_tc_chunk_aligned(const void *data, int64_t head_dim, int64_t stride
 {
     return (uintptr_t)data % 16 == 0 && head_dim % FA_TC_CHUNK == 0 && stride_batch % FA_TC_CHUNK == 0 &&
            stride_seq % FA_TC_CHUNK == 0 && stride_head % FA_TC_CHUNK == 0;
+}
+
+/* The wide-tile forward (nvidia/attention_tc_wide.cuh): FA_TC_WIDE_WARPS warps of
+ * FA_TC_WIDE_WARP_ROWS query rows (two m16 row groups, so that each K and V fragment read from
+ * shared memory feeds two products), key tiles of FA_TC_WIDE_BLOCK_COLS(width), widths 64 and 128. */
+#define FA_TC_WIDE_WARPS 4
+#define FA_TC_WIDE_WARP_ROWS 32
+#define FA_TC_WIDE_BLOCK_ROWS (FA_TC_WIDE_WARPS * FA_TC_WIDE_WARP_ROWS)
+#define FA_TC_WIDE_MAX_WIDTH 128
+/* Key and row indices inside a sequence are 32-bit (a tile past the last key included). */
+#define FA_TC_WIDE_MAX_SEQLEN (INT32_MAX - 1024)
+/* 128 keys at width 64, 64 at width 128: either way a warp holds 2 x 32 x 64 f32 of S and O. */
+#define FA_TC_WIDE_BLOCK_COLS(padded_dim) ((padded_dim) <= 64 ? 128 : 64)
+
+/* Dynamic shared memory: Q (FA_TC_WIDE_BLOCK_ROWS rows, reused for the output), K and V tiles. */
+FA_HD int64_t fa_tc_wide_smem_bytes(int padded_dim)
+{
+    return 2 * (int64_t)padded_dim * (FA_TC_WIDE_BLOCK_ROWS + 2 * FA_TC_WIDE_BLOCK_COLS(padded_dim));
+}
+
+/* Whether the wide-tile forward computes problem p: a plain problem (no score modifier or sink, no
+ * dropout, no block mask; causal, windows, key padding and packed batches are fine), a positive
+ * scale (the row max is kept on unscaled scores), f16/bf16, width 64 or 128, sequences short
+ * enough for 32-bit key indices, and Q, K, V and O in whole aligned 16-byte chunks
+ * (`chunk_aligned`, fa_tc_chunk_aligned of each). Anything else runs the tc forward. */
+static inline int fa_tc_wide_takes(const fa_problem *p, int chunk_aligned)
+{
+    const int width = fa_tc_padded_dim(p->shape.head_dim);
+    return (p->shape.dtype == FA_DTYPE_F16 || p->shape.dtype == FA_DTYPE_BF16) && width > 0 &&
+           width <= FA_TC_WIDE_MAX_WIDTH && p->shape.scale > 0.0f && !fa_modifiers_any(&p->modifiers) &&
+           p->dropout.p == 0.0f && !fa_mask_has_block_mask(&p->mask) && p->shape.seqlen_q <= FA_TC_WIDE_MAX_SEQLEN &&
+           p->shape.seqlen_k <= FA_TC_WIDE_MAX_SEQLEN && chunk_aligned;
 }
 #endif

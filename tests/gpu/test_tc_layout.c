@@ -425,6 +425,30 @@ static void test_mma_rows_live_in_quads(void **state)
             }
 }
 
+/* The wide-tile forward's ldmatrix addresses (base + 64 (m / 4) + fa_tc_ldsm_step_col) are the
+ * swizzled addresses of the three fragment functions, for every lane and step. */
+static void test_ldsm_step_columns(void **state)
+{
+    (void)state;
+    for (size_t wi = 0; wi < WIDTHS; ++wi) {
+        const int w = widths[wi];
+        for (int lane = 0; lane < 32; ++lane) {
+            const int row_a = lane % 8 + 8 * ((lane / 8) % 2), row_b = lane % 8 + 8 * (lane / 16);
+            for (int m = 0; m < w / 16; ++m) {
+                const fa_frag_coord a = fa_tc_ldsm_a(lane, 16, 16 * m);
+                assert_int_equal(fa_tc_swizzle(a.row, a.col, w),
+                                 (16 + row_a) * w + 64 * (m / 4) + fa_tc_ldsm_step_col(m % 4, lane / 16, lane % 8));
+                const fa_frag_coord b = fa_tc_ldsm_b_nk(lane, 32, 16 * m);
+                assert_int_equal(fa_tc_swizzle(b.row, b.col, w),
+                                 (32 + row_b) * w + 64 * (m / 4) + fa_tc_ldsm_step_col(m % 4, (lane / 8) % 2, lane % 8));
+                const fa_frag_coord v = fa_tc_ldsm_b_kn_trans(lane, 48, 16 * m);
+                assert_int_equal(fa_tc_swizzle(v.row, v.col, w),
+                                 (48 + row_a) * w + 64 * (m / 4) + fa_tc_ldsm_step_col(m % 4, lane / 16, lane % 8));
+            }
+        }
+    }
+}
+
 /* ---- plan --------------------------------------------------------------------------------------- */
 
 static void test_family_from_environment_value(void **state)
@@ -441,6 +465,57 @@ static void test_family_from_environment_value(void **state)
     assert_int_equal(fa_gpu_parse_family("tensor", FA_GPU_FAMILY_TC), FA_GPU_FAMILY_INVALID);
     assert_string_equal(fa_gpu_family_name(FA_GPU_FAMILY_TC), "tc");
     assert_string_equal(fa_gpu_family_name(FA_GPU_FAMILY_FMA), "fma");
+    assert_int_equal(fa_gpu_parse_family("tc-wide", FA_GPU_FAMILY_TC), FA_GPU_FAMILY_TC_WIDE);
+    assert_string_equal(fa_gpu_family_name(FA_GPU_FAMILY_TC_WIDE), "tc-wide");
+}
+
+/* Which problems the wide-tile forward takes: plain ones in f16/bf16 up to width 128. */
+static void test_wide_forward_takes_plain_problems(void **state)
+{
+    (void)state;
+    static const float sinks[2] = {0.0f, 0.0f};
+    static const uint8_t blocks[1] = {1};
+    fa_problem plain;
+    memset(&plain, 0, sizeof plain);
+    plain.shape.dtype = FA_DTYPE_F16;
+    plain.shape.head_dim = 128;
+    plain.shape.seqlen_q = plain.shape.seqlen_k = 4096;
+    plain.shape.scale = 0.125f;
+    plain.mask.causal = 1;
+    assert_true(fa_tc_wide_takes(&plain, 1));
+    assert_false(fa_tc_wide_takes(&plain, 0)); /* rows not in aligned 16-byte chunks */
+    fa_problem p = plain;
+    p.shape.dtype = FA_DTYPE_BF16;
+    assert_true(fa_tc_wide_takes(&p, 1));
+    p.shape.dtype = FA_DTYPE_F32;
+    assert_false(fa_tc_wide_takes(&p, 1));
+    p = plain;
+    p.shape.head_dim = 72; /* padded to 128 */
+    assert_true(fa_tc_wide_takes(&p, 1));
+    p.shape.head_dim = 136;
+    assert_false(fa_tc_wide_takes(&p, 1));
+    p = plain;
+    p.shape.scale = -0.125f;
+    assert_false(fa_tc_wide_takes(&p, 1));
+    p = plain;
+    p.modifiers.sinks = sinks;
+    assert_false(fa_tc_wide_takes(&p, 1));
+    p = plain;
+    p.modifiers.softcap = 30.0f;
+    assert_false(fa_tc_wide_takes(&p, 1));
+    p = plain;
+    p.dropout.p = 0.1f;
+    assert_false(fa_tc_wide_takes(&p, 1));
+    p = plain;
+    p.mask.block_mask.mask = blocks;
+    assert_false(fa_tc_wide_takes(&p, 1));
+    p = plain;
+    p.shape.seqlen_k = (int64_t)FA_TC_WIDE_MAX_SEQLEN + 1;
+    assert_false(fa_tc_wide_takes(&p, 1));
+    /* shared memory: Q of 128 rows and K, V tiles fit A100, H100 and sm_86 */
+    assert_int_equal(fa_tc_wide_smem_bytes(64), 2 * 64 * (128 + 2 * 128));
+    assert_int_equal(fa_tc_wide_smem_bytes(128), 2 * 128 * (128 + 2 * 64));
+    assert_true(fa_tc_wide_smem_bytes(128) <= 101376);
 }
 
 static void test_padded_head_dims(void **state)
@@ -507,7 +582,9 @@ int main(void)
         cmocka_unit_test(test_fma_layer_warp32),
         cmocka_unit_test(test_fma_layer_wave64),
         cmocka_unit_test(test_mma_rows_live_in_quads),
+        cmocka_unit_test(test_ldsm_step_columns),
         cmocka_unit_test(test_family_from_environment_value),
+        cmocka_unit_test(test_wide_forward_takes_plain_problems),
         cmocka_unit_test(test_padded_head_dims),
         cmocka_unit_test(test_shared_memory_fits),
         cmocka_unit_test(test_chunk_alignment),

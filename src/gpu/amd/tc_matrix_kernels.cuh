@@ -11,4 +11,12 @@ static fa_tc_set fa_tc_matrix_kernels(fa_dtype dtype, int width, bool matrix_cor
     if (matrix_cores && dtype == FA_DTYPE_F16) return fa_tc_kernels_of_width<fa_tc::mfma_layer<FA_DTYPE_F16> >(width);
     return fa_tc_kernels_of_dtype<fa_tc::fma_layer>(dtype, width);
 }
+
+/* No wide-tile forward on AMD: the plugin refuses the tc-wide family at open. */
+static fa_gpu_kernel fa_tc_wide_forward(fa_dtype dtype, int width)
+{
+    (void)dtype;
+    (void)width;
+    return NULL;
+}
 #endif

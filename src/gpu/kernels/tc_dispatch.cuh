@@ -9,9 +9,10 @@
 #include "generic_dispatch.cuh"
 #include "tile_fma.cuh"
 
-/* The kernels of one (layer, width): NULL entries where not instantiated. */
+/* The kernels of one (layer, width): NULL entries where not instantiated. forward_plain: the
+ * tc-wide family's forward of the problems fa_tc_wide_takes (tc_plan.h), NULL in other families. */
 typedef struct fa_tc_set {
-    fa_gpu_kernel forward, backward_dkdv, backward_dq;
+    fa_gpu_kernel forward, backward_dkdv, backward_dq, forward_plain;
 } fa_tc_set;
 
 template <class L, int W>
@@ -23,6 +24,7 @@ static fa_tc_set fa_tc_instance(void)
      * clamped only so that the unused branch names an existing instance) */
     set.backward_dkdv = W <= FA_TC_BACKWARD_MAX_WIDTH ? fa_tc::backward_dkdv<L, (W <= FA_TC_BACKWARD_MAX_WIDTH ? W : 64)> : NULL;
     set.backward_dq = W <= FA_TC_BACKWARD_MAX_WIDTH ? fa_tc::backward_dq<L, (W <= FA_TC_BACKWARD_MAX_WIDTH ? W : 64)> : NULL;
+    set.forward_plain = NULL;
     return set;
 }
 
@@ -34,7 +36,7 @@ static fa_tc_set fa_tc_kernels_of_width(int width)
     case 128: return fa_tc_instance<L, 128>();
     case 256: return fa_tc_instance<L, 256>();
     }
-    fa_tc_set none = {NULL, NULL, NULL};
+    fa_tc_set none = {NULL, NULL, NULL, NULL};
     return none;
 }
 
@@ -43,7 +45,7 @@ static fa_tc_set fa_tc_kernels_of_dtype(fa_dtype dtype, int width)
 {
     if (dtype == FA_DTYPE_F16) return fa_tc_kernels_of_width<Layer<FA_DTYPE_F16> >(width);
     if (dtype == FA_DTYPE_BF16) return fa_tc_kernels_of_width<Layer<FA_DTYPE_BF16> >(width);
-    fa_tc_set none = {NULL, NULL, NULL};
+    fa_tc_set none = {NULL, NULL, NULL, NULL};
     return none;
 }
 
@@ -52,13 +54,22 @@ static fa_tc_set fa_tc_kernels_of_dtype(fa_dtype dtype, int width)
  * cores, the plain-FMA layer otherwise). */
 static fa_tc_set fa_tc_matrix_kernels(fa_dtype dtype, int width, bool matrix_cores);
 
+/* The tc-wide family's forward_plain at (dtype, padded width), defined by each vendor's
+ * tc_matrix_kernels.cuh: NVIDIA's wide-tile kernel; NULL where a vendor has none. */
+static fa_gpu_kernel fa_tc_wide_forward(fa_dtype dtype, int width);
+
 /* The kernels of (family, dtype, padded width); NULL entries make the caller run the generic
  * kernels (f32, head dims above 256, backward above width 128, the generic family). */
 static fa_tc_set fa_tc_kernels(fa_gpu_family family, fa_dtype dtype, int width, bool matrix_cores)
 {
     if (family == FA_GPU_FAMILY_FMA) return fa_tc_kernels_of_dtype<fa_tc::fma_layer>(dtype, width);
     if (family == FA_GPU_FAMILY_TC) return fa_tc_matrix_kernels(dtype, width, matrix_cores);
-    fa_tc_set none = {NULL, NULL, NULL};
+    if (family == FA_GPU_FAMILY_TC_WIDE) {
+        fa_tc_set set = fa_tc_matrix_kernels(dtype, width, matrix_cores);
+        set.forward_plain = fa_tc_wide_forward(dtype, width);
+        return set;
+    }
+    fa_tc_set none = {NULL, NULL, NULL, NULL};
     return none;
 }
 #endif

@@ -56,6 +56,16 @@ FA_HD fa_frag_coord fa_tc_ldsm_b_kn_trans(int lane, int k0, int n0)
     return c;
 }
 
+/* The same addresses as base + immediate (the wide-tile forward): a lane of the three functions
+ * above reads, at k step m (columns 16 m..), logical chunk 2 m + c of a row congruent to r mod 8
+ * (c = lane / 16 for fa_tc_ldsm_a and fa_tc_ldsm_b_kn_trans, (lane / 8) % 2 for fa_tc_ldsm_b_nk;
+ * r = lane % 8), whose swizzled column is 64 (m / 4) + fa_tc_ldsm_step_col(m % 4, c, r): the XOR
+ * reaches only the low three chunk bits, so a lane needs four columns, not one per step. */
+FA_HD int fa_tc_ldsm_step_col(int step_mod4, int chunk_parity, int row_mod8)
+{
+    return 8 * ((2 * step_mod4 + chunk_parity) ^ row_mod8);
+}
+
 /* mma.sync accumulator item -> (row, col) in the warp's 16 x N tile. */
 FA_HD fa_frag_coord fa_tc_mma_acc_coord(int lane, int item)
 {

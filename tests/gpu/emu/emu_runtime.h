@@ -42,6 +42,7 @@
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
+#define __grid_constant__ /* a kernel parameter read in place; host code passes it by reference anyway */
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__
 
