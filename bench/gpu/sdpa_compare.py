@@ -36,9 +36,11 @@ Usage:
   python3 sdpa_compare.py [--lib build/src/libflashattn.so] [--quick] [--iters 30] [--csv FILE]
   python3 sdpa_compare.py --plugin-dir base=gpu-stage/base --plugin-dir new=gpu-stage/new \\
       --kernels new=tc-wide --quick --csv sdpa.csv --markdown sdpa.md
-  python3 sdpa_compare.py --profile new ...   one warm-up and one forward+backward of that plugin in
-      an NVTX range "profile" (for ncu --nvtx --nvtx-include profile/), first cell of the grid
-  python3 sdpa_compare.py --self-test         checks the pure-Python parts; no torch, no GPU
+  python3 sdpa_compare.py --profile new ...   a warm-up, then one forward+backward of that plugin
+      between cudaProfilerStart/Stop (for ncu --profile-from-start off), first cell of the grid
+  python3 sdpa_compare.py --self-test         checks the pure-Python parts; no torch, no GPU; with
+      --plugin-dir, also creates each plugin's context and prints its info (no torch: the SIMT
+      emulator's plugin, tests/gpu/emu, does it on a machine without a GPU)
   python3 sdpa_compare.py --dry-run           prints the plan (cells, order, sizes); no GPU
 Status: the single-plugin form ran on an NVIDIA H200 (bench/results/gpu-h200-2026-11-24-s11.md);
 the two-plugin form, the checks and the backward column have not run on a GPU yet.
@@ -68,6 +70,10 @@ OUT_FLOOR = {"f16": 1e-3, "bf16": 8e-3}
 GRAD_FLOOR_FACTOR = 4.0
 LSE_TOL = 1e-3
 SLEEP_CYCLES = 1_000_000  # about 0.5 ms at 2 GHz: longer than the host needs to queue one call
+
+
+CSV_FIELDS = ["dtype", "d", "n", "causal", "batch", "heads", "mode", "impl", "kernels", "median_ms", "tflops",
+              "vs_sdpa", "vs_base", "rounds", "err_out", "err_lse", "err_dq", "err_dk", "err_dv", "check"]
 
 
 class Tensor(ctypes.Structure):
@@ -212,6 +218,14 @@ def self_test():
     finish_args(args)
     assert len(grid(args)) == 40 and args.iters >= 30
     assert attention_flops(1, 4, 4, 1, True) == 4.0 * 10
+    from types import SimpleNamespace
+    cell = SimpleNamespace(dt="f16", d=128, n=4096, causal=True)
+    entry = {"sdpa_tflops": 300.0, "base": dict(tflops=200.0, vs_sdpa=0.667, vs_base=math.nan),
+             "new": dict(tflops=250.0, vs_sdpa=0.833, vs_base=1.25)}
+    table = {mode: [(cell, entry, {"base": "ok", "new": "FAIL dq"})] for mode in MODES}
+    text = markdown(table, [SimpleNamespace(name="base"), SimpleNamespace(name="new")])
+    assert "| dtype | d | N | causal | SDPA | base | new | base/SDPA | new/SDPA | new/base | check |" in text
+    assert "| f16 | 128 | 4096 | yes | 300.0 | 200.0 | 250.0 | 0.67 | 0.83 | 1.250 | new FAIL dq |" in text
     print("sdpa_compare: self-test passed")
 
 
@@ -429,10 +443,26 @@ def run_cell(cell, impls, args, rows, table):
     live = [impl for impl in impls if impl.failed is None]
     sdpa = cell.sdpa_calls()
     calls = {impl.name: cell.plugin_calls(impl) for impl in live}
+
+    def timed(name, mode):
+        """A plugin's sample, or None after it failed (it is then left out of the cell)."""
+        nonlocal ok
+        if name not in calls:
+            return None
+        try:
+            return sample(*calls[name][mode])
+        except RuntimeError as e:
+            failed = next(impl for impl in live if impl.name == name)
+            failed.failed = f"{mode}: {e}"
+            print(f"# {label} {name}: {failed.failed}")
+            del calls[name]
+            ok = False
+            return None
+
     for mode in MODES:  # warm-up: module load, the caching allocator, clocks
         sample(*sdpa[mode])
         for impl in live:
-            sample(*calls[impl.name][mode])
+            timed(impl.name, mode)
     times = {mode: {name: [] for name in ["sdpa"] + [impl.name for impl in live]} for mode in MODES}
     order = round_order([impl.name for impl in live])
     for _ in range(args.iters):
@@ -440,16 +470,9 @@ def run_cell(cell, impls, args, rows, table):
             times[mode]["sdpa"].append(sample(*sdpa[mode]))
             per_round = {name: [] for name in order}
             for name in order:
-                if name not in calls:
-                    continue
-                try:
-                    per_round[name].append(sample(*calls[name][mode]))
-                except RuntimeError as e:
-                    failed = next(impl for impl in live if impl.name == name)
-                    failed.failed = f"{mode}: {e}"
-                    print(f"# {label} {name}: {failed.failed}")
-                    del calls[name]
-                    ok = False
+                t = timed(name, mode)
+                if t is not None:
+                    per_round[name].append(t)
             for name in per_round:
                 if per_round[name]:
                     times[mode][name].append(statistics.fmean(per_round[name]))
@@ -510,7 +533,8 @@ def markdown(table, impls):
 
 
 def profile(args, impls):
-    """One warm-up forward+backward of the chosen plugin, then one inside the NVTX range 'profile'."""
+    """One warm-up forward+backward of the chosen plugin, then one between cudaProfilerStart and
+    cudaProfilerStop (ncu --profile-from-start off sees that one's kernels and nothing else)."""
     impl = next((i for i in impls if i.name == args.profile), None)
     if impl is None:
         sys.exit(f"--profile {args.profile}: no such plugin (have: {', '.join(i.name for i in impls) or 'none'})")
@@ -518,13 +542,16 @@ def profile(args, impls):
     cell = Cell(dt, d, n, causal, batch, args.heads, [impl], args.check_heads)
     fwdbwd, prep = cell.plugin_calls(impl)["fwdbwd"]
     sample(fwdbwd, prep)
+    outputs = prep()
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push("profile")
-    sample(fwdbwd, prep)
-    torch.cuda.nvtx.range_pop()
+    torch.cuda.profiler.start()
+    fwdbwd()
     torch.cuda.synchronize()
-    print(f"# profiled {impl.name}: {dt} d={d} N={n} batch={batch} heads={args.heads} causal={causal}, "
-          f"one forward+backward in the NVTX range 'profile'")
+    torch.cuda.profiler.stop()
+    written = all_finite(*outputs)
+    print(f"# profiled {impl.name}: {dt} d={d} N={n} batch={batch} heads={args.heads} causal={causal}, one "
+          f"forward+backward between cudaProfilerStart and cudaProfilerStop; outputs {'finite' if written else 'NOT FINITE'}")
+    return 0 if written else 1
 
 
 def build_parser():
@@ -547,7 +574,7 @@ def build_parser():
     parser.add_argument("--csv", help="write every number here (one row per cell, column and implementation)")
     parser.add_argument("--markdown", help="write the tables here as well")
     parser.add_argument("--profile", metavar="NAME", help="one forward+backward of NAME for ncu, nothing timed")
-    parser.add_argument("--self-test", action="store_true", help="check the pure-Python parts and exit")
+    parser.add_argument("--self-test", action="store_true", help="check the pure-Python parts (and load the plugins) and exit")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     return parser
 
@@ -568,7 +595,11 @@ def main():
     finish_args(args)
     if args.self_test:
         self_test()
-        return 0
+        if not args.plugin_dir:
+            return 0
+        with tempfile.TemporaryDirectory(prefix="sdpa_compare.") as tmp:  # contexts only, no torch
+            impls, failures = load_impls(args, tmp)
+        return 1 if failures else 0
     cells = grid(args)
     if args.dry_run:
         names = [n for n, _ in parse_named(args.plugin_dir, "--plugin-dir")] or ["fa"]
@@ -589,33 +620,37 @@ def main():
     with tempfile.TemporaryDirectory(prefix="sdpa_compare.") as tmp:
         impls, failures = load_impls(args, tmp)
         if args.profile:
-            profile(args, impls)
-            return 0
+            return profile(args, impls)
         if not impls:
             print("# no plugin could run")
             return 1
         rows, table, ok = [], {mode: [] for mode in MODES}, not failures
+        csv_file = open(args.csv, "w", newline="") if args.csv else None
+        writer = csv.DictWriter(csv_file, fieldnames=CSV_FIELDS) if csv_file else None
+        if writer:
+            writer.writeheader()
         print(f"# {len(cells)} cells, {args.iters} rounds; per round and column: sdpa, "
               f"then {', '.join(round_order([i.name for i in impls]))}")
         for dt, d, n, causal, batch in cells:
             try:
                 ok &= run_cell(Cell(dt, d, n, causal, batch, args.heads, impls, args.check_heads), impls, args, rows, table)
-            except torch.cuda.OutOfMemoryError as e:
-                print(f"# {dt} d={d} N={n} causal={causal}: out of memory: {e}")
+            except RuntimeError as e:  # out of memory, or SDPA refusing the cell: the next cell still runs
+                print(f"# {dt} d={d} N={n} causal={causal}: {type(e).__name__}: {e}")
                 ok = False
             torch.cuda.empty_cache()
-    text = markdown(table, impls)
+            # Written after every cell, so that a run stopped by a time limit leaves what it measured.
+            if writer:
+                for row in rows:
+                    writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+                csv_file.flush()
+            rows.clear()
+            if args.markdown:
+                with open(args.markdown, "w") as f:
+                    f.write(markdown(table, impls) + "\n")
+        if csv_file:
+            csv_file.close()
     print()
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["dtype"])
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+    print(markdown(table, impls))
     for failure in failures:
         print(f"# not run: {failure}")
     return 0 if ok else 1
