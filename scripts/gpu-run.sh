@@ -177,8 +177,12 @@ python_suite() {
 }
 
 # ---- facts ----------------------------------------------------------------------------------------
-phase_end=$((budget * 8 / 100))
+phase_end=$((budget * 10 / 100))
 step_now facts 20 facts
+# Both plugins load, and the new one knows the family (a context each; no torch, seconds).
+plugin_args=(--plugin-dir "new=$new" --kernels "new=$family")
+[ -d "$base" ] && plugin_args=(--plugin-dir "base=$base" --kernels base=default "${plugin_args[@]}")
+step_now plugins 20 "${lib_env[@]}" python3 bench/gpu/sdpa_compare.py --self-test "${plugin_args[@]}"
 summary
 
 # ---- correctness, side by side -------------------------------------------------------------------
