@@ -137,7 +137,7 @@ done
   if [ -z "$base_commit" ]; then echo "base:   none (--no-base)"
   else echo "base:   $base_commit ($(git log -1 --format=%s "$base_commit" | cut -c1-100))"; fi
   echo "archs:  gpu_cuda_archs=$archs"
-  echo "nvcc:   $(nvcc --version 2>/dev/null | tail -n 1 || /usr/local/cuda/bin/nvcc --version | tail -n 1)"
+  echo "nvcc:   $(PATH=$PATH:/usr/local/cuda/bin nvcc --version | grep -m 1 release)"
   echo
   (cd "$stage" && find . -type f ! -name STAGE.txt | sort | xargs sha256sum | while read -r sum file; do
     printf '%10d  %s  %s\n' "$(stat -c %s "$file")" "${sum:0:16}" "$file"
