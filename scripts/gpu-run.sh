@@ -93,12 +93,12 @@ step_now() { listed "$1"; step "$@"; }
 step_bg() { listed "$1"; step "$@" & }
 step_skip() { listed "$1"; printf 'SKIP\t0\t0\t%s\n' "$2" > "$work/status/$1"; }
 
-# The lines of a log that say how it went (cmocka, compute-sanitizer, pytest, sdpa_compare, ncu,
-# facts); else its last line.
+# The lines of a log that say how it went: counts and summaries first (cmocka, compute-sanitizer,
+# pytest, sdpa_compare, ncu, facts), then what failed; else the log's last line.
 note() {
   local lines
-  lines=$(grep -E '^\[  (PASSED|FAILED)  \]|(ERROR|RACECHECK|SYNCCHECK|INITCHECK) SUMMARY|[0-9]+ (passed|failed)|^# (check .*FAIL|not run:|no plugin)|No kernels were profiled|changed since staging|=> not found' "$1" 2>/dev/null |
-    sed 's/^=* *//' | head -n 4)
+  lines=$( (grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test|(ERROR|RACECHECK|SYNCCHECK|INITCHECK) SUMMARY|[0-9]+ (passed|failed)|^# [a-z0-9-]+: cannot run|No kernels were profiled|changed since staging|=> not found' "$1"
+            grep -E '^\[  FAILED  \] [a-z]|^# (check .*FAIL|not run:|no plugin)' "$1") 2>/dev/null | sed 's/^=* *//' | head -n 4)
   [ -n "$lines" ] || lines=$(grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -n 1)
   printf '%s' "$lines" | tr '\n|' ';/' | cut -c1-300
 }
