@@ -19,8 +19,9 @@
 #   FA_STAGE_JOBS   parallel compile jobs (default: meson's choice)
 # Builds go to build-gpu-stage/{new,base} (ignored), the base commit's source to a git worktree at
 # build-gpu-stage/base-src; both are kept, so a second staging only recompiles what changed (nvcc
-# compiles a plugin in one call: 10-20 minutes on a 2-core machine). A base commit with the same tree
-# as a clean working tree is not built again: its plugin is the new one.
+# compiles a plugin in one call: 10-20 minutes on a 2-core machine). A base commit whose src/,
+# include/ and top-level meson files are the working tree's is not built again: its plugin is the
+# new one. `git worktree remove build-gpu-stage/base-src` unregisters the base's worktree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -83,6 +84,8 @@ collect() { # build dir, stage subfolder, test programs (paths in the build dir)
 
 new_build=$builds/new
 core_targets=(src/flashattn:shared_library src/flashattn-cuda:custom)
+# What the core library and the plugin are built from: a base without changes there is not rebuilt.
+build_inputs=(src include meson.build meson_options.txt)
 base_commit=
 if [ "$with_base" = 1 ]; then
   if [ -n "$base_arg" ]; then
@@ -97,7 +100,7 @@ build "$root" "$new_build" "${core_targets[@]}" tests/gpu/test_gpu_backends:exec
 
 base_build=
 if [ -n "$base_commit" ]; then
-  if [ "$(git rev-parse "$base_commit^{tree}")" = "$(git rev-parse 'HEAD^{tree}')" ] && git diff --quiet HEAD; then
+  if git diff --quiet "$base_commit" -- "${build_inputs[@]}"; then
     echo "gpu-stage: base $(git rev-parse --short "$base_commit") has the working tree's sources: its plugin is the new one"
     base_build=$new_build
   else
