@@ -11,10 +11,12 @@ Plugins. --plugin-dir NAME=DIR (repeatable) names a folder with a plugin (libfla
 best with its own core library beside it (libflashattn.so, as scripts/gpu-stage.sh stages them);
 a folder without one gets a private copy of --lib's. The first is the base that the others are
 compared with. --kernels NAME=FAMILY sets FLASHATTN_GPU_KERNELS for one of them ("default": the
-vendor's default family; without --kernels, the variable as set outside). Without --plugin-dir, --lib alone is timed (named "fa").
+vendor's default family; without --kernels, the variable as set outside). Without --plugin-dir,
+--lib alone is timed (named "fa").
 All plugins live in this one process: the core library loads its plugin at the first context and
-keeps it, so each plugin gets its own copy of the core (ctypes loads a path, and two files are two
-libraries), with FLASHATTN_PLUGIN_DIR and FLASHATTN_GPU_KERNELS set around its context's creation.
+keeps it, so each plugin folder gets its own core (ctypes loads a path, and two files are two
+libraries), with FLASHATTN_PLUGIN_DIR and FLASHATTN_GPU_KERNELS set around each context's creation;
+two names for one folder (two kernel families of one build) share its core, a context each.
 One process means the same input tensors, the same stream and no copies between processes, and
 the samples of a round come right after one another: per round and column, one SDPA sample, then
 the plugins in the order base, new, new, base (with more plugins: a, b, c, c, b, a), so that a
