@@ -10,6 +10,8 @@ same way, must pass (so a failure is the mutant's, not the build's).
                                     interleave threads at every barrier)
   tc_p_halves_swapped               the two probabilities packed into one mma.sync register for
                                     P V change places
+  tc_wide_partial_tile_as_inner     the wide-tile forward counts the key tile that holds a row's
+                                    last visible key among the tiles that need no mask
 
 Exit status: 0 every mutant killed and the control passed; 1 a mutant survived or the control
 failed; 2 the check itself could not run (a mutation no longer matches the source, a build
@@ -44,6 +46,15 @@ MUTANTS = [
         "family": "tc",
         "test": "test_case_table_f16",
         "cases": "seq7_d40,seq129_d72",
+    },
+    {
+        "name": "tc_wide_partial_tile_as_inner",
+        "file": "src/gpu/nvidia/attention_tc_wide.cuh",
+        "find": "inner_hi = first_row.hi / BC - 1;",
+        "replace": "inner_hi = first_row.hi / BC;",
+        "family": "tc-wide",
+        "test": "test_case_table_f16",
+        "cases": "causal_seq129_d32,seq1000_d16_causal,window_right_d32",
     },
 ]
 
