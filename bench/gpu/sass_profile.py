@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static profile of the CUDA plugin's tensor-core kernels: no GPU needed.
 
-usage: sass_profile.py INPUT [INPUT...] [--arch sm_80,sm_90] [--filter REGEX] [--plan PROGRAM]
+usage: sass_profile.py INPUT [INPUT...] [--arch sm_80,sm_90] [--filter REGEX] [--all] [--plan PROGRAM]
                        [--json] [--check BUDGETS] [--cache DIR]
 
 INPUT is the plugin (libflashattn-cuda.so: cuobjdump is run on it, with nvdisasm on PATH) or text
@@ -9,8 +9,9 @@ that cuobjdump printed for it: `cuobjdump -sass` output (SASS) and/or `cuobjdump
 output (resources); the kind of a text file is recognised from its contents.
 
 Which kernels: those matching an entry of KERNELS (below, one entry per kernel family and kind:
-a regular expression on the demangled name; the tile-MMA kernels on mma.sync by default), narrowed
-by --filter (a regular expression searched in the demangled name). --arch restricts the
+a regular expression on the demangled name; the tile-MMA kernels on mma.sync by default, --all
+adds the other entries: the same kernels on the plain-FMA layer), narrowed by --filter (a regular
+expression searched in the demangled name). --arch restricts the
 architectures (default: every one in the input).
 
 Per kernel and architecture:
@@ -80,7 +81,7 @@ from collections import Counter, defaultdict
 # --- Kernel families: one entry per kernel kind. `match` is searched in the demangled name, with
 # the named group W (padded head dim) and optionally dtype; `plan` names the plan program's line
 # that gives its threads per block and dynamic shared memory; `default` says whether it is
-# profiled without --filter; `tag` (optional) marks the short label; `threads` (optional) is the
+# profiled without --all; `tag` (optional) marks the short label; `threads` (optional) is the
 # block size used when the plan program has no line for the kernel (default 128). A new family is one more entry (and its line in the plan program).
 KERNELS = [
     {'family': 'fa_tc', 'kind': 'forward', 'plan': 'fa_tc.forward', 'default': True,
@@ -89,7 +90,7 @@ KERNELS = [
      'match': r'^fa_tc::backward_dkdv<fa_tc::mma_sync_layer<\(fa_dtype\)(?P<dtype>\d+)>, (?P<W>\d+)>'},
     {'family': 'fa_tc', 'kind': 'backward_dq', 'plan': 'fa_tc.backward', 'default': True,
      'match': r'^fa_tc::backward_dq<fa_tc::mma_sync_layer<\(fa_dtype\)(?P<dtype>\d+)>, (?P<W>\d+)>'},
-    # The same tile kernels on the plain-FMA layer (no HMMA: resources only): --filter fma_layer.
+    # The same tile kernels on the plain-FMA layer (no HMMA: resources only): --all.
     {'family': 'fa_tc', 'kind': 'forward', 'plan': 'fa_tc.forward', 'default': False, 'tag': 'fma',
      'match': r'^fa_tc::forward<fa_tc::fma_layer<\(fa_dtype\)(?P<dtype>\d+)>, (?P<W>\d+)>'},
     {'family': 'fa_tc', 'kind': 'backward_dkdv', 'plan': 'fa_tc.backward', 'default': False, 'tag': 'fma',
@@ -584,9 +585,9 @@ def selected(demangled, arch, args):
     entry, _, _ = classify(demangled)
     if entry is None or (args.arch and arch not in args.arch):
         return False
-    if args.filter:
-        return re.search(args.filter, demangled) is not None
-    return entry['default']
+    if not (entry['default'] or args.all):
+        return False
+    return not args.filter or re.search(args.filter, demangled) is not None
 
 
 def read_plan(program):
@@ -727,22 +728,22 @@ def short(row):
 def print_table(rows):
     def fmt(v):
         return '-' if v is None else str(v)
-    print(f"{'kernel':<24} {'arch':<6} {'regs':>4} {'stack':>5} {'local':>5} {'smem':>6} {'thr':>4} {'blk/SM':>6} "
+    print(f"{'kernel':<26} {'arch':<6} {'regs':>4} {'stack':>5} {'local':>5} {'smem':>6} {'thr':>4} {'blk/SM':>6} "
           f"{'warps/SM':>8} {'lim':>4}")
     for r in rows:
-        print(f"{short(r):<24} {r['arch']:<6} {fmt(r['regs']):>4} {fmt(r['stack']):>5} {fmt(r['local']):>5} "
+        print(f"{short(r):<26} {r['arch']:<6} {fmt(r['regs']):>4} {fmt(r['stack']):>5} {fmt(r['local']):>5} "
               f"{fmt(r['smem']):>6} {fmt(r['threads']):>4} {fmt(r.get('blocks_per_sm')):>6} "
               f"{fmt(r.get('warps_per_sm')):>8} {fmt(r.get('limiter')):>4}")
     print()
-    print(f"{'kernel':<24} {'arch':<6} {'loop':<8} {'trip':<6} {'insn':>6} {'HMMA':>4} {'ins/HMMA':>8} {'LDSM':>4} "
+    print(f"{'kernel':<26} {'arch':<6} {'loop':<8} {'trip':<6} {'insn':>6} {'HMMA':>4} {'ins/HMMA':>8} {'LDSM':>4} "
           f"{'LDSM/HMMA':>9} {'BAR':>3} {'MUFU':>4} {'int':>5} {'branch':>6} {'LDL':>3} {'STL':>3} {'copy':>4}")
     for r in rows:
         if not r['loops']:
-            print(f"{short(r):<24} {r['arch']:<6} (no HMMA loop)")
+            print(f"{short(r):<26} {r['arch']:<6} (no HMMA loop)")
         for lo in r['loops']:
             for trip in ('steady', 'masked'):
                 t = lo[trip]
-                print(f"{short(r):<24} {r['arch']:<6} {lo['header']:<8} {trip:<6} {fmt(t['insn']):>6} {t['HMMA']:>4} "
+                print(f"{short(r):<26} {r['arch']:<6} {lo['header']:<8} {trip:<6} {fmt(t['insn']):>6} {t['HMMA']:>4} "
                       f"{fmt(t['insn_per_hmma']):>8} {t['LDSM']:>4} {fmt(t['ldsm_per_hmma']):>9} {t['BAR']:>3} "
                       f"{t['MUFU']:>4} {fmt(t['int']):>5} {fmt(t['branch']):>6} {t['LDL']:>3} {t['STL']:>3} "
                       f"{t['copy_loop_passes']:>4}")
@@ -762,6 +763,7 @@ def main(argv=None):
     ap.add_argument('inputs', nargs='+', help='libflashattn-cuda.so, or cuobjdump -sass / -res-usage text')
     ap.add_argument('--arch', type=lambda s: s.split(','), help='architectures, e.g. sm_90 or sm_80,sm_90')
     ap.add_argument('--filter', help='regular expression searched in the demangled kernel name')
+    ap.add_argument('--all', action='store_true', help='also the KERNELS entries not profiled by default (FMA layer)')
     ap.add_argument('--plan', help='the plan program (bench/gpu/fa-tc-plan): threads, dynamic shared memory, copies')
     ap.add_argument('--tools', help='folder holding cuobjdump and nvdisasm')
     ap.add_argument('--json', action='store_true', help='print the profile as JSON')
@@ -778,7 +780,8 @@ def main(argv=None):
         h = hashlib.sha256()
         with open(os.path.abspath(__file__), 'rb') as f:
             h.update(f.read())
-        h.update(json.dumps([sorted((f'{k[0]} {k[1]}', v) for k, v in plan.items()), args.arch, args.filter]).encode())
+        h.update(json.dumps([sorted((f'{k[0]} {k[1]}', v) for k, v in plan.items()), args.arch, args.filter,
+                             args.all]).encode())
         for p in args.inputs:
             st = os.stat(p)
             h.update(f'{st.st_size} {st.st_mtime_ns}'.encode())
@@ -829,7 +832,7 @@ def main(argv=None):
         for line in bad:
             print('BUDGET: ' + line)
         if bad:
-            print(f'sass_profile: {len(bad)} budget(s) violated ({args.check})')
+            print(f'sass_profile: {len(bad)} bound(s) violated ({args.check})')
             return 1
         print(f'sass_profile: every budget of {args.check} holds')
     return 0

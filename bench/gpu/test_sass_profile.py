@@ -30,6 +30,7 @@ PLAN = {('fa_tc.forward', 64): {'threads': 128, 'smem_dynamic': 24576, 'copies':
 class Args:
     arch = None
     filter = None
+    all = False
 
 
 def rows(plan=PLAN):
