@@ -73,7 +73,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections import Counter, defaultdict
