@@ -3,6 +3,7 @@
 # configures and builds flashattn in ./build (Release). Safe to run again.
 #   FA_SETUP_NO_APT=1   skip the apt-get step (dependencies already present)
 #   FA_BUILD_DIR=dir    build folder (default: build)
+#   FA_SETUP_NO_GPU_TOOLS=1   do not install cuobjdump/nvdisasm (static GPU profile) when nvcc is found
 #   extra arguments     passed to `meson setup` (e.g. -Dcuda=disabled)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,21 @@ fi
 # nvcc lives outside PATH in NVIDIA's packaging; the CUDA plugin is built when it is found.
 if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
   export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
+# The static profile of the CUDA plugin (meson test sass_profile, bench/gpu/sass_profile.py) reads
+# its SASS with cuobjdump and nvdisasm: NVIDIA's wheels, in a local venv the test looks in. Without
+# them the test skips; a failed install only warns (e.g. no network).
+if command -v nvcc >/dev/null && [ "${FA_SETUP_NO_GPU_TOOLS:-0}" != 1 ]; then
+  tools_venv=.venv-gpu-tools
+  if ! compgen -G "$tools_venv/lib/python3*/site-packages/nvidia/cu*/bin/nvdisasm" >/dev/null ||
+     ! compgen -G "$tools_venv/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump" >/dev/null; then
+    echo "setup: installing cuobjdump and nvdisasm into $tools_venv"
+    if ! { python3 -m venv "$tools_venv" &&
+           "$tools_venv/bin/pip" install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm; }; then
+      echo "setup: warning: could not install nvidia-cuda-cuobjdump/nvidia-cuda-nvdisasm; the sass_profile test will skip" >&2
+    fi
+  fi
 fi
 
 build="${FA_BUILD_DIR:-build}"
