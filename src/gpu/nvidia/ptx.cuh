@@ -25,7 +25,14 @@ __device__ __forceinline__ void fa_ptx_cp_async16(void *smem_dst, const void *gl
 
 __device__ __forceinline__ void fa_ptx_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
-__device__ __forceinline__ void fa_ptx_cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+/* cp.async.wait_group N: waits until at most the N most recent of this thread's committed groups
+ * are pending (every older group has landed); copies issued since the last commit form no group
+ * and are not waited for. */
+template <int N> __device__ __forceinline__ void fa_ptx_cp_async_wait_group(void)
+{
+    static_assert(N >= 0, "cp.async.wait_group takes a non-negative constant");
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 /* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: this lane's row address of one 8x8 matrix. */
 __device__ __forceinline__ void fa_ptx_ldmatrix_x4(uint32_t r[4], const uint16_t *row)

@@ -69,7 +69,9 @@ struct fiber {
     float acc[4];
     const void *ptr;
     dim tid;
-    std::vector<pending_copy> issued, committed;
+    std::vector<pending_copy> issued;    /* since the last commit: no group yet */
+    std::vector<pending_copy> committed; /* the committed groups' copies, oldest first */
+    std::vector<size_t> group_sizes;     /* copies per committed group, oldest first */
     char *stack;
     size_t stack_size;
     void *fake_stack; /* ASan's bookkeeping of this fiber's stack while it is switched out */
@@ -162,14 +164,18 @@ __attribute__((noinline)) void yield(fiber &f)
     finish_switch(f.fake_stack, &r->scheduler_stack, &r->scheduler_stack_size);
 }
 
-void perform(std::vector<pending_copy> &copies)
+/* Lands the first `count` copies in order (the source is read now) and forgets them. */
+void perform(std::vector<pending_copy> &copies, size_t count)
 {
-    for (const pending_copy &c : copies) {
+    for (size_t i = 0; i < count; ++i) {
+        const pending_copy &c = copies[i];
         if (c.valid) memcpy(c.dst, c.src, 16);
         else memset(c.dst, 0, 16);
     }
-    copies.clear();
+    copies.erase(copies.begin(), copies.begin() + static_cast<std::ptrdiff_t>(count));
 }
+
+void perform(std::vector<pending_copy> &copies) { perform(copies, copies.size()); }
 
 void fiber_main()
 {
@@ -182,6 +188,7 @@ void fiber_main()
         fiber &f = self();
         /* copies never waited for still land before the kernel is over */
         perform(f.committed);
+        f.group_sizes.clear();
         perform(f.issued);
         f.st = state::done;
         yield(f);
@@ -508,6 +515,7 @@ void run(const launch &l)
                     f.st = state::runnable;
                     f.issued.clear();
                     f.committed.clear();
+                    f.group_sizes.clear();
                 }
                 run_block(r, how);
             }
@@ -614,9 +622,21 @@ void copy_async_commit()
 {
     fiber &f = self();
     f.committed.insert(f.committed.end(), f.issued.begin(), f.issued.end());
+    f.group_sizes.push_back(f.issued.size());
     f.issued.clear();
 }
 
-void copy_async_wait_all() { perform(self().committed); }
+void copy_async_wait_group(int n)
+{
+    fiber &f = self();
+    if (n < 0) fault("cp.async.wait_group %d: the count is negative", n);
+    const size_t keep = static_cast<size_t>(n);
+    if (f.group_sizes.size() <= keep) return;
+    const size_t complete = f.group_sizes.size() - keep;
+    size_t copies = 0;
+    for (size_t g = 0; g < complete; ++g) copies += f.group_sizes[g];
+    perform(f.committed, copies);
+    f.group_sizes.erase(f.group_sizes.begin(), f.group_sizes.begin() + static_cast<std::ptrdiff_t>(complete));
+}
 
 } // namespace emu

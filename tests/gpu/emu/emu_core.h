@@ -49,10 +49,15 @@ void ldmatrix_x4(uint32_t r[4], const uint16_t *row, bool trans);   /* PTX ldmat
 void mma_m16n8k16(bool bf16, float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1); /* PTX mma.sync */
 void mfma_f32_16x16x16f16(float c[4], const uint16_t a[4], const uint16_t b[4]);        /* CDNA MFMA */
 
-/* cp.async: issued copies join a group at commit and happen only at wait_group 0. */
+/* cp.async (per thread): a copy is issued into the open group; commit closes it (an empty group
+ * too, as in PTX). wait_group(n) lands, in issue order, every committed group but the n most
+ * recent; those stay in flight, their destinations keeping their old contents. A copy reads its
+ * source when it lands, not when it is issued. Copies issued after the last commit belong to no
+ * group: no wait_group lands them. Barriers land nothing; what is still in flight when the thread
+ * exits lands then (committed groups first). */
 void copy_async16(void *smem_dst, const void *global_src, bool valid);
 void copy_async_commit();
-void copy_async_wait_all();
+void copy_async_wait_group(int n);
 
 } // namespace emu
 #endif

@@ -400,7 +400,11 @@ static inline fa_gpu_error fa_gpu_launch(void (*kernel)(Params), dim3 grid, dim3
 #define FA_GPU_PTX_CUH 1
 inline void fa_ptx_cp_async16(void *smem_dst, const void *global_src, bool valid) { ::emu::copy_async16(smem_dst, global_src, valid); }
 inline void fa_ptx_cp_async_commit(void) { ::emu::copy_async_commit(); }
-inline void fa_ptx_cp_async_wait_all(void) { ::emu::copy_async_wait_all(); }
+template <int N> inline void fa_ptx_cp_async_wait_group(void)
+{
+    static_assert(N >= 0, "cp.async.wait_group takes a non-negative constant");
+    ::emu::copy_async_wait_group(N);
+}
 inline void fa_ptx_ldmatrix_x4(uint32_t r[4], const uint16_t *row) { ::emu::ldmatrix_x4(r, row, false); }
 inline void fa_ptx_ldmatrix_x4_trans(uint32_t r[4], const uint16_t *row) { ::emu::ldmatrix_x4(r, row, true); }
 inline void fa_ptx_mma_m16n8k16_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) { ::emu::mma_m16n8k16(false, c, a, b0, b1); }

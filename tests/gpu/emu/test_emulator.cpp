@@ -1,9 +1,10 @@
 /* The SIMT emulator's own contract (emu_core.h, emu_runtime.h): its instruction models agree with
  * the fragment layouts the device code is written against (src/gpu/kernels/mma_layout.h), its
  * 16-bit conversions with src/common/half.h (two independent implementations), shuffles follow
- * the CUDA width rules, cp.async lands only at wait_group, shared memory starts as NaN, and the
- * faults that make the emulated suite meaningful (divergent barrier or collective, wrong block
- * size, missing shared-memory opt-in) are raised rather than passed over. */
+ * the CUDA width rules, cp.async lands only at wait_group (the groups older than its count),
+ * shared memory starts as NaN, and the faults that make the emulated suite meaningful (divergent
+ * barrier or collective, wrong block size, missing shared-memory opt-in) are raised rather than
+ * passed over. */
 #define EMU_TARGET_CUDA 1
 #define FA_GPU_EMULATOR "emu_runtime.h"
 #include "gpu/gpu_runtime.h"
@@ -236,7 +237,7 @@ void test_async_copies_land_at_wait(void **)
         memcpy(before, s, sizeof before);
         fa_ptx_cp_async_commit();
         memcpy(after_commit, s, sizeof after_commit);
-        fa_ptx_cp_async_wait_all();
+        fa_ptx_cp_async_wait_group<0>();
         memcpy(after_wait, s, sizeof after_wait);
         for (int i = 0; i < 8; ++i)
             if (s[8 + i] != 0) emu::fault("zero-fill copy wrote %u", s[8 + i]);
@@ -247,6 +248,58 @@ void test_async_copies_land_at_wait(void **)
         assert_int_equal(after_wait[i], source[i]);
     }
     assert_true(std::isnan(emu::float_from_f16_bits(0xffff)) && std::isnan(emu::float_from_bf16_bits(0xffff)));
+}
+
+/* cp.async.wait_group N (PTX ISA): every committed group but the N most recent has landed, in
+ * order; the newer ones are still in flight. Copies issued after the last commit are no group,
+ * so not even wait_group 0 lands them; a commit (of nothing too) makes a group. A copy reads its
+ * source when it lands (the model's choice; on hardware writing the source meanwhile is a race). */
+void test_wait_group_lands_older_groups(void **)
+{
+    alignas(16) static uint16_t source[4][8];
+    for (int g = 0; g < 4; ++g)
+        for (int i = 0; i < 8; ++i) source[g][i] = static_cast<uint16_t>(100 * (g + 1) + i);
+    uint16_t seen[6][4]; /* first element of slots 0..3 after each step */
+    launch([&] {
+        uint16_t *s = reinterpret_cast<uint16_t *>(emu::dynamic_smem());
+        const auto look = [&](int step) {
+            for (int slot = 0; slot < 4; ++slot) seen[step][slot] = s[8 * slot];
+        };
+        for (int g = 0; g < 3; ++g) {
+            fa_ptx_cp_async16(s + 8 * g, source[g], true);
+            fa_ptx_cp_async_commit();
+        }
+        fa_ptx_cp_async16(s + 24, source[3], true); /* issued, never committed before the waits */
+        fa_ptx_cp_async_wait_group<3>();
+        look(0);
+        fa_ptx_cp_async_wait_group<2>();
+        look(1);
+        source[1][0] = 7; /* group 1 is in flight: it reads the source when it lands */
+        fa_ptx_cp_async_wait_group<1>();
+        look(2);
+        fa_ptx_cp_async_wait_group<0>();
+        look(3);
+        fa_ptx_cp_async_commit(); /* the copy of slot 3 becomes a group */
+        fa_ptx_cp_async_commit(); /* and an empty group after it */
+        fa_ptx_cp_async_wait_group<1>();
+        look(4);
+        fa_ptx_cp_async16(s + 24, source[0], false); /* zero fill, never waited for */
+        fa_ptx_cp_async_wait_group<0>();
+        look(5);
+    }, 1, 1, 4 * 16);
+    const uint16_t nan = 0xffff;
+    const uint16_t expect[6][4] = {
+        {nan, nan, nan, nan}, /* wait_group 3: three groups may stay pending */
+        {100, nan, nan, nan}, /* wait_group 2: the oldest landed */
+        {100, 7, nan, nan},   /* wait_group 1: the second, with its source as it is now */
+        {100, 7, 300, nan},   /* wait_group 0: every group, not the uncommitted copy */
+        {100, 7, 300, 400},   /* its group landed; the empty group after it may stay pending */
+        {100, 7, 300, 400},   /* the zero-fill copy is in no group */
+    };
+    for (int step = 0; step < 6; ++step)
+        for (int slot = 0; slot < 4; ++slot)
+            if (seen[step][slot] != expect[step][slot])
+                fail_msg("step %d slot %d: %u, expected %u", step, slot, seen[step][slot], expect[step][slot]);
 }
 
 void test_divergent_barrier_is_a_fault(void **)
@@ -319,6 +372,7 @@ int main(void)
         cmocka_unit_test(test_mfma_model_matches_fragment_layout),
         cmocka_unit_test(test_ldmatrix_model),
         cmocka_unit_test(test_async_copies_land_at_wait),
+        cmocka_unit_test(test_wait_group_lands_older_groups),
         cmocka_unit_test(test_divergent_barrier_is_a_fault),
         cmocka_unit_test(test_divergent_shuffle_is_a_fault),
         cmocka_unit_test(test_wrong_block_size_traps),
