@@ -11,8 +11,10 @@
 #include <string.h>
 
 /* ---- the case table ---------------------------------------------------------------------------
- * Sequence lengths are deliberately not multiples of any tile (1, 7, 33, 129, 1000 ...); block-mask
- * block sizes (3, 17, 64) are unrelated to kernel tiles. Shapes: {batch, heads_q, heads_kv,
+ * Sequence lengths are deliberately not multiples of any tile (1, 7, 33, 129, 1000 ...), except in
+ * the full_* cases, whose lengths are whole tiles of every kernel (64 or 128 query rows, 32, 64 or
+ * 128 keys), so that a path taken only for full tiles is tested too; block-mask block sizes
+ * (3, 17, 64) are unrelated to kernel tiles. Shapes: {batch, heads_q, heads_kv,
  * seqlen_q, seqlen_k, head_dim}. Fields after the shape: scale, causal, window_left, window_right,
  * key_padding, dropout_p, seed, offset, block mask, block_q, block_k, layout. */
 #define NO_WINDOW -1, -1
@@ -36,6 +38,11 @@ const fa_test_case fa_test_cases[] = {
     {"seq1000_d64_gqa_dropout_causal", {1, 4, 2, 1000, 1000, 64}, 0, 1, NO_WINDOW, 0, 0.1f, SEED_HI, OFFSET_HI, NO_BLOCKS, LAYOUT_PACKED, 0},
     {"seq1000_d128_window_pad", {2, 2, 2, 1000, 1000, 128}, 0, 0, 100, 50, 1, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD, 0},
     {"seq1_d256", {1, 2, 2, 1, 1, 256}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    /* whole tiles only (full_128x128_d32 is small enough for FA_TEST_QUICK=1) */
+    {"full_128x128_d32", {1, 1, 1, 128, 128, 32}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"full_256x256_d128", {1, 1, 1, 256, 256, 128}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"full_causal_128x256_d64", {1, 2, 2, 128, 256, 64}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
+    {"full_gqa_4_2_256_d128", {1, 4, 2, 256, 256, 128}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_PACKED, 0},
     /* layouts */
     {"bhsd_d128", {2, 4, 4, 33, 45, 128}, 0, 0, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD, 0},
     {"bhsd_gqa_causal_d64", {2, 4, 2, 40, 29, 64}, 0, 1, NO_WINDOW, 0, NO_DROPOUT, NO_BLOCKS, LAYOUT_BHSD, 0},

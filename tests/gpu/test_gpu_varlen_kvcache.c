@@ -39,6 +39,8 @@ static const varlen_gpu_case varlen_cases[] = {
     {"dropout_window_blocks", 3, 2, 2, 48, {7, 0, 20}, {9, 3, 33}, 0, 6, 0.2f, 16, 8, 0},
     {"modifiers_causal_gqa_dropout", 3, 4, 2, 32, {9, 0, 40}, {12, 5, 33}, 1, -1, 0.1f, 0, 0, 1},
     {"modifiers_shared_bias", 3, 2, 1, 16, {6, 0, 17}, {9, 4, 20}, 1, -1, 0.0f, 0, 0, 2},
+    /* whole tiles of every kernel, each sequence starting on a tile boundary */
+    {"full_tiles_gqa", 2, 2, 1, 32, {128, 256}, {128, 256}, 0, -1, 0.0f, 0, 0, 0},
 };
 
 /* The bias's batch extent: 1 when the sequences share it. */
