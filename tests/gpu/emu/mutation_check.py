@@ -12,6 +12,8 @@ same way, must pass (so a failure is the mutant's, not the build's).
                                     P V change places
   tc_wide_partial_tile_as_inner     the wide-tile forward counts the key tile that holds a row's
                                     last visible key among the tiles that need no mask
+  tc_wide_shallow_wait              the wide-tile forward waits for all but the newest cp.async
+                                    group (one too shallow) before the barrier that publishes V
 
 Exit status: 0 every mutant killed and the control passed; 1 a mutant survived or the control
 failed; 2 the check itself could not run (a mutation no longer matches the source, a build
@@ -55,6 +57,15 @@ MUTANTS = [
         "family": "tc-wide",
         "test": "test_case_table_f16",
         "cases": "causal_seq129_d32,seq1000_d16_causal,window_right_d32",
+    },
+    {
+        "name": "tc_wide_shallow_wait",
+        "file": "src/gpu/nvidia/attention_tc_wide.cuh",
+        "find": "    fa_copy_wait_all();\n    __syncthreads(); /* V_j visible; every warp is done with K_j */\n",
+        "replace": "    fa_copy_wait_pending<1>();\n    __syncthreads(); /* V_j visible; every warp is done with K_j */\n",
+        "family": "tc-wide",
+        "test": "test_case_table_f16",
+        "cases": "seq129_d72,full_128x128_d32",
     },
 ]
 
