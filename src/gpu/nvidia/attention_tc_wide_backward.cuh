@@ -130,8 +130,8 @@ struct bwd_state {
     bwd_view view;
     int64_t d;
     uint16_t *sk, *sv, *sds;
-    uint16_t *sq[2], *sdo[2];
-    float *slse[2], *sdelta[2];
+    uint16_t *sq, *sdo; /* buffer 0 of Q and dO; buffer 1 follows each (BQ W elements on) */
+    float *slse;        /* lse log2 e of buffers 0 and 1, then D of buffers 0 and 1 (BQ each) */
     int col_a[4], col_b[4]; /* fa_tc_ldsm_step_col of the lane */
     int dq_col[W / 32];     /* swizzled columns of the lane's dQ B reads (K, .trans), per 16 columns */
     int k_row_a, q_row_b;   /* this lane's ldmatrix row offsets (elements): K/V (A), Q/dO (B^T) */
@@ -152,13 +152,13 @@ __device__ __forceinline__ void load_query_tile(const bwd_state<W> &st, int buf,
     const int rows = (int)(st.view.seqlen_q - i0 < BQ ? st.view.seqlen_q - i0 : BQ);
     const uint16_t *q = st.view.q + h * st.view.q_head + i0 * st.view.q_stride;
     const uint16_t *dout = st.view.dout + h * st.view.do_head + i0 * st.view.do_stride;
-    load_rows<W, BQ, kBwdThreads>(st.sq[buf], q, st.view.q_stride, rows, st.d);
-    load_rows<W, BQ, kBwdThreads>(st.sdo[buf], dout, st.view.do_stride, rows, st.d);
+    load_rows<W, BQ, kBwdThreads>(st.sq + buf * BQ * W, q, st.view.q_stride, rows, st.d);
+    load_rows<W, BQ, kBwdThreads>(st.sdo + buf * BQ * W, dout, st.view.do_stride, rows, st.d);
     const int t = threadIdx.x;
     if (t < BQ) {
         const int64_t stat = h * st.view.stat_head + i0 + t;
-        st.slse[buf][t] = t < rows ? st.view.lse[stat] * (float)FA_LOG2E : INFINITY;
-        st.sdelta[buf][t] = t < rows ? st.view.delta[stat] : 0.0f;
+        st.slse[buf * BQ + t] = t < rows ? st.view.lse[stat] * (float)FA_LOG2E : INFINITY;
+        st.slse[(2 + buf) * BQ + t] = t < rows ? st.view.delta[stat] : 0.0f;
     }
 }
 
@@ -176,8 +176,8 @@ __device__ __forceinline__ void query_tile(const bwd_state<W> &st, int buf, int6
         load_query_tile<W, BQ>(st, buf ^ 1, next_h, next_i0);
         fa_copy_commit();
     }
-    const uint16_t *sq = st.sq[buf], *sdo = st.sdo[buf];
-    const float *slse = st.slse[buf], *sdelta = st.sdelta[buf];
+    const uint16_t *sq = st.sq + buf * BQ * W, *sdo = st.sdo + buf * BQ * W;
+    const float *slse = st.slse + buf * BQ, *sdelta = st.slse + (2 + buf) * BQ;
 
     /* P^T = exp2(S^T tau log2 e - lse log2 e), masked */
     float s[BQ / 2];
@@ -282,15 +282,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) backward(const __grid_constant
     bwd_state<W> st;
     st.sk = fa_tc_wide_smem;
     st.sv = st.sk + BK * W;
-    st.sq[0] = st.sv + BK * W;
-    st.sq[1] = st.sq[0] + BQ * W;
-    st.sdo[0] = st.sq[1] + BQ * W;
-    st.sdo[1] = st.sdo[0] + BQ * W;
-    st.sds = st.sdo[1] + BQ * W;
-    st.slse[0] = reinterpret_cast<float *>(st.sds + BK * BQ);
-    st.slse[1] = st.slse[0] + BQ;
-    st.sdelta[0] = st.slse[1] + BQ;
-    st.sdelta[1] = st.sdelta[0] + BQ;
+    st.sq = st.sv + BK * W;
+    st.sdo = st.sq + 2 * BQ * W;
+    st.sds = st.sdo + 2 * BQ * W;
+    st.slse = reinterpret_cast<float *>(st.sds + BK * BQ);
 
     const int64_t b = blockIdx.z, hk = blockIdx.y;
     st.view = bwd_view_of(p, b, hk);
