@@ -29,55 +29,68 @@ namespace fa_tc_wide {
 
 constexpr int kBwdThreads = FA_TC_WIDE_BWD_WARPS * 32;
 
-/* One (sequence, kv head) of the backward grid: row-0 pointers of K, V, dK, dV (kv head hk), the
- * sequence's rows of Q, dO (head h: + h stride_head), lse and D (+ fa_stat_index offsets). */
+/* One sequence of the backward grid, query side: row-0 pointers of Q, dO (head h: + h
+ * stride_head), lse and D (+ fa_stat_index offsets), the lengths. */
 struct bwd_view {
-    const uint16_t *q, *dout, *k, *v;
-    uint16_t *dk, *dv;
+    const uint16_t *q, *dout;
     const float *lse, *delta;
     float *dq_accum; /* this block's slice, row 0 of (sequence, head 0) */
-    int64_t q_stride, do_stride, k_stride, v_stride, dk_stride, dv_stride;
+    int64_t q_stride, do_stride;
     int64_t q_head, do_head, stat_head; /* per query head */
     int64_t seqlen_q, seqlen_k, valid_k, diag_offset;
 };
 
-__device__ __forceinline__ bwd_view bwd_view_of(const fa_gpu_params &p, int64_t b, int64_t hk)
+__device__ __forceinline__ bwd_view bwd_view_of(const fa_gpu_params &p, int64_t b)
 {
     int64_t q_row0 = 0, k_row0 = 0;
     bwd_view v;
     v.seqlen_q = p.shape.seqlen_q;
     v.seqlen_k = p.shape.seqlen_k;
     v.diag_offset = p.mask.diag_offset;
-    int64_t qb = b, kb = b;
+    int64_t qb = b;
     if (p.varlen.cu_seqlens_q) {
         q_row0 = p.varlen.cu_seqlens_q[b];
         k_row0 = p.varlen.cu_seqlens_k[b];
         v.seqlen_q = p.varlen.cu_seqlens_q[b + 1] - q_row0;
         v.seqlen_k = p.varlen.cu_seqlens_k[b + 1] - k_row0;
         v.diag_offset = v.seqlen_k - v.seqlen_q;
-        qb = kb = 0;
+        qb = 0;
     }
     v.valid_k = p.mask.seqlens_k ? p.mask.seqlens_k[b] : v.seqlen_k;
     v.q = static_cast<const uint16_t *>(p.q.data) + fa_row_offset(p.q, qb, q_row0, 0);
     v.dout = static_cast<const uint16_t *>(p.dout.data) + fa_row_offset(p.dout, qb, q_row0, 0);
-    v.k = static_cast<const uint16_t *>(p.k.data) + fa_row_offset(p.k, kb, k_row0, hk);
-    v.v = static_cast<const uint16_t *>(p.v.data) + fa_row_offset(p.v, kb, k_row0, hk);
-    v.dk = static_cast<uint16_t *>(p.dk.data) + fa_row_offset(p.dk, kb, k_row0, hk);
-    v.dv = static_cast<uint16_t *>(p.dv.data) + fa_row_offset(p.dv, kb, k_row0, hk);
     const int64_t stat0 = fa_stat_index(p, b, 0, q_row0);
     v.lse = p.outputs.lse + stat0;
     v.delta = p.delta + stat0;
     v.dq_accum = NULL; /* set by the kernel: its slice */
     v.q_stride = p.q.stride_seq;
     v.do_stride = p.dout.stride_seq;
-    v.k_stride = p.k.stride_seq;
-    v.v_stride = p.v.stride_seq;
-    v.dk_stride = p.dk.stride_seq;
-    v.dv_stride = p.dv.stride_seq;
     v.q_head = p.q.stride_head;
     v.do_head = p.dout.stride_head;
     v.stat_head = p.outputs.lse_stride_head;
     return v;
+}
+
+/* Row j0 of the key block in K, V, dK, dV (kv head hk of sequence b), resolved where used so that
+ * the query-tile loop keeps none of it in registers. */
+struct kv_rows {
+    const uint16_t *k, *v;
+    uint16_t *dk, *dv;
+};
+
+__device__ __forceinline__ kv_rows kv_rows_of(const fa_gpu_params &p, int64_t b, int64_t hk, int64_t j0)
+{
+    int64_t kb = b, k_row0 = 0;
+    if (p.varlen.cu_seqlens_k) {
+        k_row0 = p.varlen.cu_seqlens_k[b];
+        kb = 0;
+    }
+    kv_rows r;
+    r.k = static_cast<const uint16_t *>(p.k.data) + fa_row_offset(p.k, kb, k_row0 + j0, hk);
+    r.v = static_cast<const uint16_t *>(p.v.data) + fa_row_offset(p.v, kb, k_row0 + j0, hk);
+    r.dk = static_cast<uint16_t *>(p.dk.data) + fa_row_offset(p.dk, kb, k_row0 + j0, hk);
+    r.dv = static_cast<uint16_t *>(p.dv.data) + fa_row_offset(p.dv, kb, k_row0 + j0, hk);
+    return r;
 }
 
 /* acc[16 x N] += A B over K columns: A from this lane's ldmatrix rows a_lane (a 16-row tile of
@@ -288,7 +301,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) backward(const __grid_constant
     st.slse = reinterpret_cast<float *>(st.sds + BK * BQ);
 
     const int64_t b = blockIdx.z, hk = blockIdx.y;
-    st.view = bwd_view_of(p, b, hk);
+    st.view = bwd_view_of(p, b);
     st.view.dq_accum = p.dq_accum + static_cast<int64_t>(blockIdx.x) * p.dq_slice + (st.view.lse - p.outputs.lse) * W;
     st.d = p.shape.head_dim;
     st.scale_log2 = p.scale_log2;
@@ -348,8 +361,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) backward(const __grid_constant
         if (t_last >= t_first) {
             __syncthreads(); /* the previous key block is no longer read */
             const int lk = (int)(loaded_k < keys ? loaded_k : keys);
-            load_rows<W, BK, kBwdThreads>(st.sk, st.view.k + j0 * st.view.k_stride, st.view.k_stride, lk, st.d);
-            load_rows<W, BK, kBwdThreads>(st.sv, st.view.v + j0 * st.view.v_stride, st.view.v_stride, lk, st.d);
+            const kv_rows kv = kv_rows_of(p, b, hk, j0);
+            load_rows<W, BK, kBwdThreads>(st.sk, kv.k, p.k.stride_seq, lk, st.d);
+            load_rows<W, BK, kBwdThreads>(st.sv, kv.v, p.v.stride_seq, lk, st.d);
             load_query_tile<W, BQ>(st, 0, h0, t_first * BQ);
             fa_copy_commit();
             int buf = 0;
@@ -370,12 +384,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1) backward(const __grid_constant
         }
 
         /* dK (times the softmax scale) and dV of the warp's keys, two 16-bit columns per store */
+        const kv_rows kv = kv_rows_of(p, b, hk, j0);
 #pragma unroll
         for (int slot = 0; slot < 2; ++slot) {
             const int row = 16 * warp + lane / 4 + 8 * slot;
             if (row < keys) {
-                uint16_t *dkr = st.view.dk + (j0 + row) * st.view.dk_stride + st.lane_col;
-                uint16_t *dvr = st.view.dv + (j0 + row) * st.view.dv_stride + st.lane_col;
+                uint16_t *dkr = kv.dk + row * p.dk.stride_seq + st.lane_col;
+                uint16_t *dvr = kv.dv + row * p.dv.stride_seq + st.lane_col;
 #pragma unroll
                 for (int t = 0; t < W / 8; ++t) {
                     if (8 * t + st.lane_col < st.d) {
