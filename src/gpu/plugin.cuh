@@ -290,13 +290,14 @@ static fa_status gpu_copy_d2h(void *state, void *dst, const void *src, size_t by
  * generic kernels); *width receives the padded head dim. */
 static fa_tc_set tc_kernels(const fa_gpu_state *s, fa_dtype dtype, int64_t head_dim, int *width)
 {
-    fa_tc_set none = {NULL, NULL, NULL, NULL};
+    fa_tc_set none = {NULL, NULL, NULL, NULL, NULL};
     *width = fa_tc_padded_dim(head_dim);
     if (s->family == FA_GPU_FAMILY_GENERIC || *width == 0) return none;
     fa_tc_set set = fa_tc_kernels(s->family, dtype, *width, s->matrix_cores);
     if (fa_tc_smem_bytes(*width) > s->smem_bytes) set.forward = NULL;
     if (!set.backward_dq || fa_tc_backward_smem_bytes(*width) > s->smem_bytes) set.backward_dkdv = set.backward_dq = NULL;
     if (!set.forward_plain || fa_tc_wide_smem_bytes(*width) > s->smem_bytes) set.forward_plain = NULL;
+    if (!set.backward_plain || fa_tc_wide_backward_smem_bytes(*width) > s->smem_bytes) set.backward_plain = NULL;
     return set;
 }
 
@@ -533,17 +534,44 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
     fa_status st = FA_SUCCESS;
     if (!tc.backward_dq) st = pick_kernels(s, FA_GPU_PASS_BACKWARD, p->shape.head_dim, &tile, &set);
     const size_t delta_bytes = (size_t)(p->shape.batch * p->shape.heads_q * p->shape.seqlen_q) * sizeof(float);
+    /* The wide-tile backward: dQ in f32 slices after delta (fa_tc_wide_backward_splits bounds them). */
+    const bool wide = tc.backward_plain && fa_tc_wide_takes(p, problem_chunk_aligned(p, 1) && tensor_chunk_aligned(&p->out) &&
+                                                                tensor_chunk_aligned(&p->dq) && tensor_chunk_aligned(&p->dk) &&
+                                                                tensor_chunk_aligned(&p->dv));
+    const int64_t slice_floats = (int64_t)(delta_bytes / sizeof(float)) * width;
+    const int64_t splits =
+        wide ? fa_tc_wide_backward_splits(s->props.multiProcessorCount, (int64_t)grid_batch(p) * p->shape.heads_kv,
+                                          fa_gpu_tiles(key_rows(p), FA_TC_WIDE_BWD_KEYS), slice_floats * (int64_t)sizeof(float))
+             : 0;
+    const size_t accum_bytes = (size_t)(splits * slice_floats) * sizeof(float);
     fa_gpu_params k;
-    if (st == FA_SUCCESS) st = build_params(s, p, delta_bytes, &k);
+    if (st == FA_SUCCESS) st = build_params(s, p, align_up(delta_bytes) + accum_bytes, &k);
     if (st == FA_SUCCESS) st = device_checks(s, p, &k);
     if (st != FA_SUCCESS) return st;
     k.delta = (float *)s->workspace;
     k.chunked_loads = problem_chunk_aligned(p, 1);
+    if (wide) {
+        k.dq_accum = (float *)((char *)s->workspace + align_up(delta_bytes));
+        k.dq_slice = slice_floats;
+        k.dq_splits = (int)splits;
+        k.dq_width = width;
+        FA_TRY(fa_gpu_memset_async(k.dq_accum, 0, accum_bytes, s->stream), "clear the dQ slices");
+    }
     const int64_t rows = p->shape.batch * p->shape.heads_q * p->shape.seqlen_q;
     const int64_t row_blocks = fa_gpu_tiles(rows, FA_GENERIC_WARPS);
     st = launch(s, fa_generic::row_delta, dim3((unsigned)(row_blocks < 65535 ? row_blocks : 65535)), 0, &k,
                 "backward pre-pass launch");
     if (st != FA_SUCCESS) return st;
+    if (wide) {
+        st = launch_warps(s, tc.backward_plain, dim3((unsigned)splits, (unsigned)p->shape.heads_kv, grid_batch(p)),
+                          FA_TC_WIDE_BWD_WARPS, (size_t)fa_tc_wide_backward_smem_bytes(width), &k, "wide-tile backward launch");
+        if (st == FA_SUCCESS)
+            st = launch(s, fa_dq_accum::convert,
+                        dim3((unsigned)fa_gpu_tiles(query_rows(p), fa_dq_accum::kRows), (unsigned)p->shape.heads_q, grid_batch(p)),
+                        0, &k, "wide-tile backward dQ sum launch");
+        if (st == FA_SUCCESS) st = modifier_gradients(s, p, &k);
+        return st;
+    }
     const dim3 key_grid((unsigned)fa_gpu_tiles(key_rows(p), tc.backward_dq ? FA_TC_BLOCK_ROWS : tile), (unsigned)p->shape.heads_kv,
                         grid_batch(p));
     const dim3 query_grid((unsigned)fa_gpu_tiles(query_rows(p), tc.backward_dq ? FA_TC_BLOCK_ROWS : tile),

@@ -122,6 +122,35 @@ FA_HD int64_t fa_tc_wide_smem_bytes(int padded_dim)
     return 2 * (int64_t)padded_dim * (FA_TC_WIDE_BLOCK_ROWS + 2 * FA_TC_WIDE_BLOCK_COLS(padded_dim));
 }
 
+/* The wide-tile backward (nvidia/attention_tc_wide_backward.cuh): FA_TC_WIDE_BWD_WARPS warps of 16
+ * keys each own a block of FA_TC_WIDE_BWD_KEYS keys and stream query tiles of
+ * FA_TC_WIDE_BWD_QUERY_TILE rows (double-buffered); widths 64 and 128. */
+#define FA_TC_WIDE_BWD_WARPS 8
+#define FA_TC_WIDE_BWD_KEYS (16 * FA_TC_WIDE_BWD_WARPS)
+#define FA_TC_WIDE_BWD_QUERY_TILE 64
+
+/* Dynamic shared memory of the wide-tile backward: K and V of the key block, two buffers of Q and
+ * dO query tiles, dS^T (keys x query tile), 16-bit; two buffers of lse and D per query row, f32. */
+FA_HD int64_t fa_tc_wide_backward_smem_bytes(int padded_dim)
+{
+    return 2 * ((int64_t)padded_dim * (2 * FA_TC_WIDE_BWD_KEYS + 4 * FA_TC_WIDE_BWD_QUERY_TILE) +
+                (int64_t)FA_TC_WIDE_BWD_KEYS * FA_TC_WIDE_BWD_QUERY_TILE) +
+           4 * (int64_t)sizeof(float) * FA_TC_WIDE_BWD_QUERY_TILE;
+}
+
+/* Blocks per (kv head, sequence) of the wide-tile backward, each with its own f32 dQ slice of
+ * `slice_bytes` in the workspace: enough blocks to give every multiprocessor two
+ * (2 sms / (batch heads_kv), rounded up), at most one per key block, and at most as many as keep
+ * the slices within 256 MiB (one slice always: the workspace is then twice an f32 dQ). */
+static inline int64_t fa_tc_wide_backward_splits(int64_t sms, int64_t batch_heads_kv, int64_t key_blocks, int64_t slice_bytes)
+{
+    int64_t splits = batch_heads_kv > 0 ? (2 * sms + batch_heads_kv - 1) / batch_heads_kv : 1;
+    if (splits > key_blocks) splits = key_blocks;
+    const int64_t cap = slice_bytes > 0 ? ((int64_t)256 << 20) / slice_bytes : splits;
+    if (splits > cap) splits = cap;
+    return splits < 1 ? 1 : splits;
+}
+
 /* Whether the wide-tile forward computes problem p: a plain problem (no score modifier or sink, no
  * dropout, no block mask; causal, windows, key padding and packed batches are fine), a positive
  * scale (the row max is kept on unscaled scores), f16/bf16, width 64 or 128, sequences short

@@ -449,6 +449,41 @@ static void test_ldsm_step_columns(void **state)
     }
 }
 
+/* The wide-tile backward's dS read: ldmatrix .trans at fa_tc_ldsm_a_trans of a tile stored [k][m]
+ * (dS^T, swizzled at width 64) gives each lane the A registers of rows m0.., columns k0.. of the
+ * transposed tile (mma.sync's A layout), and k steps of 16 rows are base + immediate. */
+static void test_ldsm_a_trans_reads_transposed_a(void **state)
+{
+    (void)state;
+    enum { KR = 128, MC = 64 };
+    static float smem[KR * MC];
+    for (int k = 0; k < KR; ++k)
+        for (int m = 0; m < MC; ++m) smem[fa_tc_swizzle(k, m, MC)] = (float)(1000 * k + m);
+    for (int m0 = 0; m0 < MC; m0 += 16)
+        for (int k0 = 0; k0 < KR; k0 += 16) {
+            int address[32];
+            for (int lane = 0; lane < 32; ++lane) {
+                const fa_frag_coord c = fa_tc_ldsm_a_trans(lane, m0, k0);
+                assert_int_equal(c.col % 8, 0); /* a whole chunk */
+                address[lane] = fa_tc_swizzle(c.row, c.col, MC);
+                const fa_frag_coord c0 = fa_tc_ldsm_a_trans(lane, m0, 0);
+                assert_int_equal(address[lane], fa_tc_swizzle(c0.row, c0.col, MC) + k0 * MC);
+            }
+            warp_x4 a;
+            ldmatrix_x4(smem, address, 1, a);
+            for (int lane = 0; lane < 32; ++lane) {
+                const int g = lane >> 2, t = lane % 4;
+                for (int h = 0; h < 2; ++h) {
+                    /* A[row][col] = stored[k0 + col][m0 + row] */
+                    assert_float_equal(a[lane][0][h], (float)(1000 * (k0 + 2 * t + h) + m0 + g), 0.0f);
+                    assert_float_equal(a[lane][1][h], (float)(1000 * (k0 + 2 * t + h) + m0 + g + 8), 0.0f);
+                    assert_float_equal(a[lane][2][h], (float)(1000 * (k0 + 2 * t + 8 + h) + m0 + g), 0.0f);
+                    assert_float_equal(a[lane][3][h], (float)(1000 * (k0 + 2 * t + 8 + h) + m0 + g + 8), 0.0f);
+                }
+            }
+        }
+}
+
 /* ---- plan --------------------------------------------------------------------------------------- */
 
 static void test_family_from_environment_value(void **state)
@@ -552,6 +587,27 @@ static void test_shared_memory_fits(void **state)
         for (size_t i = 0; i < sizeof devices / sizeof devices[0]; ++i)
             assert_true(fa_tc_backward_smem_bytes(w) <= devices[i]);
     }
+    /* the wide-tile backward: fits sm_80 and sm_90 at widths 64 and 128 (sm_86/89: width 64; wider
+     * problems there take the tc backward), every buffer on a 16-byte boundary */
+    assert_true(fa_tc_wide_backward_smem_bytes(128) <= devices[0]);
+    assert_true(fa_tc_wide_backward_smem_bytes(64) <= devices[2]);
+    assert_true(fa_tc_wide_backward_smem_bytes(128) > devices[2]);
+    assert_int_equal(fa_tc_wide_backward_smem_bytes(128), 2 * (128 * (2 * 128 + 4 * 64) + 128 * 64) + 16 * 64);
+}
+
+/* The dQ slices of the wide-tile backward: about two blocks per multiprocessor, no more than key
+ * blocks, within 256 MiB unless one slice is larger, never zero. */
+static void test_wide_backward_splits(void **state)
+{
+    (void)state;
+    assert_int_equal(fa_tc_wide_backward_splits(132, 1, 1000, 1 << 16), 264);
+    assert_int_equal(fa_tc_wide_backward_splits(132, 1, 1000, 1 << 20), 256);
+    assert_int_equal(fa_tc_wide_backward_splits(132, 16, 1000, 1 << 20), 17);
+    assert_int_equal(fa_tc_wide_backward_splits(132, 512, 1000, 1 << 20), 1);
+    assert_int_equal(fa_tc_wide_backward_splits(132, 1, 3, 1 << 20), 3);
+    assert_int_equal(fa_tc_wide_backward_splits(132, 1, 1000, (int64_t)64 << 20), 4);
+    assert_int_equal(fa_tc_wide_backward_splits(132, 1, 1000, (int64_t)1 << 30), 1);
+    assert_int_equal(fa_tc_wide_backward_splits(1, 1, 0, 0), 1);
 }
 
 static void test_chunk_alignment(void **state)
@@ -583,10 +639,12 @@ int main(void)
         cmocka_unit_test(test_fma_layer_wave64),
         cmocka_unit_test(test_mma_rows_live_in_quads),
         cmocka_unit_test(test_ldsm_step_columns),
+        cmocka_unit_test(test_ldsm_a_trans_reads_transposed_a),
         cmocka_unit_test(test_family_from_environment_value),
         cmocka_unit_test(test_wide_forward_takes_plain_problems),
         cmocka_unit_test(test_padded_head_dims),
         cmocka_unit_test(test_shared_memory_fits),
+        cmocka_unit_test(test_wide_backward_splits),
         cmocka_unit_test(test_chunk_alignment),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

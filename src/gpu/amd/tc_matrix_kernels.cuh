@@ -12,8 +12,15 @@ static fa_tc_set fa_tc_matrix_kernels(fa_dtype dtype, int width, bool matrix_cor
     return fa_tc_kernels_of_dtype<fa_tc::fma_layer>(dtype, width);
 }
 
-/* No wide-tile forward on AMD: the plugin refuses the tc-wide family at open. */
+/* No wide-tile forward or backward on AMD: the plugin refuses the tc-wide family at open. */
 static fa_gpu_kernel fa_tc_wide_forward(fa_dtype dtype, int width)
+{
+    (void)dtype;
+    (void)width;
+    return NULL;
+}
+
+static fa_gpu_kernel fa_tc_wide_backward(fa_dtype dtype, int width)
 {
     (void)dtype;
     (void)width;

@@ -37,6 +37,11 @@ typedef struct fa_gpu_params {
     int modified;      /* fa_modifiers_form_scores */
     float inv_softcap; /* fa_modifiers_inv_softcap */
     float *delta;      /* backward: rowsum(dO o O), same layout as lse (context workspace) */
+    /* tc-wide backward: dq_splits f32 slices of dQ, dq_slice floats apart, rows in the lse layout
+     * times the padded width (context workspace) */
+    float *dq_accum;
+    int64_t dq_slice;
+    int dq_splits, dq_width;
     /* The padded layout the dbias pass covers: seqlen_q x seqlen_k, max_seqlen_q x max_seqlen_k of
      * a packed batch. */
     int64_t grid_rows, grid_cols;

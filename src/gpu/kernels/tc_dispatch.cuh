@@ -6,13 +6,15 @@
 #include "../tc_plan.h"
 #include "attention_tc.cuh"
 #include "attention_tc_backward.cuh"
+#include "dq_accum.cuh"
 #include "generic_dispatch.cuh"
 #include "tile_fma.cuh"
 
-/* The kernels of one (layer, width): NULL entries where not instantiated. forward_plain: the
- * tc-wide family's forward of the problems fa_tc_wide_takes (tc_plan.h), NULL in other families. */
+/* The kernels of one (layer, width): NULL entries where not instantiated. forward_plain and
+ * backward_plain: the tc-wide family's forward and backward of the problems fa_tc_wide_takes
+ * (tc_plan.h), NULL in other families. */
 typedef struct fa_tc_set {
-    fa_gpu_kernel forward, backward_dkdv, backward_dq, forward_plain;
+    fa_gpu_kernel forward, backward_dkdv, backward_dq, forward_plain, backward_plain;
 } fa_tc_set;
 
 template <class L, int W>
@@ -25,6 +27,7 @@ static fa_tc_set fa_tc_instance(void)
     set.backward_dkdv = W <= FA_TC_BACKWARD_MAX_WIDTH ? fa_tc::backward_dkdv<L, (W <= FA_TC_BACKWARD_MAX_WIDTH ? W : 64)> : NULL;
     set.backward_dq = W <= FA_TC_BACKWARD_MAX_WIDTH ? fa_tc::backward_dq<L, (W <= FA_TC_BACKWARD_MAX_WIDTH ? W : 64)> : NULL;
     set.forward_plain = NULL;
+    set.backward_plain = NULL;
     return set;
 }
 
@@ -36,7 +39,7 @@ static fa_tc_set fa_tc_kernels_of_width(int width)
     case 128: return fa_tc_instance<L, 128>();
     case 256: return fa_tc_instance<L, 256>();
     }
-    fa_tc_set none = {NULL, NULL, NULL, NULL};
+    fa_tc_set none = {NULL, NULL, NULL, NULL, NULL};
     return none;
 }
 
@@ -45,7 +48,7 @@ static fa_tc_set fa_tc_kernels_of_dtype(fa_dtype dtype, int width)
 {
     if (dtype == FA_DTYPE_F16) return fa_tc_kernels_of_width<Layer<FA_DTYPE_F16> >(width);
     if (dtype == FA_DTYPE_BF16) return fa_tc_kernels_of_width<Layer<FA_DTYPE_BF16> >(width);
-    fa_tc_set none = {NULL, NULL, NULL, NULL};
+    fa_tc_set none = {NULL, NULL, NULL, NULL, NULL};
     return none;
 }
 
@@ -58,6 +61,9 @@ static fa_tc_set fa_tc_matrix_kernels(fa_dtype dtype, int width, bool matrix_cor
  * tc_matrix_kernels.cuh: NVIDIA's wide-tile kernel; NULL where a vendor has none. */
 static fa_gpu_kernel fa_tc_wide_forward(fa_dtype dtype, int width);
 
+/* The tc-wide family's backward_plain (dQ into f32 slices, summed by fa_dq_accum::convert). */
+static fa_gpu_kernel fa_tc_wide_backward(fa_dtype dtype, int width);
+
 /* The kernels of (family, dtype, padded width); NULL entries make the caller run the generic
  * kernels (f32, head dims above 256, backward above width 128, the generic family). */
 static fa_tc_set fa_tc_kernels(fa_gpu_family family, fa_dtype dtype, int width, bool matrix_cores)
@@ -67,9 +73,10 @@ static fa_tc_set fa_tc_kernels(fa_gpu_family family, fa_dtype dtype, int width, 
     if (family == FA_GPU_FAMILY_TC_WIDE) {
         fa_tc_set set = fa_tc_matrix_kernels(dtype, width, matrix_cores);
         set.forward_plain = fa_tc_wide_forward(dtype, width);
+        set.backward_plain = fa_tc_wide_backward(dtype, width);
         return set;
     }
-    fa_tc_set none = {NULL, NULL, NULL, NULL};
+    fa_tc_set none = {NULL, NULL, NULL, NULL, NULL};
     return none;
 }
 #endif

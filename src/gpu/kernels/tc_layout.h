@@ -56,6 +56,18 @@ FA_HD fa_frag_coord fa_tc_ldsm_b_kn_trans(int lane, int k0, int n0)
     return c;
 }
 
+/* A operand (16 x 16, rows row0.., cols col0..) from a tile stored transposed, [col][row] (dS^T:
+ * key rows, query columns, read as dS for dQ = dS K), with ldmatrix .trans: the (row, col) of the
+ * stored tile a lane addresses. Matrix i holds A rows 8 (i % 2).. and columns 8 (i / 2)..: the
+ * stored rows col0 + 8 (i / 2).., at stored column row0 + 8 (i % 2). */
+FA_HD fa_frag_coord fa_tc_ldsm_a_trans(int lane, int row0, int col0)
+{
+    fa_frag_coord c;
+    c.row = col0 + lane % 8 + 8 * (lane / 16);
+    c.col = row0 + 8 * ((lane / 8) % 2);
+    return c;
+}
+
 /* The same addresses as base + immediate (the wide-tile forward): a lane of the three functions
  * above reads, at k step m (columns 16 m..), logical chunk 2 m + c of a row congruent to r mod 8
  * (c = lane / 16 for fa_tc_ldsm_a and fa_tc_ldsm_b_kn_trans, (lane / 8) % 2 for fa_tc_ldsm_b_nk;

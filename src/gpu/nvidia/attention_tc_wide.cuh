@@ -75,12 +75,12 @@ __device__ __forceinline__ head_view view_of(const fa_gpu_params &p, int64_t b, 
 
 /* tile[ROWS x W] (swizzled) = rows 0..ROWS of src (row stride `stride`), zeros past valid_rows and
  * past the head dim d, by every thread of the block in 16-byte cp.async chunks. A thread copies
- * one chunk column of every (kThreads / (W / 8))-th row: a multiple of 8 rows, so its swizzled
+ * one chunk column of every (THREADS / (W / 8))-th row: a multiple of 8 rows, so its swizzled
  * column is the same in every row it copies and each copy is base + immediate. */
-template <int W, int ROWS>
+template <int W, int ROWS, int THREADS = kThreads>
 __device__ __forceinline__ void load_rows(uint16_t *tile, const uint16_t *src, int64_t stride, int valid_rows, int64_t d)
 {
-    constexpr int kChunks = W / FA_TC_CHUNK, kStep = kThreads / kChunks;
+    constexpr int kChunks = W / FA_TC_CHUNK, kStep = THREADS / kChunks;
     static_assert(kStep % 8 == 0 && ROWS % kStep == 0, "rows per pass keep the swizzle column");
     const int x = (threadIdx.x % kChunks) * FA_TC_CHUNK, r0 = threadIdx.x / kChunks;
     uint16_t *dst = tile + fa_tc_swizzle(r0, x, W);

@@ -52,6 +52,8 @@ struct dim3 {
 };
 struct uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
 
 #define threadIdx (::emu::thread_idx())
 #define blockIdx (::emu::block_idx())
