@@ -92,6 +92,8 @@ KERNELS = [
     # The tc-wide family (nvidia/attention_tc_wide.cuh): one loop per mask kind.
     {'family': 'fa_tc_wide', 'kind': 'forward', 'plan': 'fa_tc_wide.forward', 'default': True,
      'match': r'^fa_tc_wide::forward<\(fa_dtype\)(?P<dtype>\d+), (?P<W>\d+)>'},
+    {'family': 'fa_tc_wide', 'kind': 'backward', 'plan': 'fa_tc_wide.backward', 'default': True,
+     'match': r'^fa_tc_wide::backward<\(fa_dtype\)(?P<dtype>\d+), (?P<W>\d+)>'},
     # The same tile kernels on the plain-FMA layer (no HMMA: resources only): --all.
     {'family': 'fa_tc', 'kind': 'forward', 'plan': 'fa_tc.forward', 'default': False, 'tag': 'fma',
      'match': r'^fa_tc::forward<fa_tc::fma_layer<\(fa_dtype\)(?P<dtype>\d+)>, (?P<W>\d+)>'},

@@ -24,6 +24,10 @@ int main(void)
         if (w <= FA_TC_WIDE_MAX_WIDTH) /* copies unrolled, no copy loop: the figure is for the record */
             printf("fa_tc_wide.forward %d %d %lld %ld\n", w, FA_TC_WIDE_WARPS * 32, (long long)fa_tc_wide_smem_bytes(w),
                    2L * FA_TC_WIDE_BLOCK_COLS(w) * (w / FA_TC_CHUNK) / (FA_TC_WIDE_WARPS * 32));
+        if (w <= FA_TC_WIDE_MAX_WIDTH) /* Q and dO of a query tile per iteration */
+            printf("fa_tc_wide.backward %d %d %lld %ld\n", w, FA_TC_WIDE_BWD_WARPS * 32,
+                   (long long)fa_tc_wide_backward_smem_bytes(w),
+                   2L * FA_TC_WIDE_BWD_QUERY_TILE * (w / FA_TC_CHUNK) / (FA_TC_WIDE_BWD_WARPS * 32));
         if (w <= FA_TC_BACKWARD_MAX_WIDTH)
             printf("fa_tc.backward %d %d %lld %ld\n", w, THREADS, (long long)fa_tc_backward_smem_bytes(w),
                    chunks_per_thread(2L * FA_TC_BACKWARD_QUERY_TILE, w));

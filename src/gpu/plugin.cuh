@@ -170,7 +170,7 @@ static fa_status gpu_open(int device, void **state)
     if (s->family == FA_GPU_FAMILY_GENERIC) snprintf(kernels, sizeof kernels, "%s", chosen);
     else if (s->family == FA_GPU_FAMILY_TC_WIDE)
         snprintf(kernels, sizeof kernels,
-                 "%s for f16/bf16: wide-tile forward d <= %d of plain problems (%s), tc otherwise, generic beyond",
+                 "%s for f16/bf16: wide-tile forward and backward d <= %d of plain problems (%s), tc otherwise, generic beyond",
                  chosen, FA_TC_WIDE_MAX_WIDTH, tc_layer_name(s));
     else snprintf(kernels, sizeof kernels, "%s for f16/bf16, forward d <= 256, backward d <= 128 (%s), generic otherwise",
                   chosen, tc_layer_name(s));

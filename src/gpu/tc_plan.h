@@ -21,8 +21,9 @@
  * GENERIC: the CUDA-core kernels of attention_generic.cuh (f32 always runs them).
  * TC: the tile-MMA kernels on the architecture's matrix instructions (mma.sync on NVIDIA).
  * FMA: the same tile kernels on the plain-FMA tile layer (the AMD RDNA path, also built for CUDA).
- * TC_WIDE ("tc-wide", NVIDIA only): TC, except that the forward of a plain problem (below) runs the
- * wide-tile kernel of nvidia/attention_tc_wide.cuh. Opt-in until a GPU run shows it faster. */
+ * TC_WIDE ("tc-wide", NVIDIA only): TC, except that the forward and backward of a plain problem
+ * (fa_tc_wide_takes) run the wide-tile kernels of nvidia/attention_tc_wide.cuh and
+ * attention_tc_wide_backward.cuh. Opt-in until a GPU run shows them faster. */
 typedef enum fa_gpu_family {
     FA_GPU_FAMILY_GENERIC,
     FA_GPU_FAMILY_TC,

@@ -14,6 +14,8 @@ same way, must pass (so a failure is the mutant's, not the build's).
                                     last visible key among the tiles that need no mask
   tc_wide_shallow_wait              the wide-tile forward waits for all but the newest cp.async
                                     group (one too shallow) before the barrier that publishes V
+  tc_wide_backward_diagonal_dropped the wide-tile backward's masked tiles drop the largest visible
+                                    key-minus-query difference (the causal diagonal)
 
 Exit status: 0 every mutant killed and the control passed; 1 a mutant survived or the control
 failed; 2 the check itself could not run (a mutation no longer matches the source, a build
@@ -66,6 +68,15 @@ MUTANTS = [
         "family": "tc-wide",
         "test": "test_case_table_f16",
         "cases": "seq129_d72,full_128x128_d32",
+    },
+    {
+        "name": "tc_wide_backward_diagonal_dropped",
+        "file": "src/gpu/nvidia/attention_tc_wide_backward.cuh",
+        "find": "diff >= lim_lo && diff <= lim_hi",
+        "replace": "diff >= lim_lo && diff < lim_hi",
+        "family": "tc-wide",
+        "test": "test_case_table_f16",
+        "cases": "causal_seq129_d32,full_causal_128x256_d64",
     },
 ]
 
