@@ -710,6 +710,9 @@ def check(rows, budgets):
             if loop_keys and not r['loops']:
                 found.append(f'{label}: no HMMA loop found, budget has {", ".join(loop_keys)}')
             loops = list(enumerate(r['loops']))
+            if b.get('loops', 'all') not in ('all', 'fastest'):
+                found.append(f"{label}: budget loops = {b['loops']!r}, not 'all' or 'fastest'")
+                loops = []
             if b.get('loops', 'all') == 'fastest' and loops:  # a kernel whose mask kinds are loops of their own
                 loops = [min(loops, key=lambda nl: nl[1]['steady']['insn_per_hmma'] or float('inf'))]
             for n, lo in loops:

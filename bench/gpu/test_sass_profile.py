@@ -150,9 +150,30 @@ class Profile(unittest.TestCase):
     def test_budgets_file(self):
         with open(os.path.join(HERE, 'sass_budgets.json')) as f:
             budgets = json.load(f)['budgets']
-        known = set(sp.LOOP_BOUNDS) | set(sp.KERNEL_BOUNDS) | {'name', 'goal', 'family', 'kind', 'dtype', 'W', 'arch', 'pattern'}
+        known = set(sp.LOOP_BOUNDS) | set(sp.KERNEL_BOUNDS) | {'name', 'goal', 'family', 'kind', 'dtype', 'W', 'arch', 'pattern',
+                                                               'loops'}
         for b in budgets:
             self.assertLessEqual(set(b), known, b)
+            self.assertIn(b.get('loops', 'all'), ('all', 'fastest'), b)
+
+    def test_fastest_loop_only(self):
+        def loop(header, insn_per_hmma):
+            trip = {'insn_per_hmma': insn_per_hmma, 'ldsm_per_hmma': 0.3, 'ldst_local': 0}
+            return {'header': header, 'steady': trip, 'masked': trip}
+        row = {'family': 'fa_tc_wide', 'kind': 'forward', 'dtype': 'f16', 'W': 128, 'arch': 'sm_90',
+               'kernel': 'fa_tc_wide::forward<(fa_dtype)1, 128>', 'loops': [loop('0x10', 4.6), loop('0x20', 3.9)]}
+        every = {'family': 'fa_tc_wide', 'max_insn_per_hmma': 4.0}
+        bad, _ = sp.check([row], {'budgets': [every]})
+        self.assertEqual(len(bad), 1, bad)
+        self.assertIn('loop 0 (0x10) steady insn_per_hmma = 4.6', bad[0])
+        bad, _ = sp.check([row], {'budgets': [dict(every, loops='fastest')]})  # the unmasked loop only
+        self.assertEqual(bad, [])
+        bad, _ = sp.check([row], {'budgets': [dict(every, loops='fastest', max_insn_per_hmma=3.8)]})
+        self.assertEqual(len(bad), 1, bad)
+        self.assertIn('loop 1 (0x20)', bad[0])
+        bad, _ = sp.check([row], {'budgets': [dict(every, loops='slowest')]})
+        self.assertEqual(len(bad), 1, bad)
+        self.assertIn("loops = 'slowest'", bad[0])
 
     @unittest.skipUnless(PLAN_PROGRAM or len(sys.argv) > 1, 'no plan program given')
     def test_plan_program(self):
