@@ -361,8 +361,10 @@ class Cfg:
         self._dominators()
         self._loops()
 
-    def _dominators(self):
-        order, seen, stack = [], {0}, [(0, iter(sorted(self.blocks[0].succ)))]
+    @staticmethod
+    def _postorder(start, successors):
+        """Depth-first postorder of the blocks reachable from start; successors(node) -> iterable."""
+        order, seen, stack = [], {start}, [(start, iter(successors(start)))]
         while stack:
             node, it = stack[-1]
             nxt = next(it, None)
@@ -371,8 +373,11 @@ class Cfg:
                 stack.pop()
             elif nxt not in seen:
                 seen.add(nxt)
-                stack.append((nxt, iter(sorted(self.blocks[nxt].succ))))
-        rpo = order[::-1]
+                stack.append((nxt, iter(successors(nxt))))
+        return order
+
+    def _dominators(self):
+        rpo = self._postorder(0, lambda n: sorted(self.blocks[n].succ))[::-1]
         pos = {b: k for k, b in enumerate(rpo)}
         idom = {0: 0}
         changed = True
@@ -395,7 +400,7 @@ class Cfg:
                     new = x
                 if new is not None and idom.get(b) != new:
                     idom[b], changed = new, True
-        self.idom, self.reachable = idom, seen
+        self.idom, self.reachable = idom, set(rpo)
 
     def dominates(self, a, b):
         while True:
@@ -432,16 +437,7 @@ class Cfg:
         body = self.loops[header]
         edges = {u: [v for v in self.blocks[u].succ if v in body and v != header and not self.dominates(v, u)]
                  for u in body}
-        order, seen, stack = [], {header}, [(header, iter(edges[header]))]
-        while stack:
-            node, it = stack[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                order.append(node)
-                stack.pop()
-            elif nxt not in seen:
-                seen.add(nxt)
-                stack.append((nxt, iter(edges[nxt])))
+        order = self._postorder(header, lambda n: edges[n])
         best = {header: (self.blocks[header].count, [header])}
         for u in reversed(order):
             if u not in best:
