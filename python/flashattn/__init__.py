@@ -12,15 +12,19 @@ Example::
     out, lse = flashattn.forward(q, k, v, causal=True)
 """
 
+import importlib
 from collections import namedtuple
 
 from . import _native
-from ._dlpack import converter_for, placement, wrap
+from ._dlpack import converter_for, framework_of, placement, wrap
 from ._errors import (BackendFailureError, BackendUnavailableError, Error, InvalidTypeError,
                       InvalidValueError, NotSupportedError, OutOfMemoryError)
 
 __all__ = [
-    "forward", "backward", "dropout_mask", "tiling_for", "backends", "flash_attn_func",
+    "forward", "backward", "forward_varlen", "backward_varlen", "forward_kvcache", "merge_partials", "dropout_mask",
+    "tiling_for", "backends", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
+    "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
     "Error", "InvalidValueError", "InvalidTypeError", "NotSupportedError", "OutOfMemoryError",
     "BackendUnavailableError", "BackendFailureError", "BackendStatus", "Tiling", "Gradients", "__version__",
 ]
@@ -73,8 +77,9 @@ def _seed(value, name):
 
 
 def _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size,
-             softcap, alibi_slopes, sinks, bias):
-    """The option arguments of _native.forward/backward, in order."""
+             softcap, alibi_slopes, sinks, bias, varlen=None):
+    """The option arguments of _native.forward/backward/forward_kvcache, in order. varlen: None or
+    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for a packed batch."""
     window_left, window_right = _pair(window, "window")
     block_q, block_k = _pair(block_size, "block_size")
     if seqlens_k is not None:
@@ -86,7 +91,18 @@ def _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, 
         block_mask = numpy.ascontiguousarray(numpy.asarray(block_mask), dtype=numpy.uint8)
     return (_scale(softmax_scale), bool(causal), window_left, window_right, seqlens_k, float(dropout_p),
             _seed(seed, "seed"), _seed(offset, "offset"), block_mask, block_q, block_k, float(softcap), alibi_slopes,
-            sinks, bias)
+            sinks, bias, varlen)
+
+
+def _varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    return (cu_seqlens_q, cu_seqlens_k, _count(max_seqlen_q, "max_seqlen_q"), _count(max_seqlen_k, "max_seqlen_k"))
+
+
+def _count(value, name):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InvalidValueError("%s: %r is not an int" % (name, value), 1) from None
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), seqlens_k=None, dropout_p=0.0,
@@ -152,6 +168,123 @@ def backward(q, k, v, out, dout, lse, *, causal=False, softmax_scale=None, windo
     return Gradients(*grads) if return_modifier_grads else tuple(grads[:3])
 
 
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                   softmax_scale=None, window=(-1, -1), dropout_p=0.0, seed=0, offset=0, block_mask=None,
+                   block_size=(128, 128), softcap=0.0, alibi_slopes=None, sinks=None, bias=None, backend="auto"):
+    """Attention forward over a packed batch of sequences of different lengths: returns (out, lse).
+
+    q: [total_q, heads_q, head_dim]; k, v: [total_k, heads_kv, head_dim], the sequences one after
+    another (no padding). cu_seqlens_q, cu_seqlens_k: batch + 1 int32 offsets, non-decreasing,
+    first 0: sequence b owns rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and
+    cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v (lengths may be 0). They are an int32 tensor on
+    q's device or, as a convenience, a sequence of ints (copied to the device per call).
+    max_seqlen_q, max_seqlen_k: upper bounds of the lengths (they index dropout and bias).
+    out: [total_q, heads_q, head_dim]; lse: float32 [heads_q, total_q] (FlashAttention-2's layout).
+
+    Causal and window align bottom-right within each sequence. Dropout draws the element of the
+    padded [batch, heads_q, max_seqlen_q, max_seqlen_k] layout, so a packed batch equals the same
+    batch padded (README "Dropout stream"). alibi_slopes: [heads_q] or [batch, heads_q]; bias:
+    broadcastable to [batch, heads_q, max_seqlen_q, max_seqlen_k], indexed from each sequence's
+    first row and key; block_mask: [ceil(max_seqlen_q / block_q), ceil(max_seqlen_k / block_k)],
+    applied to each sequence from its first row and key. Other options and errors as forward().
+    On a GPU, offsets that break the rules are found on the device: the call writes nothing and
+    raises InvalidValueError naming them.
+    """
+    device, stream = placement(q)
+    options = _options(causal, softmax_scale, window, None, dropout_p, seed, offset, block_mask, block_size,
+                       softcap, alibi_slopes, sinks, bias,
+                       _varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    out, lse = _native.forward(q, k, v, None, None, True, *options, _backend_number(backend), stream)
+    convert = converter_for(q)
+    return wrap(convert, out, device), wrap(convert, lse, device)
+
+
+def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                    causal=False, softmax_scale=None, window=(-1, -1), dropout_p=0.0, seed=0, offset=0,
+                    block_mask=None, block_size=(128, 128), softcap=0.0, alibi_slopes=None, sinks=None, bias=None,
+                    backend="auto", return_modifier_grads=False):
+    """Backward of forward_varlen() by recomputation: returns (dq, dk, dv) shaped like q, k, v
+    (packed), or with return_modifier_grads a Gradients namedtuple as backward() does. out and
+    lse ([heads_q, total_q]) come from forward_varlen() with the same offsets and options."""
+    device, stream = placement(q)
+    options = _options(causal, softmax_scale, window, None, dropout_p, seed, offset, block_mask, block_size,
+                       softcap, alibi_slopes, sinks, bias,
+                       _varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    want_dsinks = True if return_modifier_grads and sinks is not None else None
+    want_dbias = True if return_modifier_grads and bias is not None else None
+    grads = _native.backward(q, k, v, out, dout, lse, None, None, None, want_dsinks, want_dbias, *options,
+                             _backend_number(backend), stream)
+    convert = converter_for(q)
+    grads = [None if g is None else wrap(convert, g, device) for g in grads]
+    return Gradients(*grads) if return_modifier_grads else tuple(grads[:3])
+
+
+def _host_table(table, device):
+    """A block table given as nested lists: an int32 NumPy array when the call runs on the host."""
+    if table is None or hasattr(table, "__dlpack__") or device[0] not in (1, 3):
+        return table
+    import numpy
+
+    return numpy.ascontiguousarray(numpy.asarray(table), dtype=numpy.int32)
+
+
+def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block_table=None, causal=False,
+                    softmax_scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, bias=None,
+                    backend="auto"):
+    """Attention of new queries against a KV cache, after appending new keys/values to it: returns
+    (out, lse).
+
+    q: [batch, seqlen_q, heads_q, head_dim]. k_cache, v_cache: contiguous [batch, capacity,
+    heads_kv, head_dim], or paged [num_pages, page_size, heads_kv, head_dim] (any page_size >= 1)
+    with block_table int32 [batch, max_pages_per_seq] naming each sequence's pages in order.
+    cache_seqlens: tokens already in each sequence's cache: an int32 [batch] tensor on q's
+    device, a sequence of ints, or one int for every sequence.
+    k, v: None, or [batch, seqlen_new, heads_kv, head_dim]: written into the caches in place at
+    positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending (the caches
+    must be writable; cache_seqlens is not changed: advance it yourself). JAX arrays are
+    immutable, so with JAX caches k and v must be None (append with .at[].set() first).
+    q attends to the first cache_seqlens[b] + seqlen_new keys of sequence b; causal is
+    bottom-right aligned (the last query sees the whole cache). out: q's shape; lse: float32
+    [batch, heads_q, seqlen_q]. bias: broadcastable to [batch, heads_q, seqlen_q, capacity]
+    (capacity = max_pages_per_seq * page_size when paged). Other options as forward(); no dropout.
+
+    A length or page check that fails raises InvalidValueError naming the sequence, and nothing
+    is written: the caches stay byte-identical. Long caches are split into key chunks whose count
+    depends on the shape only (results are bit-identical across thread counts).
+    """
+    device, stream = placement(q)
+    if k is not None and framework_of(k_cache) in ("jax", "jaxlib"):
+        raise NotSupportedError("k: JAX arrays are immutable, so new keys cannot be appended to k_cache in place; "
+                                "write them with k_cache.at[...].set(...) and call with k=None, v=None", 2)
+    options = _options(causal, softmax_scale, window, None, 0.0, 0, 0, None, (128, 128), softcap, alibi_slopes,
+                       sinks, bias)
+    out, lse = _native.forward_kvcache(q, k_cache, v_cache, k, v, None, None, True, cache_seqlens,
+                                       _host_table(block_table, device), *options, _backend_number(backend), stream)
+    convert = converter_for(q)
+    return wrap(convert, out, device), wrap(convert, lse, device)
+
+
+def merge_partials(outs, lses, *, backend="auto"):
+    """Exact merge of partial attention results over disjoint key sets: returns (out, lse).
+
+    outs: n >= 1 outputs of the same queries, each [batch, seqlen, heads, head_dim] with lses
+    float32 [batch, heads, seqlen] (forward()'s layout), or packed [total, heads, head_dim] with
+    lses [heads, total] (forward_varlen()'s). Each row is merged by lse over the parts in the
+    order given, in float32: deterministic, whatever the thread count. A part whose lse is -inf
+    contributes nothing; a row that is -inf in every part stays zero with lse -inf. PyTorch
+    tensors go through the flashattn::merge_partials op (torch.compile can trace it).
+    """
+    outs, lses = list(outs), list(lses)
+    if outs and framework_of(outs[0]) == "torch":
+        from ._torch import merge_partials as torch_merge
+
+        return torch_merge(outs, lses)
+    device, stream = placement(outs[0]) if outs else ((1, 0), None)
+    out, lse = _native.merge_partials(outs, lses, None, None, True, _backend_number(backend), stream)
+    convert = converter_for(outs[0])
+    return wrap(convert, out, device), wrap(convert, lse, device)
+
+
 def dropout_mask(seed, offset, p, heads_q, seqlen_q, seqlen_k, batch_index, head_index):
     """The dropout keep mask (1 = kept) of one (batch, query head) pair: a NumPy uint8 array
     [seqlen_q, seqlen_k], the same stream every backend draws."""
@@ -173,16 +306,21 @@ def backends():
     return {name: BackendStatus(available, detail) for name, available, detail in _native.backends()}
 
 
+# The PyTorch functions, imported only when used, so the package works without PyTorch.
+_TORCH_FUNCTIONS = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_qkvpacked_func",
+                    "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func")
+
+
 def __getattr__(name):
-    # PyTorch is imported only when its part is used, so the package works without it.
-    if name == "flash_attn_func":
+    if name in _TORCH_FUNCTIONS:
         try:
-            from ._torch import flash_attn_func
+            _torch = importlib.import_module("flashattn._torch")
         except ModuleNotFoundError as e:
             if e.name != "torch":
                 raise
-            raise ModuleNotFoundError("flashattn.flash_attn_func needs PyTorch (pip install torch)", name="torch") from e
+            raise ModuleNotFoundError("flashattn.%s needs PyTorch (pip install torch)" % name, name="torch") from e
 
-        globals()[name] = flash_attn_func
-        return flash_attn_func
+        function = getattr(_torch, name)
+        globals()[name] = function
+        return function
     raise AttributeError("module 'flashattn' has no attribute %r" % name)

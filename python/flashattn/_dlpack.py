@@ -29,7 +29,8 @@ class Exported:
         return self._device
 
 
-def _framework_root(x):
+def framework_of(x):
+    """The top-level module of x's type: "torch", "numpy", "cupy", "jax" or "jaxlib", ..."""
     return type(x).__module__.partition(".")[0]
 
 
@@ -52,7 +53,7 @@ def placement(x):
     device = tuple(x.__dlpack_device__())
     if device[0] in (KDL_CPU, KDL_CUDA_HOST):
         return device, None
-    root = _framework_root(x)
+    root = framework_of(x)
     if root == "torch":
         return device, torch_stream(x)
     if root == "cupy":
@@ -72,7 +73,7 @@ _CONVERTERS = {"numpy": numpy.from_dlpack, "jax": _jax_from_dlpack, "jaxlib": _j
 
 def converter_for(x):
     """The from_dlpack of x's framework (NumPy for anything without one)."""
-    root = _framework_root(x)
+    root = framework_of(x)
     convert = _CONVERTERS.get(root)
     if convert is None:
         module = sys.modules.get(root)

@@ -208,32 +208,43 @@ static fa_backend backend_of_device(int32_t device_type)
     }
 }
 
-/* A [batch, seqlen, heads, head_dim] tensor. Size-1 dimensions take their packed stride (their
- * stride never matters and frameworks report any value); zero or negative strides are refused
- * here, because the C API reads all-zero strides as "packed". */
-static int to_fa_tensor(const DLTensor *t, const char *name, fa_tensor *out)
+/* A [batch, seqlen, heads, head_dim] tensor, or with packed set a packed-batch (varlen) tensor
+ * [total_tokens, heads, head_dim], read as batch 1. Size-1 dimensions take their packed stride
+ * (their stride never matters and frameworks report any value); zero or negative strides are
+ * refused here, because the C API reads all-zero strides as "packed". */
+static int to_fa_tensor(const DLTensor *t, const char *name, int packed, fa_tensor *out)
 {
-    if (t->ndim != 4)
-        return raise_value("%s: has %d dimensions, expected 4 [batch, seqlen, heads, head_dim]", name, (int)t->ndim), -1;
+    const int ndim = packed ? 3 : 4;
+    if (t->ndim != ndim)
+        return raise_value(packed ? "%s: has %d dimensions, expected 3 [total_tokens, heads, head_dim] (packed batch)"
+                                  : "%s: has %d dimensions, expected 4 [batch, seqlen, heads, head_dim]",
+                           name, (int)t->ndim), -1;
     if (to_fa_dtype(t, name, &out->dtype) < 0) return -1;
     static const char *dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
-    int64_t packed[4], strides[4];
-    packed[3] = 1;
-    for (int i = 2; i >= 0; --i) packed[i] = packed[i + 1] * (t->shape[i + 1] > 0 ? t->shape[i + 1] : 1);
+    /* The 4-d view: a packed tensor gains a leading batch of 1. */
+    int64_t shape[4], given_strides[4], packed_strides[4], strides[4];
+    const int lead = 4 - ndim;
     for (int i = 0; i < 4; ++i) {
-        strides[i] = (!t->strides || t->shape[i] == 1) ? packed[i] : t->strides[i];
-        if (strides[i] <= 0 && t->shape[i] > 1)
+        shape[i] = i < lead ? 1 : t->shape[i - lead];
+        given_strides[i] = i < lead || !t->strides ? 0 : t->strides[i - lead];
+    }
+    packed_strides[3] = 1;
+    for (int i = 2; i >= 0; --i) packed_strides[i] = packed_strides[i + 1] * (shape[i + 1] > 0 ? shape[i + 1] : 1);
+    for (int i = 0; i < 4; ++i) {
+        strides[i] = (i < lead || !t->strides || shape[i] == 1) ? packed_strides[i] : given_strides[i];
+        if (strides[i] <= 0 && shape[i] > 1)
             return raise_value("%s: stride %lld of dimension %s is not positive (broadcast or reversed views are "
-                               "not supported; make the tensor contiguous)", name, (long long)strides[i], dim_names[i]), -1;
+                               "not supported; make the tensor contiguous)", name, (long long)strides[i],
+                               packed && i == 1 ? "total_tokens" : dim_names[i]), -1;
     }
     if (strides[3] != 1)
         return raise_value("%s: head_dim stride is %lld; the last dimension must be contiguous", name,
                            (long long)strides[3]), -1;
     out->data = (char *)t->data + t->byte_offset;
-    out->batch = t->shape[0];
-    out->seqlen = t->shape[1];
-    out->heads = t->shape[2];
-    out->head_dim = t->shape[3];
+    out->batch = shape[0];
+    out->seqlen = shape[1];
+    out->heads = shape[2];
+    out->head_dim = shape[3];
     out->stride_batch = strides[0];
     out->stride_seq = strides[1];
     out->stride_head = strides[2];
@@ -249,18 +260,29 @@ static int same_device(const DLTensor *t, const DLTensor *ref, const char *name)
     return -1;
 }
 
-/* lse: float32 [batch, heads_q, seqlen_q], packed (the C API takes a bare pointer). */
-static int check_lse(const DLTensor *t, const fa_tensor *q, float **out)
+/* lse: float32 [batch, heads_q, seqlen_q], or [heads_q, total_q] for a packed batch (FlashAttention-2's
+ * varlen layout), contiguous (the C API takes a bare pointer). */
+static int check_lse(const DLTensor *t, const char *name, const fa_tensor *q, int packed, float **out)
 {
     int64_t want[3] = {q->batch, q->heads, q->seqlen};
-    if (t->ndim != 3 || t->shape[0] != want[0] || t->shape[1] != want[1] || t->shape[2] != want[2])
-        return raise_value("lse: expected shape [%lld, %lld, %lld] (batch, heads_q, seqlen_q)", (long long)want[0],
+    const int ndim = packed ? 2 : 3;
+    const int64_t *w = want + (3 - ndim);
+    int shape_ok = t->ndim == ndim;
+    for (int i = 0; shape_ok && i < ndim; ++i) shape_ok = t->shape[i] == w[i];
+    if (!shape_ok) {
+        if (packed)
+            return raise_value("%s: expected shape [%lld, %lld] (heads_q, total_q)", name, (long long)w[0],
+                               (long long)w[1]), -1;
+        return raise_value("%s: expected shape [%lld, %lld, %lld] (batch, heads_q, seqlen_q)", name, (long long)want[0],
                            (long long)want[1], (long long)want[2]), -1;
+    }
     if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1)
-        return raise_type("lse: dtype must be float32"), -1;
-    if (t->strides && !((want[2] == 1 || t->strides[2] == 1) && (want[1] == 1 || t->strides[1] == want[2]) &&
-                        (want[0] == 1 || t->strides[0] == want[1] * want[2])))
-        return raise_value("lse: must be contiguous"), -1;
+        return raise_type("%s: dtype must be float32", name), -1;
+    int64_t expected = 1;
+    for (int i = ndim - 1; t->strides && i >= 0; --i) {
+        if (w[i] > 1 && t->strides[i] != expected) return raise_value("%s: must be contiguous", name), -1;
+        expected *= w[i];
+    }
     *out = (float *)((char *)t->data + t->byte_offset);
     return 0;
 }
@@ -391,6 +413,9 @@ static fa_context *context_for(fa_backend backend, int device)
     return *slot;
 }
 
+#define N_OPTION_ARGS 16
+enum { OPTION_ALIBI_SLOPES = 12, OPTION_SINKS, OPTION_BIAS, OPTION_VARLEN };
+
 /* ---- option parsing shared by forward and backward ------------------------------------------- */
 typedef struct {
     fa_attention_desc desc;
@@ -400,6 +425,8 @@ typedef struct {
     fa_block_mask block_mask;
     fa_bias bias, dbias;             /* desc.bias points at bias when a bias is given */
     const DLTensor *bias_tensor;     /* the bias's DLPack view (owned by the call's inputs) */
+    PyObject *cu_seqlens_q, *cu_seqlens_k; /* packed batch: borrowed; bound once q is (bind_varlen) */
+    fa_varlen varlen;                /* desc.varlen points here for a packed batch */
 } options;
 
 static void release_options(options *o)
@@ -410,7 +437,8 @@ static void release_options(options *o)
 }
 
 /* args: scale, causal, window_left, window_right, seqlens_k, dropout_p, seed, offset,
- * block_mask, block_q, block_k, softcap, alibi_slopes, sinks, bias. seqlens_k: None or a sequence
+ * block_mask, block_q, block_k, softcap, alibi_slopes, sinks, bias, varlen. varlen: None or
+ * (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), a packed batch. seqlens_k: None or a sequence
  * of ints; block_mask: None or a host uint8/bool DLPack tensor [rows, cols], contiguous. The
  * modifier tensors (alibi_slopes, sinks, bias) live on q's device: bind_modifiers() takes them. */
 static int parse_options(PyObject *const *args, options *o)
@@ -478,16 +506,36 @@ static int parse_options(PyObject *const *args, options *o)
         o->block_mask.mask = (const uint8_t *)t->data + t->byte_offset;
         o->desc.block_mask = &o->block_mask;
     }
+    if (args[OPTION_VARLEN] != Py_None) {
+        PyObject *v = args[OPTION_VARLEN];
+        if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 4)
+            return raise_value("varlen: must be (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)"), -1;
+        long long max_q = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 2)), max_k = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 3));
+        if (PyErr_Occurred()) return -1;
+        o->cu_seqlens_q = PyTuple_GET_ITEM(v, 0);
+        o->cu_seqlens_k = PyTuple_GET_ITEM(v, 1);
+        o->varlen.max_seqlen_q = max_q; /* its range is the C API's to check */
+        o->varlen.max_seqlen_k = max_k;
+        o->desc.varlen = &o->varlen;
+    }
     return 0;
 }
 
+static const char *shape_text(const DLTensor *t, char *buf, size_t size);
+
 /* ---- one attention call ---------------------------------------------------------------------- */
-#define MAX_TENSORS 16 /* backward: 9 tensors, 3 modifiers, dsinks, dbias */
+#define MAX_TENSORS 16 /* backward: 9 tensors, 3 modifiers, dsinks, dbias, 2 offset tables */
+#define MAX_TEMPS 4
 typedef struct {
-    dl_input inputs[MAX_TENSORS];
-    int n_inputs;
+    dl_input fixed_inputs[MAX_TENSORS];
+    dl_input *inputs;            /* fixed_inputs, or a larger array (merge_partials) */
+    int n_inputs, max_inputs;
     exported *made[MAX_TENSORS]; /* outputs allocated here, exported on success */
     int n_made;
+    void *temps[MAX_TEMPS];      /* int32 tables copied from Python ints, in the context's memory */
+    int n_temps;
+    int packed;                  /* a packed (varlen) batch: tensors are [total_tokens, heads, head_dim] */
+    int64_t extent[4];           /* the scores' [batch, heads_q, seqlen_q, seqlen_k], for the modifiers */
     const DLTensor *device_ref;  /* q's DLPack view: every tensor must share its device */
     PyObject *stream;            /* DLPack stream number for __dlpack__, or None */
     fa_context *ctx;
@@ -495,16 +543,32 @@ typedef struct {
     options opts;
 } call;
 
+static void init_call(call *c, PyObject *stream)
+{
+    memset(c, 0, sizeof *c);
+    c->inputs = c->fixed_inputs;
+    c->max_inputs = MAX_TENSORS;
+    c->stream = stream;
+}
+
 static void release_call(call *c)
 {
     for (int i = 0; i < c->n_inputs; ++i) release_input(&c->inputs[i]);
     for (int i = 0; i < c->n_made; ++i) discard_output(c->made[i]);
-    c->n_inputs = c->n_made = 0;
+    if (c->n_temps && c->backend != FA_BACKEND_CPU) fa_synchronize(c->ctx); /* a kernel may still read them */
+    for (int i = 0; i < c->n_temps; ++i) {
+        if (c->backend == FA_BACKEND_CPU) free(c->temps[i]);
+        else fa_free(c->ctx, c->temps[i]);
+    }
+    if (c->inputs != c->fixed_inputs) free(c->inputs);
+    c->inputs = c->fixed_inputs;
+    c->n_inputs = c->n_made = c->n_temps = 0;
     release_options(&c->opts);
 }
 
 static const DLTensor *bind_input(call *c, PyObject *obj, const char *name)
 {
+    if (c->n_inputs == c->max_inputs) return (const DLTensor *)raise_value("%s: too many tensors in one call", name);
     dl_input *in = &c->inputs[c->n_inputs];
     if (take_input(obj, name, c->stream, in) < 0) return NULL;
     c->n_inputs++;
@@ -516,7 +580,17 @@ static const DLTensor *bind_input(call *c, PyObject *obj, const char *name)
 static int bind_tensor(call *c, PyObject *obj, const char *name, fa_tensor *t)
 {
     const DLTensor *dl = bind_input(c, obj, name);
-    return dl ? to_fa_tensor(dl, name, t) : -1;
+    return dl ? to_fa_tensor(dl, name, c->packed, t) : -1;
+}
+
+/* A 4-d tensor (a KV cache: [batch or pages, capacity or page_size, heads_kv, head_dim]) whatever
+ * the call's layout, which may be written to when writable is set. */
+static int bind_tensor4(call *c, PyObject *obj, const char *name, int writable, fa_tensor *t)
+{
+    const DLTensor *dl = bind_input(c, obj, name);
+    if (!dl || to_fa_tensor(dl, name, 0, t) < 0) return -1;
+    if (writable && c->inputs[c->n_inputs - 1].read_only) return raise_value("%s: is read-only", name), -1;
+    return 0;
 }
 
 /* The caller's tensor, or a new packed one shaped like `like` in the context's memory. */
@@ -527,7 +601,7 @@ static int bind_output(call *c, PyObject *obj, const char *name, const fa_tensor
         return c->inputs[c->n_inputs - 1].read_only ? (raise_value("%s: is read-only", name), -1) : 0;
     }
     int64_t shape[4] = {like->batch, like->seqlen, like->heads, like->head_dim};
-    exported *e = new_output(c->ctx, c->device_ref->device, dl_dtype(like->dtype), 4, shape);
+    exported *e = new_output(c->ctx, c->device_ref->device, dl_dtype(like->dtype), 4 - c->packed, shape + c->packed);
     if (!e) return -1;
     c->made[c->n_made++] = e;
     *t = *like;
@@ -536,22 +610,129 @@ static int bind_output(call *c, PyObject *obj, const char *name, const fa_tensor
     return 0;
 }
 
-static int bind_lse(call *c, PyObject *obj, const fa_tensor *q, float **lse)
+/* The caller's lse (written to when writable is set), or a new one in the context's memory. */
+static int bind_lse(call *c, PyObject *obj, const char *name, int writable, const fa_tensor *q, float **lse)
 {
     if (obj != Py_None) {
-        const DLTensor *dl = bind_input(c, obj, "lse");
-        return dl ? check_lse(dl, q, lse) : -1; /* may be read-only: backward only reads it */
+        const DLTensor *dl = bind_input(c, obj, name);
+        if (!dl || check_lse(dl, name, q, c->packed, lse) < 0) return -1;
+        return writable && c->inputs[c->n_inputs - 1].read_only ? (raise_value("%s: is read-only", name), -1) : 0;
     }
     int64_t shape[3] = {q->batch, q->heads, q->seqlen};
-    exported *e = new_output(c->ctx, c->device_ref->device, dl_dtype(FA_DTYPE_F32), 3, shape);
+    exported *e = new_output(c->ctx, c->device_ref->device, dl_dtype(FA_DTYPE_F32), 3 - c->packed, shape + c->packed);
     if (!e) return -1;
     c->made[c->n_made++] = e;
     *lse = e->mt.dl_tensor.data;
     return 0;
 }
 
-#define N_OPTION_ARGS 15
-enum { OPTION_ALIBI_SLOPES = 12, OPTION_SINKS, OPTION_BIAS };
+/* An int32 table the C API reads from the context's memory (cu_seqlens, cache_seqlens,
+ * block_table): a DLPack int32 tensor on q's device, contiguous, of `ndim` dimensions (shape[i] >= 0:
+ * that size is required; < 0: any, written back), or, for one dimension, a Python sequence of ints
+ * (or with scalar_ok an int, repeated shape[0] times), copied into the context's memory. */
+static int bind_int32_table(call *c, PyObject *obj, const char *name, int ndim, int64_t *shape, int scalar_ok,
+                            const int32_t **out)
+{
+    char text[96];
+    if (!PyObject_HasAttrString(obj, "__dlpack__") && !PyCapsule_CheckExact(obj)) {
+        if (ndim != 1) return raise_type("%s: must be an int32 tensor", name), -1;
+        PyObject *seq = NULL;
+        long long scalar = 0;
+        Py_ssize_t n;
+        if (scalar_ok && PyLong_Check(obj)) {
+            scalar = PyLong_AsLongLong(obj);
+            if (scalar == -1 && PyErr_Occurred()) return -1;
+            n = shape[0];
+        } else {
+            if (!(seq = PySequence_Fast(obj, ""))) {
+                PyErr_Clear();
+                return raise_type("%s: %s is not an int32 tensor or a sequence of ints", name, Py_TYPE(obj)->tp_name), -1;
+            }
+            n = PySequence_Fast_GET_SIZE(seq);
+            if (shape[0] >= 0 && n != shape[0]) {
+                Py_DECREF(seq);
+                return raise_value("%s: has %zd entries, expected %lld", name, n, (long long)shape[0]), -1;
+            }
+        }
+        int32_t *host = malloc((size_t)(n ? n : 1) * sizeof *host);
+        if (!host) {
+            Py_XDECREF(seq);
+            return PyErr_NoMemory(), -1;
+        }
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            long long x = seq ? PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i)) : scalar;
+            if (x == -1 && PyErr_Occurred()) {
+                free(host);
+                Py_XDECREF(seq);
+                return -1;
+            }
+            if (x < INT32_MIN || x > INT32_MAX) {
+                free(host);
+                Py_XDECREF(seq);
+                return raise_value("%s: entry %zd = %lld does not fit in int32", name, i, x), -1;
+            }
+            host[i] = (int32_t)x;
+        }
+        Py_XDECREF(seq);
+        shape[0] = n;
+        if (c->backend == FA_BACKEND_CPU) {
+            c->temps[c->n_temps++] = host;
+            *out = host;
+            return 0;
+        }
+        void *device = NULL;
+        fa_status st = fa_malloc(c->ctx, (size_t)(n ? n : 1) * sizeof *host, &device);
+        if (st == FA_SUCCESS) {
+            c->temps[c->n_temps++] = device;
+            st = fa_memcpy_h2d(c->ctx, device, host, (size_t)n * sizeof *host);
+        }
+        free(host);
+        if (st != FA_SUCCESS) return raise_last_error(st), -1;
+        *out = device;
+        return 0;
+    }
+    const DLTensor *t = bind_input(c, obj, name);
+    if (!t) return -1;
+    if (t->dtype.code != kDLInt || t->dtype.bits != 32 || t->dtype.lanes != 1) {
+        char buf[32];
+        return raise_type("%s: dtype %s is not supported (int32)", name, dtype_name(t->dtype, buf, sizeof buf)), -1;
+    }
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; ++i) ok = shape[i] < 0 || t->shape[i] == shape[i];
+    if (!ok) {
+        size_t used = (size_t)snprintf(text, sizeof text, "[");
+        for (int i = 0; i < ndim && used < sizeof text; ++i)
+            used += shape[i] < 0 ? (size_t)snprintf(text + used, sizeof text - used, "%sany", i ? ", " : "")
+                                 : (size_t)snprintf(text + used, sizeof text - used, "%s%lld", i ? ", " : "",
+                                                    (long long)shape[i]);
+        if (used < sizeof text) snprintf(text + used, sizeof text - used, "]");
+        char got[96];
+        return raise_value("%s: expected shape %s, got %s", name, text, shape_text(t, got, sizeof got)), -1;
+    }
+    int64_t expected = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+        if (t->strides && t->shape[i] > 1 && t->strides[i] != expected) return raise_value("%s: must be contiguous", name), -1;
+        expected *= t->shape[i];
+        shape[i] = t->shape[i];
+    }
+    *out = (const int32_t *)((const char *)t->data + t->byte_offset);
+    return 0;
+}
+
+/* A packed batch's offsets, once q is bound: cu_seqlens_q and cu_seqlens_k of batch + 1 entries. */
+static int bind_varlen(call *c)
+{
+    options *o = &c->opts;
+    if (!c->packed) return 0;
+    int64_t n_q = -1;
+    if (bind_int32_table(c, o->cu_seqlens_q, "cu_seqlens_q", 1, &n_q, 0, &o->varlen.cu_seqlens_q) < 0) return -1;
+    if (n_q < 1) return raise_value("cu_seqlens_q: is empty; it holds batch + 1 offsets, the first 0"), -1;
+    int64_t n_k = n_q;
+    if (bind_int32_table(c, o->cu_seqlens_k, "cu_seqlens_k", 1, &n_k, 0, &o->varlen.cu_seqlens_k) < 0) return -1;
+    o->varlen.batch = n_q - 1;
+    return 0;
+}
+
 
 /* A float32 vector (or [rows, cols] matrix) of exactly these sizes, packed: the C API takes a bare pointer. */
 static int check_f32_packed(const DLTensor *t, const char *name, int ndim, const int64_t *shape)
@@ -589,10 +770,9 @@ static int shape_is(const DLTensor *t, int ndim, const int64_t *shape)
 /* A bias DLTensor broadcastable to [batch, heads_q, seqlen_q, seqlen_k] (numpy rules: missing
  * leading axes and size-1 axes broadcast, as do axes of stride 0) as an fa_bias. The key axis
  * cannot broadcast: the C API reads keys at stride 1. */
-static int to_fa_bias(const DLTensor *t, const char *name, const fa_tensor *q, int64_t seqlen_k, fa_bias *out)
+static int to_fa_bias(const DLTensor *t, const char *name, const int64_t target[4], fa_bias *out)
 {
     static const char *axis_names[4] = {"batch", "heads_q", "seqlen_q", "seqlen_k"};
-    const int64_t target[4] = {q->batch, q->heads, q->seqlen, seqlen_k};
     if (t->ndim < 1 || t->ndim > 4)
         return raise_value("%s: has %d dimensions, expected 1 to 4 (broadcastable to [batch, heads_q, seqlen_q, "
                            "seqlen_k])", name, (int)t->ndim), -1;
@@ -627,19 +807,30 @@ static int to_fa_bias(const DLTensor *t, const char *name, const fa_tensor *q, i
     return 0;
 }
 
-/* alibi_slopes ([heads_q] or [batch, heads_q]), sinks ([heads_q]) and bias, once q and k are bound. */
-static int bind_modifiers(call *c, PyObject *const *option_args, const fa_tensor *q, const fa_tensor *k)
+/* The scores' extent [batch, heads_q, seqlen_q, seqlen_k] the modifiers index: a packed batch's
+ * is [batch, heads_q, max_seqlen_q, max_seqlen_k]. */
+static void set_extent(call *c, const fa_tensor *q, int64_t seqlen_k)
+{
+    c->extent[0] = c->packed ? c->opts.varlen.batch : q->batch;
+    c->extent[1] = q->heads;
+    c->extent[2] = c->packed ? c->opts.varlen.max_seqlen_q : q->seqlen;
+    c->extent[3] = c->packed ? c->opts.varlen.max_seqlen_k : seqlen_k;
+}
+
+/* alibi_slopes ([heads_q] or [batch, heads_q]), sinks ([heads_q]) and bias, once set_extent() ran. */
+static int bind_modifiers(call *c, PyObject *const *option_args)
 {
     options *o = &c->opts;
+    const long long batch = c->extent[0], heads = c->extent[1];
     if (option_args[OPTION_ALIBI_SLOPES] != Py_None) {
         const DLTensor *t = bind_input(c, option_args[OPTION_ALIBI_SLOPES], "alibi_slopes");
         if (!t) return -1;
-        const int64_t per_head[1] = {q->heads}, per_batch[2] = {q->batch, q->heads};
+        const int64_t per_head[1] = {heads}, per_batch[2] = {batch, heads};
         int batched = shape_is(t, 2, per_batch);
         char shape[96];
         if (!batched && !shape_is(t, 1, per_head))
             return raise_value("alibi_slopes: expected shape [%lld] (heads_q) or [%lld, %lld] (batch, heads_q), got %s",
-                               (long long)q->heads, (long long)q->batch, (long long)q->heads,
+                               heads, batch, heads,
                                shape_text(t, shape, sizeof shape)), -1;
         if (check_f32_packed(t, "alibi_slopes", batched ? 2 : 1, batched ? per_batch : per_head) < 0) return -1;
         o->desc.alibi_slopes = (const float *)((const char *)t->data + t->byte_offset);
@@ -648,48 +839,42 @@ static int bind_modifiers(call *c, PyObject *const *option_args, const fa_tensor
     if (option_args[OPTION_SINKS] != Py_None) {
         const DLTensor *t = bind_input(c, option_args[OPTION_SINKS], "sinks");
         if (!t) return -1;
-        const int64_t shape[1] = {q->heads};
+        const int64_t shape[1] = {heads};
         char text[96];
         if (!shape_is(t, 1, shape))
-            return raise_value("sinks: expected shape [%lld] (heads_q), got %s", (long long)q->heads,
+            return raise_value("sinks: expected shape [%lld] (heads_q), got %s", heads,
                                shape_text(t, text, sizeof text)), -1;
         if (check_f32_packed(t, "sinks", 1, shape) < 0) return -1;
         o->desc.sinks = (const float *)((const char *)t->data + t->byte_offset);
     }
     if (option_args[OPTION_BIAS] != Py_None) {
         const DLTensor *t = bind_input(c, option_args[OPTION_BIAS], "bias");
-        if (!t || to_fa_bias(t, "bias", q, k->seqlen, &o->bias) < 0) return -1;
+        if (!t || to_fa_bias(t, "bias", c->extent, &o->bias) < 0) return -1;
         o->desc.bias = &o->bias;
         o->bias_tensor = t;
     }
     return 0;
 }
 
-/* q is bound first: its device picks the backend (an explicit backend must agree) and context. */
-static int begin_call(call *c, PyObject *q_obj, fa_tensor *q, PyObject *const *option_args, PyObject *backend_obj,
-                      PyObject *stream)
+/* The first tensor is bound: its device picks the backend (an explicit backend must agree) and
+ * the context, which runs on `stream`. */
+static int select_backend(call *c, const char *first_name, PyObject *backend_obj)
 {
-    memset(c, 0, sizeof *c);
-    c->stream = stream;
-    if (parse_options(option_args, &c->opts) < 0) return -1;
-    if (bind_tensor(c, q_obj, "q", q) < 0) return -1;
     c->device_ref = c->inputs[0].tensor;
     long requested = PyLong_AsLong(backend_obj);
     if (requested == -1 && PyErr_Occurred()) return -1;
     c->backend = backend_of_device(c->device_ref->device.device_type);
     if (c->backend == FA_BACKEND_AUTO)
-        return raise_value("q: DLPack device type %d has no flashattn backend", (int)c->device_ref->device.device_type), -1;
+        return raise_value("%s: DLPack device type %d has no flashattn backend", first_name,
+                           (int)c->device_ref->device.device_type), -1;
     if (requested != FA_BACKEND_AUTO && requested != (long)c->backend)
         return raise_value("backend: \"%s\" cannot run on tensors in %s memory", fa_backend_name((fa_backend)requested),
                            fa_backend_name(c->backend)), -1;
-    if (c->opts.desc.seqlens_k && c->opts.seqlens_k_count != q->batch)
-        return raise_value("seqlens_k: has %zd entries, expected batch = %lld", c->opts.seqlens_k_count,
-                           (long long)q->batch), -1;
     c->ctx = context_for(c->backend, c->backend == FA_BACKEND_CPU ? 0 : c->device_ref->device.device_id);
     if (!c->ctx) return -1;
     if (c->backend != FA_BACKEND_CPU) {
         /* DLPack's CUDA stream 1 is the legacy default stream, which the C API calls NULL. */
-        uintptr_t s = stream == Py_None ? 0 : (uintptr_t)PyLong_AsUnsignedLongLongMask(stream);
+        uintptr_t s = c->stream == Py_None ? 0 : (uintptr_t)PyLong_AsUnsignedLongLongMask(c->stream);
         if (PyErr_Occurred()) return -1;
         if (c->backend == FA_BACKEND_CUDA && s == 1) s = 0;
         fa_status st = fa_context_set_stream(c->ctx, (void *)s);
@@ -698,10 +883,28 @@ static int begin_call(call *c, PyObject *q_obj, fa_tensor *q, PyObject *const *o
     return 0;
 }
 
+/* Options first (they say whether the batch is packed), then q, whose device picks the backend;
+ * then a packed batch's offsets. */
+static int begin_call(call *c, PyObject *q_obj, fa_tensor *q, PyObject *const *option_args, PyObject *backend_obj,
+                      PyObject *stream)
+{
+    init_call(c, stream);
+    if (parse_options(option_args, &c->opts) < 0) return -1;
+    c->packed = c->opts.desc.varlen != NULL;
+    if (bind_tensor(c, q_obj, "q", q) < 0) return -1;
+    if (select_backend(c, "q", backend_obj) < 0) return -1;
+    if (c->opts.desc.seqlens_k && c->opts.seqlens_k_count != q->batch)
+        return raise_value("seqlens_k: has %zd entries, expected batch = %lld", c->opts.seqlens_k_count,
+                           (long long)q->batch), -1;
+    return bind_varlen(c);
+}
+
 /* After a successful run: outputs allocated here become capsules (the rest of the tuple: None). */
 static PyObject *finish_call(call *c, fa_status st, const int *made_index, int n_results)
 {
-    if (st == FA_SUCCESS && c->n_made && c->backend != FA_BACKEND_CPU) st = fa_synchronize(c->ctx);
+    /* New outputs may be read on any stream, and tables copied here are freed: wait for the kernels
+     * (this also reports a device-side table check that failed). */
+    if (st == FA_SUCCESS && (c->n_made || c->n_temps) && c->backend != FA_BACKEND_CPU) st = fa_synchronize(c->ctx);
     if (st != FA_SUCCESS) {
         raise_last_error(st);
         release_call(c);
@@ -736,14 +939,15 @@ static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t na
     int made_index[2] = {-1, -1};
     if (begin_call(&c, args[0], &q, args + 6, args[6 + N_OPTION_ARGS], args[7 + N_OPTION_ARGS]) < 0) goto fail;
     if (bind_tensor(&c, args[1], "k", &k) < 0 || bind_tensor(&c, args[2], "v", &v) < 0) goto fail;
-    if (bind_modifiers(&c, args + 6, &q, &k) < 0) goto fail;
+    set_extent(&c, &q, k.seqlen);
+    if (bind_modifiers(&c, args + 6) < 0) goto fail;
     if (args[3] == Py_None) made_index[0] = c.n_made;
     if (bind_output(&c, args[3], "out", &q, &out) < 0) goto fail;
     int want_lse = PyObject_IsTrue(args[5]);
     if (want_lse < 0) goto fail;
     if (args[4] != Py_None || want_lse) {
         if (args[4] == Py_None) made_index[1] = c.n_made;
-        if (bind_lse(&c, args[4], &q, &lse) < 0) goto fail;
+        if (bind_lse(&c, args[4], "lse", 1, &q, &lse) < 0) goto fail;
     }
     fa_status st;
     if (c.backend == FA_BACKEND_CPU) {
@@ -787,7 +991,7 @@ static int bind_dsinks(call *c, PyObject *obj, const fa_tensor *q, float **dsink
 
 /* dbias: None (not computed), True (allocated here: the bias's shape with each broadcast axis of
  * size 1, the gradient summed over it) or a tensor with the bias's broadcast to write. */
-static int bind_dbias(call *c, PyObject *obj, const fa_tensor *q, const fa_tensor *k, const fa_bias **dbias,
+static int bind_dbias(call *c, PyObject *obj, const fa_bias **dbias,
                       int *made_index)
 {
     if (obj == Py_None) return 0;
@@ -808,7 +1012,7 @@ static int bind_dbias(call *c, PyObject *obj, const fa_tensor *q, const fa_tenso
         if (!(t = bind_input(c, obj, "dbias"))) return -1;
         if (c->inputs[c->n_inputs - 1].read_only) return raise_value("dbias: is read-only"), -1;
     }
-    if (to_fa_bias(t, "dbias", q, k->seqlen, &c->opts.dbias) < 0) return -1;
+    if (to_fa_bias(t, "dbias", c->extent, &c->opts.dbias) < 0) return -1;
     *dbias = &c->opts.dbias;
     return 0;
 }
@@ -831,12 +1035,13 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (bind_tensor(&c, args[1], "k", &k) < 0 || bind_tensor(&c, args[2], "v", &v) < 0 ||
         bind_tensor(&c, args[3], "out", &out) < 0 || bind_tensor(&c, args[4], "dout", &dout) < 0)
         goto fail;
-    if (bind_modifiers(&c, option_args, &q, &k) < 0) goto fail;
+    set_extent(&c, &q, k.seqlen);
+    if (bind_modifiers(&c, option_args) < 0) goto fail;
     if (args[5] == Py_None) {
         raise_value("lse: is None (backward needs the forward's lse)");
         goto fail;
     }
-    if (bind_lse(&c, args[5], &q, &lse) < 0) goto fail;
+    if (bind_lse(&c, args[5], "lse", 0, &q, &lse) < 0) goto fail;
     const fa_tensor *like[3] = {&q, &k, &v};
     fa_tensor *grads[3] = {&dq, &dk, &dv};
     static const char *names[3] = {"dq", "dk", "dv"};
@@ -845,7 +1050,7 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (bind_output(&c, args[6 + i], names[i], like[i], grads[i]) < 0) goto fail;
     }
     if (bind_dsinks(&c, args[9], &q, &dsinks, &made_index[3]) < 0 ||
-        bind_dbias(&c, args[10], &q, &k, &dbias, &made_index[4]) < 0)
+        bind_dbias(&c, args[10], &dbias, &made_index[4]) < 0)
         goto fail;
     fa_status st;
     if (c.backend == FA_BACKEND_CPU) {
@@ -858,6 +1063,163 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
     return finish_call(&c, st, made_index, 5);
 fail:
     release_call(&c);
+    return NULL;
+}
+
+/* forward_kvcache(q, k_cache, v_cache, k, v, out, lse, want_lse, cache_seqlens, block_table, *options,
+ * backend, stream) -> (out | None, lse | None). k, v: None or the tokens to append (in place, into
+ * the caches). cache_seqlens: an int32 [batch] tensor, a sequence of ints or an int for every
+ * sequence. block_table: None (contiguous caches) or int32 [batch, max_pages_per_seq]. */
+static PyObject *py_forward_kvcache(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    enum { N_TENSOR_ARGS = 10 };
+    if (nargs != N_TENSOR_ARGS + N_OPTION_ARGS + 2)
+        return PyErr_Format(PyExc_TypeError, "forward_kvcache: takes %d arguments", N_TENSOR_ARGS + N_OPTION_ARGS + 2);
+    PyObject *const *option_args = args + N_TENSOR_ARGS;
+    call c;
+    fa_tensor q, k_new, v_new, out;
+    fa_kv_cache cache;
+    memset(&cache, 0, sizeof cache);
+    float *lse = NULL;
+    int made_index[2] = {-1, -1};
+    const int append = args[3] != Py_None || args[4] != Py_None;
+    if (option_args[OPTION_VARLEN] != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "forward_kvcache: takes no packed batch");
+        return NULL;
+    }
+    if (begin_call(&c, args[0], &q, option_args, option_args[N_OPTION_ARGS], option_args[N_OPTION_ARGS + 1]) < 0)
+        goto fail;
+    if (bind_tensor4(&c, args[1], "k_cache", append, &cache.k) < 0 || bind_tensor4(&c, args[2], "v_cache", append, &cache.v) < 0)
+        goto fail;
+    if (append && (args[3] == Py_None || args[4] == Py_None)) {
+        raise_value("%s: is None; give k and v together", args[3] == Py_None ? "k" : "v");
+        goto fail;
+    }
+    if (append && (bind_tensor4(&c, args[3], "k", 0, &k_new) < 0 || bind_tensor4(&c, args[4], "v", 0, &v_new) < 0))
+        goto fail;
+    int64_t seqlens_shape[1] = {q.batch};
+    if (args[8] == Py_None) {
+        raise_value("cache_seqlens: is None (give the number of tokens already in each sequence's cache)");
+        goto fail;
+    }
+    if (bind_int32_table(&c, args[8], "cache_seqlens", 1, seqlens_shape, 1, &cache.cache_seqlens) < 0) goto fail;
+    int64_t capacity = cache.k.seqlen;
+    if (args[9] != Py_None) {
+        int64_t table_shape[2] = {q.batch, -1};
+        if (bind_int32_table(&c, args[9], "block_table", 2, table_shape, 0, &cache.block_table) < 0) goto fail;
+        cache.max_pages_per_seq = table_shape[1];
+        capacity = table_shape[1] * cache.k.seqlen;
+    }
+    set_extent(&c, &q, capacity);
+    if (bind_modifiers(&c, option_args) < 0) goto fail;
+    if (args[5] == Py_None) made_index[0] = c.n_made;
+    if (bind_output(&c, args[5], "out", &q, &out) < 0) goto fail;
+    int want_lse = PyObject_IsTrue(args[7]);
+    if (want_lse < 0) goto fail;
+    if (args[6] != Py_None || want_lse) {
+        if (args[6] == Py_None) made_index[1] = c.n_made;
+        if (bind_lse(&c, args[6], "lse", 1, &q, &lse) < 0) goto fail;
+    }
+    const fa_tensor *k_arg = append ? &k_new : NULL, *v_arg = append ? &v_new : NULL;
+    fa_status st;
+    if (c.backend == FA_BACKEND_CPU) {
+        Py_BEGIN_ALLOW_THREADS
+        st = fa_forward_kvcache(c.ctx, &c.opts.desc, &q, &cache, k_arg, v_arg, &out, lse);
+        Py_END_ALLOW_THREADS
+    } else {
+        st = fa_forward_kvcache(c.ctx, &c.opts.desc, &q, &cache, k_arg, v_arg, &out, lse);
+    }
+    return finish_call(&c, st, made_index, 2);
+fail:
+    release_call(&c);
+    return NULL;
+}
+
+/* merge_partials(outs, lses, out, lse_out, want_lse, backend, stream) -> (out | None, lse | None).
+ * outs: a sequence of n tensors of one shape, [batch, seqlen, heads, head_dim], with lses
+ * [batch, heads, seqlen]; or packed [total, heads, head_dim] with lses [heads, total]. */
+static PyObject *py_merge_partials(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) return PyErr_Format(PyExc_TypeError, "merge_partials: takes 7 arguments");
+    call c;
+    init_call(&c, args[6]);
+    fa_tensor *parts = NULL, out;
+    const fa_tensor **part_ptrs = NULL;
+    float **lse_ptrs = NULL, *lse_out = NULL;
+    int made_index[2] = {-1, -1};
+    PyObject *outs = PySequence_Fast(args[0], "outs: must be a sequence of tensors");
+    PyObject *lses = outs ? PySequence_Fast(args[1], "lses: must be a sequence of tensors") : NULL;
+    if (!lses) goto fail;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(outs);
+    if (n < 1 || n > INT32_MAX / 4) {
+        raise_value("outs: has %zd tensors; merging needs at least one", n);
+        goto fail;
+    }
+    if (PySequence_Fast_GET_SIZE(lses) != n) {
+        raise_value("lses: has %zd tensors, outs %zd; give one lse per partial output", PySequence_Fast_GET_SIZE(lses), n);
+        goto fail;
+    }
+    c.max_inputs = (int)(2 * n + 2);
+    c.inputs = calloc((size_t)c.max_inputs, sizeof *c.inputs);
+    parts = calloc((size_t)n, sizeof *parts);
+    part_ptrs = calloc((size_t)n, sizeof *part_ptrs);
+    lse_ptrs = calloc((size_t)n, sizeof *lse_ptrs);
+    if (!c.inputs || !parts || !part_ptrs || !lse_ptrs) {
+        if (!c.inputs) c.inputs = c.fixed_inputs;
+        PyErr_NoMemory();
+        goto fail;
+    }
+    /* The first output's rank says the layout: 3 dimensions = a packed batch (lse [heads, total]). */
+    const DLTensor *first = bind_input(&c, PySequence_Fast_GET_ITEM(outs, 0), "outs[0]");
+    if (!first) goto fail;
+    c.packed = first->ndim == 3;
+    if (select_backend(&c, "outs[0]", args[5]) < 0) goto fail;
+    char name[48];
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        snprintf(name, sizeof name, "outs[%zd]", i);
+        const DLTensor *t = i ? bind_input(&c, PySequence_Fast_GET_ITEM(outs, i), name) : first;
+        if (!t || to_fa_tensor(t, name, c.packed, &parts[i]) < 0) goto fail;
+        if (i && (parts[i].batch != parts[0].batch || parts[i].seqlen != parts[0].seqlen ||
+                  parts[i].heads != parts[0].heads || parts[i].head_dim != parts[0].head_dim)) {
+            raise_value("%s: shape differs from outs[0]'s", name);
+            goto fail;
+        }
+        part_ptrs[i] = &parts[i];
+        snprintf(name, sizeof name, "lses[%zd]", i);
+        const DLTensor *l = bind_input(&c, PySequence_Fast_GET_ITEM(lses, i), name);
+        if (!l) goto fail;
+        if (check_lse(l, name, &parts[0], c.packed, &lse_ptrs[i]) < 0) goto fail;
+    }
+    if (args[2] == Py_None) made_index[0] = c.n_made;
+    if (bind_output(&c, args[2], "out", &parts[0], &out) < 0) goto fail;
+    int want_lse = PyObject_IsTrue(args[4]);
+    if (want_lse < 0) goto fail;
+    if (args[3] != Py_None || want_lse) {
+        if (args[3] == Py_None) made_index[1] = c.n_made;
+        if (bind_lse(&c, args[3], "lse_out", 1, &parts[0], &lse_out) < 0) goto fail;
+    }
+    fa_status st;
+    if (c.backend == FA_BACKEND_CPU) {
+        Py_BEGIN_ALLOW_THREADS
+        st = fa_merge_partials(c.ctx, (int)n, part_ptrs, (const float *const *)lse_ptrs, &out, lse_out);
+        Py_END_ALLOW_THREADS
+    } else {
+        st = fa_merge_partials(c.ctx, (int)n, part_ptrs, (const float *const *)lse_ptrs, &out, lse_out);
+    }
+    PyObject *result = finish_call(&c, st, made_index, 2);
+    free(parts);
+    free(part_ptrs);
+    free(lse_ptrs);
+    Py_DECREF(outs);
+    Py_DECREF(lses);
+    return result;
+fail:
+    release_call(&c);
+    free(parts);
+    free(part_ptrs);
+    free(lse_ptrs);
+    Py_XDECREF(outs);
+    Py_XDECREF(lses);
     return NULL;
 }
 
@@ -947,6 +1309,11 @@ static PyMethodDef methods[] = {
     {"backward", (PyCFunction)(void (*)(void))py_backward, METH_FASTCALL,
      "backward(q, k, v, out, dout, lse, dq, dk, dv, dsinks, dbias, <options as forward>, backend, stream) "
      "-> (dq, dk, dv, dsinks, dbias) capsules or None"},
+    {"forward_kvcache", (PyCFunction)(void (*)(void))py_forward_kvcache, METH_FASTCALL,
+     "forward_kvcache(q, k_cache, v_cache, k, v, out, lse, want_lse, cache_seqlens, block_table, <options as "
+     "forward>, backend, stream) -> (out capsule | None, lse capsule | None)"},
+    {"merge_partials", (PyCFunction)(void (*)(void))py_merge_partials, METH_FASTCALL,
+     "merge_partials(outs, lses, out, lse_out, want_lse, backend, stream) -> (out capsule | None, lse capsule | None)"},
     {"export", py_export, METH_VARARGS, "export(output, versioned): the output as a DLPack capsule, once"},
     {"dropout_mask", py_dropout_mask, METH_VARARGS, "fa_dropout_mask: a uint8 [seqlen_q, seqlen_k] capsule"},
     {"tiling_for", py_tiling_for, METH_VARARGS, "fa_tiling_for: (block_rows, block_cols)"},

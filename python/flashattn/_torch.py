@@ -1,18 +1,18 @@
-"""PyTorch drop-in for FlashAttention-2's flash_attn_func: a torch.library custom op
-(flashattn::forward, flashattn::backward) with autograd and fake (meta) implementations, so
-eager mode, autograd, torch.compile and gradcheck all work. Outputs are allocated by torch (its
-caching allocator on GPUs) and written in place by the C library on torch's current stream."""
+"""PyTorch drop-ins for FlashAttention-2's functions (flash_attn_func, flash_attn_varlen_func,
+flash_attn_with_kvcache and the packed forms): torch.library custom ops (flashattn::forward,
+flashattn::backward, flashattn::forward_kvcache, flashattn::merge_partials) with autograd and
+fake (meta) implementations, so eager mode, autograd, torch.compile and gradcheck all work.
+Outputs are allocated by torch (its caching allocator on GPUs) and written in place by the C
+library on torch's current stream."""
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from . import _native
 from ._dlpack import torch_stream
-from ._errors import InvalidValueError
-
-_BLOCK_DEFAULT = 128  # block_size, unused: the op takes no block mask
+from ._errors import InvalidTypeError, InvalidValueError, NotSupportedError
 
 
 def _capsule(t: Optional[Tensor]):
@@ -22,28 +22,44 @@ def _capsule(t: Optional[Tensor]):
 
 
 def _options(dropout_p, softmax_scale, causal, window_left, window_right, seed, offset, softcap, bias, alibi_slopes,
-             sinks):
-    return (softmax_scale, causal, window_left, window_right, None, dropout_p, seed, offset, None,
-            _BLOCK_DEFAULT, _BLOCK_DEFAULT, softcap, _capsule(alibi_slopes), _capsule(sinks), _capsule(bias))
+             sinks, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, block_mask=None, block_q=1,
+             block_k=1):
+    """The option arguments of _native.forward/backward/forward_kvcache, in order."""
+    varlen = None
+    if cu_seqlens_q is not None:
+        varlen = (_capsule(cu_seqlens_q), _capsule(cu_seqlens_k), max_seqlen_q, max_seqlen_k)
+    return (softmax_scale, causal, window_left, window_right, None, dropout_p, seed, offset, _capsule(block_mask),
+            block_q, block_k, softcap, _capsule(alibi_slopes), _capsule(sinks), _capsule(bias), varlen)
 
 
+def _lse_shape(q: Tensor, packed: bool):
+    # [batch, heads_q, seqlen_q], or FlashAttention-2's [heads_q, total_q] for a packed batch.
+    return (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
+
+
+# One op for the padded [batch, seqlen, heads, head_dim] layout and the packed (varlen) one: the
+# packed layout is selected by cu_seqlens_q (then q, k, v are [total_tokens, heads, head_dim]).
 @torch.library.custom_op("flashattn::forward", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool,
              window_left: int, window_right: int, seed: int, offset: int, softcap: float, bias: Optional[Tensor],
-             alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+             alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+             cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, block_mask: Optional[Tensor],
+             block_q: int, block_k: int) -> Tuple[Tensor, Tensor]:
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    lse = torch.empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32, device=q.device)
     _native.forward(_capsule(q), _capsule(k), _capsule(v), _capsule(out), _capsule(lse), True,
                     *_options(dropout_p, softmax_scale, causal, window_left, window_right, seed, offset, softcap,
-                              bias, alibi_slopes, sinks),
+                              bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              block_mask, block_q, block_k),
                     0, torch_stream(q))
     return out, lse
 
 
 @_forward.register_fake
 def _forward_fake(q, k, v, dropout_p, softmax_scale, causal, window_left, window_right, seed, offset, softcap, bias,
-                  alibi_slopes, sinks):
-    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+                  alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_mask, block_q,
+                  block_k):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
 
 
 def _modifier_grads_like(sinks, bias, want_dbias, make):
@@ -58,7 +74,9 @@ def _modifier_grads_like(sinks, bias, want_dbias, make):
 def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dropout_p: float,
               softmax_scale: float, causal: bool, window_left: int, window_right: int, seed: int,
               offset: int, softcap: float, bias: Optional[Tensor], alibi_slopes: Optional[Tensor],
-              sinks: Optional[Tensor], want_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+              sinks: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+              max_seqlen_q: int, max_seqlen_k: int, block_mask: Optional[Tensor], block_q: int, block_k: int,
+              want_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     want_dbias = want_dbias and bias is not None
     dsinks, dbias = _modifier_grads_like(sinks, bias, want_dbias,
@@ -67,37 +85,42 @@ def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
                      _capsule(dq), _capsule(dk), _capsule(dv), _capsule(dsinks) if sinks is not None else None,
                      _capsule(dbias) if want_dbias else None,
                      *_options(dropout_p, softmax_scale, causal, window_left, window_right, seed, offset, softcap,
-                               bias, alibi_slopes, sinks),
+                               bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               block_mask, block_q, block_k),
                      0, torch_stream(q))
     return dq, dk, dv, dsinks, dbias
 
 
 @_backward.register_fake
 def _backward_fake(dout, q, k, v, out, lse, dropout_p, softmax_scale, causal, window_left, window_right, seed,
-                   offset, softcap, bias, alibi_slopes, sinks, want_dbias):
+                   offset, softcap, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   block_mask, block_q, block_k, want_dbias):
     dsinks, dbias = _modifier_grads_like(sinks, bias, want_dbias and bias is not None,
                                          lambda shape, dtype: q.new_empty(shape, dtype=dtype))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks, dbias
 
 
-# Positions of the forward op's arguments (autograd returns one gradient per argument).
-_N_FORWARD_ARGS = 14
+# The forward op's arguments after q, k, v: the scalar options (up to bias), then these tensors and
+# the packed-batch and block-mask arguments. Autograd returns one gradient per argument.
+_N_FORWARD_ARGS = 21
 _BIAS, _SINKS = 11, 13
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *options = inputs
+    q, k, v = inputs[:3]
     out, lse = output
-    bias, alibi_slopes, sinks = inputs[_BIAS:]
-    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, sinks)
-    ctx.options = options[:_BIAS - 3]
+    bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k = inputs[_BIAS:_BIAS + 5]
+    max_seqlen_q, max_seqlen_k, block_mask, block_q, block_k = inputs[_BIAS + 5:]
+    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, block_mask)
+    ctx.scalars = inputs[3:_BIAS]
+    ctx.sizes = (max_seqlen_q, max_seqlen_k, block_q, block_k)
     ctx.mark_non_differentiable(lse)
 
 
 def _readable(t: Tensor) -> Tensor:
     """t itself when the C API can read it in place; a contiguous copy for broadcast (stride 0)
     or non-unit head_dim strides, which autograd produces for gradients like that of sum()."""
-    if t.dim() == 4 and t.size(-1) > 1 and t.stride(-1) != 1:
+    if t.dim() >= 3 and t.size(-1) > 1 and t.stride(-1) != 1:
         return t.contiguous()
     if any(stride <= 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
         return t.contiguous()
@@ -105,10 +128,12 @@ def _readable(t: Tensor) -> Tensor:
 
 
 def _autograd_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, bias, alibi_slopes, sinks = ctx.saved_tensors
+    q, k, v, out, lse, bias, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, block_mask = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k, block_q, block_k = ctx.sizes
     want_dbias = bool(ctx.needs_input_grad[_BIAS])
-    dq, dk, dv, dsinks, dbias = _backward(_readable(dout), q, k, v, out, lse, *ctx.options, bias, alibi_slopes,
-                                          sinks, want_dbias)
+    dq, dk, dv, dsinks, dbias = _backward(_readable(dout), q, k, v, out, lse, *ctx.scalars, bias, alibi_slopes, sinks,
+                                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_mask, block_q,
+                                          block_k, want_dbias)
     grads = [dq, dk, dv] + [None] * (_N_FORWARD_ARGS - 3)
     grads[_BIAS] = dbias if want_dbias else None
     grads[_SINKS] = dsinks if sinks is not None and ctx.needs_input_grad[_SINKS] else None
@@ -129,8 +154,54 @@ def _readable_bias(bias: Tensor) -> Tensor:
     return bias
 
 
+def _scale_for(q: Tensor, softmax_scale):
+    if softmax_scale is None:
+        return q.shape[-1] ** -0.5
+    if softmax_scale == 0:
+        raise InvalidValueError("softmax_scale: 0 is not a usable scale (None means 1/sqrt(head_dim))", 1)
+    return float(softmax_scale)
+
+
+def _dropout_seed(dropout_p) -> int:
+    # Drawn from torch's default generator, so torch.manual_seed makes runs repeatable.
+    return int(torch.randint(0, 2**62, (), dtype=torch.int64).item()) if dropout_p > 0 else 0
+
+
+def _prepared_modifiers(alibi_slopes, sinks, bias):
+    if bias is not None:
+        bias = _readable_bias(bias)
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.detach().to(torch.float32).contiguous()
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
+    return alibi_slopes, sinks, bias
+
+
+def _host_block_mask(block_mask, block_size):
+    """(mask, block_q, block_k): the block mask as a host uint8/bool tensor (it stays in host
+    memory whatever q's device: the C API reads it on the host)."""
+    if block_mask is None:
+        return None, 1, 1
+    try:
+        block_q, block_k = (int(x) for x in block_size)
+    except (TypeError, ValueError):
+        raise InvalidValueError("block_size: %r is not a pair of ints" % (block_size,), 1) from None
+    if not isinstance(block_mask, Tensor):
+        block_mask = torch.as_tensor(block_mask)
+    if block_mask.dtype not in (torch.uint8, torch.bool):
+        raise InvalidTypeError("block_mask: dtype %s is not supported (uint8 or bool)" % block_mask.dtype, 1)
+    return block_mask.detach().to("cpu").contiguous(), block_q, block_k
+
+
+def _check_packed_offsets(cu_seqlens_q, cu_seqlens_k):
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, Tensor):
+            raise InvalidTypeError("%s: must be an int32 tensor (got %s)" % (name, type(t).__name__), 1)
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=True, return_attn_probs=False, *, bias=None, sinks=None):
+                    alibi_slopes=None, deterministic=True, return_attn_probs=False, *, bias=None, sinks=None,
+                    block_mask=None, block_size=(128, 128)):
     """FlashAttention-2's flash_attn_func on flashattn, for CPU, CUDA and ROCm tensors.
 
     q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim]
@@ -150,6 +221,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     [heads_q] logits (cast to float32; differentiable): each row's softmax denominator gains
     exp(sink). Masked keys stay masked.
 
+    block_mask (keyword): block-sparse attention (the paper's Algorithm 5): a uint8/bool
+    [ceil(seqlen_q / block_q), ceil(seqlen_k / block_k)] matrix, nonzero = the block attends,
+    with block_size = (block_q, block_k) tokens per block (any positive sizes); combined with
+    causal and window. It is read in host memory (copied there if it lives on a GPU).
+
     Dropout: when dropout_p > 0 a seed is drawn from torch's default generator, so
     torch.manual_seed makes runs repeatable; the backward regenerates the same mask. Under
     torch.compile the draw comes from inductor's generator: repeatable, but not eager's seed.
@@ -158,20 +234,183 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     copied first (as FlashAttention-2 does). Differentiable in q, k, v, bias and sinks.
     """
     window_left, window_right = window_size
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** -0.5
-    elif softmax_scale == 0:
-        raise InvalidValueError("softmax_scale: 0 is not a usable scale (None means 1/sqrt(head_dim))", 1)
-    seed = 0
-    if dropout_p > 0:
-        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
-    if bias is not None:
-        bias = _readable_bias(bias)
-    if alibi_slopes is not None:
-        alibi_slopes = alibi_slopes.detach().to(torch.float32).contiguous()
-    if sinks is not None:
-        sinks = sinks.to(torch.float32).contiguous()
-    out, lse = _forward(_readable(q), _readable(k), _readable(v), float(dropout_p), float(softmax_scale),
-                        bool(causal), int(window_left), int(window_right), seed, 0, float(softcap), bias,
-                        alibi_slopes, sinks)
+    alibi_slopes, sinks, bias = _prepared_modifiers(alibi_slopes, sinks, bias)
+    block_mask, block_q, block_k = _host_block_mask(block_mask, block_size)
+    out, lse = _forward(_readable(q), _readable(k), _readable(v), float(dropout_p), _scale_for(q, softmax_scale),
+                        bool(causal), int(window_left), int(window_right), _dropout_seed(dropout_p), 0, float(softcap),
+                        bias, alibi_slopes, sinks, None, None, 0, 0, block_mask, block_q, block_k)
     return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """FlashAttention-2's flash_attn_varlen_func: attention over a packed batch of sequences of
+    different lengths (padding-free training), with autograd in q, k and v.
+
+    q: [total_q, heads_q, head_dim]; k, v: [total_k, heads_kv, head_dim], the sequences one after
+    another. cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] tensors on q's device, the offsets of
+    each sequence (first 0, non-decreasing; a sequence may be empty). max_seqlen_q, max_seqlen_k:
+    ints bounding the lengths. Returns out [total_q, heads_q, head_dim], or (out, softmax_lse,
+    None) with return_attn_probs (softmax_lse float32 [heads_q, total_q]).
+
+    Causal and window_size align bottom-right within each sequence. softcap, alibi_slopes
+    ([heads_q] or [batch, heads_q]) and dropout as in flash_attn_func; dropout draws the padded
+    layout's elements, so flashattn.dropout_mask(seed, 0, p, heads_q, max_seqlen_q, max_seqlen_k,
+    b, h) is sequence b's mask. deterministic: accepted; the backward is always deterministic.
+    block_table (paged keys/values) raises NotImplementedError: use flash_attn_with_kvcache.
+    The offsets are read on the device (no host synchronisation); on a GPU, offsets that break
+    the rules make the call write nothing and the next synchronising flashattn call raise.
+    """
+    if block_table is not None:
+        raise NotSupportedError("block_table: paged keys and values in flash_attn_varlen_func are not supported; "
+                                "decode over a paged cache with flash_attn_with_kvcache", 2)
+    _check_packed_offsets(cu_seqlens_q, cu_seqlens_k)
+    window_left, window_right = window_size
+    alibi_slopes, _, _ = _prepared_modifiers(alibi_slopes, None, None)
+    out, lse = _forward(_readable(q), _readable(k), _readable(v), float(dropout_p), _scale_for(q, softmax_scale),
+                        bool(causal), int(window_left), int(window_right), _dropout_seed(dropout_p), 0, float(softcap),
+                        None, alibi_slopes, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                        None, 1, 1)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                              alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func with q, k, v stacked: qkv [batch, seqlen, 3, heads, head_dim], read in place
+    (views, no copy). The gradient flows into qkv."""
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
+                           softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                             alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func with k, v stacked: kv [batch, seqlen_k, 2, heads_kv, head_dim], read in place."""
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """flash_attn_varlen_func with q, k, v stacked: qkv [total, 3, heads, head_dim], one set of offsets."""
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_varlen_func with k, v stacked: kv [total_k, 2, heads_kv, head_dim]."""
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+# ---- KV cache ---------------------------------------------------------------------------------
+@torch.library.custom_op("flashattn::forward_kvcache", mutates_args=("k_cache", "v_cache"))
+def _forward_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                     cache_seqlens: Optional[Tensor], cache_seqlens_int: int, block_table: Optional[Tensor],
+                     softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+                     alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q, False), dtype=torch.float32, device=q.device)
+    _native.forward_kvcache(_capsule(q), _capsule(k_cache), _capsule(v_cache), _capsule(k), _capsule(v),
+                            _capsule(out), _capsule(lse), True,
+                            _capsule(cache_seqlens) if cache_seqlens is not None else cache_seqlens_int,
+                            _capsule(block_table),
+                            *_options(0.0, softmax_scale, causal, window_left, window_right, 0, 0, softcap, None,
+                                      alibi_slopes, None),
+                            0, torch_stream(q))
+    return out, lse
+
+
+@_forward_kvcache.register_fake
+def _forward_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, block_table, softmax_scale,
+                          causal, window_left, window_right, softcap, alibi_slopes):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, False), dtype=torch.float32)
+
+
+def _not_yet(name, value, default=None):
+    if value is not default:
+        raise NotSupportedError("%s: not supported yet by flash_attn_with_kvcache (leave it %r)" % (name, default), 2)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                            cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """FlashAttention-2's flash_attn_with_kvcache: decode (or prefill a chunk) against a KV cache,
+    appending the new keys and values to it in place first.
+
+    q: [batch, seqlen_q, heads_q, head_dim]. k_cache, v_cache: [batch, capacity, heads_kv,
+    head_dim], or paged [num_pages, page_size, heads_kv, head_dim] (any page_size >= 1) with
+    block_table int32 [batch, max_pages_per_seq]. cache_seqlens: int32 [batch] tensor or an int:
+    the tokens already cached per sequence (None: every cache is full, capacity tokens; then k
+    and v must be None). k, v: None or [batch, seqlen_new, heads_kv, head_dim], written into
+    k_cache/v_cache at cache_seqlens[b] .. + seqlen_new - 1 (the op mutates k_cache and v_cache;
+    cache_seqlens is not advanced). q then attends to the first cache_seqlens[b] + seqlen_new
+    keys; causal is bottom-right aligned. softcap, alibi_slopes and window_size as in
+    flash_attn_func. Returns out [batch, seqlen_q, heads_q, head_dim], or (out, softmax_lse)
+    with return_softmax_lse (float32 [batch, heads_q, seqlen_q]; merge partial results with
+    flashattn.merge_partials).
+
+    num_splits: accepted for compatibility (>= 0); the split of long caches into key chunks is
+    chosen from the shape alone, so results do not depend on it. rotary_cos/rotary_sin,
+    cache_batch_idx and cache_leftpad are not supported yet: they raise NotImplementedError
+    (flashattn.NotSupportedError) naming the argument. Nothing is written on failure (a bad page
+    index or a cache too small raises and leaves the caches byte-identical; on a GPU the check
+    runs on the device and the next synchronising flashattn call raises).
+    """
+    _not_yet("rotary_cos", rotary_cos)
+    _not_yet("rotary_sin", rotary_sin)
+    _not_yet("cache_batch_idx", cache_batch_idx)
+    _not_yet("cache_leftpad", cache_leftpad)
+    if int(num_splits) < 0:
+        raise InvalidValueError("num_splits: %d is negative (0 = chosen from the shape)" % num_splits, 1)
+    if (k is None) != (v is None):
+        raise InvalidValueError("%s: is None; give k and v together" % ("k" if k is None else "v"), 1)
+    cache_seqlens_int = 0
+    if cache_seqlens is None:
+        if k is not None:
+            raise InvalidValueError("cache_seqlens: is None, but appending k and v needs the cached lengths", 1)
+        capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+        cache_seqlens_int = int(capacity)
+    elif not isinstance(cache_seqlens, Tensor):
+        cache_seqlens_int = int(cache_seqlens)
+        cache_seqlens = None
+    window_left, window_right = window_size
+    alibi_slopes, _, _ = _prepared_modifiers(alibi_slopes, None, None)
+    out, lse = _forward_kvcache(_readable(q), k_cache, v_cache, None if k is None else _readable(k),
+                                None if v is None else _readable(v), cache_seqlens, cache_seqlens_int, block_table,
+                                _scale_for(q, softmax_scale), bool(causal), int(window_left), int(window_right),
+                                float(softcap), alibi_slopes)
+    return (out, lse) if return_softmax_lse else out
+
+
+# ---- merging partial results ----------------------------------------------------------------
+@torch.library.custom_op("flashattn::merge_partials", mutates_args=())
+def _merge_partials(outs: List[Tensor], lses: List[Tensor]) -> Tuple[Tensor, Tensor]:
+    first = outs[0]
+    out = torch.empty(first.shape, dtype=first.dtype, device=first.device)
+    lse = torch.empty(lses[0].shape, dtype=torch.float32, device=first.device)
+    _native.merge_partials([_capsule(t) for t in outs], [_capsule(t) for t in lses], _capsule(out), _capsule(lse),
+                           True, 0, torch_stream(first))
+    return out, lse
+
+
+@_merge_partials.register_fake
+def _merge_partials_fake(outs, lses):
+    return outs[0].new_empty(outs[0].shape), lses[0].new_empty(lses[0].shape, dtype=torch.float32)
+
+
+def merge_partials(outs, lses):
+    """flashattn.merge_partials for torch tensors, as the op flashattn::merge_partials."""
+    outs, lses = list(outs), list(lses)
+    if not outs:
+        raise InvalidValueError("outs: has 0 tensors; merging needs at least one", 1)
+    if len(lses) != len(outs):
+        raise InvalidValueError("lses: has %d tensors, outs %d; give one lse per partial output" % (len(lses), len(outs)),
+                                1)
+    return _merge_partials([_readable(t) for t in outs], lses)

@@ -141,7 +141,7 @@ def test_bad_modifier_grad_outputs_write_nothing_and_leak_nothing():
     out, lse = flashattn.forward(q, k, v, sinks=sinks, bias=bias)
     dsinks = np.full(HEADS_Q, 7.0, np.float32)
     dbias = np.full((HEADS_Q, SEQLEN_Q, SEQLEN_K), 7.0, np.float32)
-    options = (0.0, False, -1, -1, None, 0.0, 0, 0, None, 128, 128, 0.0, None, sinks, bias, 0, None)
+    options = (0.0, False, -1, -1, None, 0.0, 0, 0, None, 128, 128, 0.0, None, sinks, bias, None, 0, None)
     before = [sys.getrefcount(x) for x in (q, sinks, bias, dsinks, dbias)]
     with pytest.raises(ValueError, match=r"dsinks: expected shape \[4\]"):
         flashattn._native.backward(q, k, v, out, out, lse, None, None, None, dsinks[:2], dbias, *options)

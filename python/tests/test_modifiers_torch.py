@@ -158,7 +158,8 @@ def test_opcheck_with_modifiers():
     bias = torch.randn(1, 4, 8, 8, requires_grad=True)
     sinks = torch.randn(4, requires_grad=True)
     torch.library.opcheck(torch.ops.flashattn.forward.default,
-                          (q, k, v, 0.0, 0.35, True, -1, -1, 0, 0, 2.0, bias, SLOPES, sinks))
+                          (q, k, v, 0.0, 0.35, True, -1, -1, 0, 0, 2.0, bias, SLOPES, sinks, None, None, 0, 0, None, 1,
+                           1))
 
 
 def test_bad_modifier_inputs():

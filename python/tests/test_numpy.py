@@ -207,8 +207,8 @@ def test_nothing_written_on_failure():
     q, k, v = qkv()
     out = np.full(q.shape, 7.0, np.float32)
     lse = np.full((2, 4, 37), 7.0, np.float32)
-    args = (q, k, v, out, lse, True, 0.0, False, -1, -1, None, 1.5, 0, 0, None, 128, 128, 0.0, None, None, None, 0,
-            None)
+    args = (q, k, v, out, lse, True, 0.0, False, -1, -1, None, 1.5, 0, 0, None, 128, 128, 0.0, None, None, None, None,
+            0, None)
     with pytest.raises(ValueError, match="dropout_p"):
         flashattn._native.forward(*args)
     assert (out == 7.0).all() and (lse == 7.0).all()
@@ -246,7 +246,7 @@ def test_inputs_are_released_exactly_once():
 
 def test_outputs_are_exported_once():
     pending, _ = flashattn._native.forward(*qkv(), None, None, False, 0.0, False, -1, -1, None, 0.0, 0, 0, None,
-                                           128, 128, 0.0, None, None, None, 0, None)
+                                           128, 128, 0.0, None, None, None, None, 0, None)
     exported = flashattn._dlpack.Exported(pending, (1, 0))
     first = np.from_dlpack(exported)
     with pytest.raises(BufferError, match="already exported"):

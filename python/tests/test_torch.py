@@ -153,7 +153,8 @@ def test_gradcheck_float32():
 
 def test_opcheck():
     q, k, v = inputs(seqlen_q=8, seqlen_k=8, head_dim=8)
-    torch.library.opcheck(torch.ops.flashattn.forward.default, (q, k, v, 0.0, 0.35, True, -1, -1, 0, 0, 0.0, None, None, None))
+    torch.library.opcheck(torch.ops.flashattn.forward.default, (q, k, v, 0.0, 0.35, True, -1, -1, 0, 0, 0.0, None, None, None,
+                                                                None, None, 0, 0, None, 1, 1))
 
 
 def example_module(**kwargs):
