@@ -35,10 +35,11 @@ def alibi_distance(seqlen_q, seqlen_k):
 
 def attention(q, k, v, dout=None, *, causal=False, softmax_scale=None, window=(-1, -1), seqlens_k=None,
               dropout_p=0.0, seed=0, offset=0, block_mask=None, block_size=(128, 128), softcap=0.0,
-              alibi_slopes=None, sinks=None, bias=None, return_modifier_grads=False):
+              alibi_slopes=None, sinks=None, bias=None, return_modifier_grads=False, dropout_keep=None):
     """Returns (out, lse) or, with dout, (out, lse, dq, dk, dv), all float64; with
     return_modifier_grads also dsinks [heads_q] and dbias [batch, heads_q, seqlen_q, seqlen_k]
-    (per element, not summed over the bias's broadcast)."""
+    (per element, not summed over the bias's broadcast). dropout_keep(b, h): the keep mask
+    [seqlen_q, seqlen_k] of (b, h) when the stream's elements are not this layout's own (varlen)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
@@ -81,7 +82,9 @@ def attention(q, k, v, dout=None, *, causal=False, softmax_scale=None, window=(-
             lse[b, h] = np.where(l[:, 0] > 0, m_safe[:, 0] + np.log(np.where(l[:, 0] > 0, l[:, 0], 1.0)), -np.inf)
             keep = 1.0
             if dropout_p > 0:
-                keep = flashattn.dropout_mask(seed, offset, dropout_p, heads_q, seqlen_q, seqlen_k, b, h) / (1 - dropout_p)
+                mask = (dropout_keep(b, h) if dropout_keep is not None
+                        else flashattn.dropout_mask(seed, offset, dropout_p, heads_q, seqlen_q, seqlen_k, b, h))
+                keep = mask / (1 - dropout_p)
             pd = p * keep
             out[b, :, h] = pd @ v[b, :, kv]
             if dout is not None:
@@ -100,3 +103,48 @@ def attention(q, k, v, dout=None, *, causal=False, softmax_scale=None, window=(-
     if dout is None:
         return out, lse
     return (out, lse) + grads + ((dsinks, dbias) if return_modifier_grads else ())
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dout=None, *, dropout_p=0.0,
+                     seed=0, offset=0, alibi_slopes=None, bias=None, **options):
+    """attention() of a packed batch, sequence by sequence: q [total_q, heads_q, d], k, v
+    [total_k, heads_kv, d]. Returns (out, lse [heads_q, total_q]) or with dout also (dq, dk, dv),
+    packed. Dropout draws the padded [batch, heads_q, max_seqlen_q, max_seqlen_k] layout's
+    elements; alibi_slopes [batch, heads_q] and bias [batch, heads_q, max_seqlen_q,
+    max_seqlen_k] are indexed by sequence from its first row and key."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    heads_q = q.shape[1]
+    out = np.zeros_like(q)
+    lse = np.full((heads_q, q.shape[0]), -np.inf)
+    grads = (np.zeros_like(q), np.zeros_like(k), np.zeros_like(v))
+    for b in range(len(cu_seqlens_q) - 1):
+        rows = slice(int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]))
+        keys = slice(int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1]))
+        len_q, len_k = rows.stop - rows.start, keys.stop - keys.start
+        if len_q == 0:
+            continue
+        if len_k == 0:  # no keys: zero rows, lse -inf (or the sink's logit)
+            sinks = options.get("sinks")
+            lse[:, rows] = -np.inf if sinks is None else np.asarray(sinks, dtype=np.float64)[:, None]
+            continue
+        seq = dict(options)
+        if alibi_slopes is not None:
+            slopes = np.asarray(alibi_slopes, dtype=np.float64)
+            seq["alibi_slopes"] = slopes[b] if slopes.ndim == 2 else slopes
+        if bias is not None:
+            seq["bias"] = np.broadcast_to(bias, (len(cu_seqlens_q) - 1, heads_q, max_seqlen_q, max_seqlen_k))[
+                b:b + 1, :, :len_q, :len_k]
+        if dropout_p > 0:
+            seq["dropout_keep"] = lambda _, h, b=b: flashattn.dropout_mask(
+                seed, offset, dropout_p, heads_q, max_seqlen_q, max_seqlen_k, b, h)[:len_q, :len_k]
+        args = [x[None] for x in (q[rows], k[keys], v[keys])]
+        if dout is not None:
+            args.append(np.asarray(dout, dtype=np.float64)[None, rows])
+        result = attention(*args, dropout_p=dropout_p, seed=seed, offset=offset, **seq)
+        out[rows] = result[0][0]
+        lse[:, rows] = result[1][0]
+        if dout is not None:
+            grads[0][rows] = result[2][0]
+            grads[1][keys] = result[3][0]
+            grads[2][keys] = result[4][0]
+    return (out, lse) + (grads if dout is not None else ())
