@@ -44,13 +44,64 @@ def backward(q: T, k: T, v: T, out: T, dout: T, lse: T, *, causal: bool = ..., s
              seed: int = ..., offset: int = ..., block_mask: Any = ..., block_size: Tuple[int, int] = ...,
              softcap: float = ..., alibi_slopes: Optional[T] = ..., sinks: Optional[T] = ..., bias: Optional[T] = ...,
              backend: str = ..., return_modifier_grads: bool = ...) -> Union[Tuple[T, T, T], Gradients]: ...
+def forward_varlen(q: T, k: T, v: T, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int, max_seqlen_k: int, *,
+                   causal: bool = ..., softmax_scale: Optional[float] = ..., window: Tuple[int, int] = ...,
+                   dropout_p: float = ..., seed: int = ..., offset: int = ..., block_mask: Any = ...,
+                   block_size: Tuple[int, int] = ..., softcap: float = ..., alibi_slopes: Optional[T] = ...,
+                   sinks: Optional[T] = ..., bias: Optional[T] = ..., backend: str = ...) -> Tuple[T, T]: ...
+def backward_varlen(q: T, k: T, v: T, out: T, dout: T, lse: T, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
+                    max_seqlen_k: int, *, causal: bool = ..., softmax_scale: Optional[float] = ...,
+                    window: Tuple[int, int] = ..., dropout_p: float = ..., seed: int = ..., offset: int = ...,
+                    block_mask: Any = ..., block_size: Tuple[int, int] = ..., softcap: float = ...,
+                    alibi_slopes: Optional[T] = ..., sinks: Optional[T] = ..., bias: Optional[T] = ...,
+                    backend: str = ..., return_modifier_grads: bool = ...) -> Union[Tuple[T, T, T], Gradients]: ...
+# cache_seqlens: an int32 [batch] tensor on q's device, a sequence of ints, or one int.
+def forward_kvcache(q: T, k_cache: T, v_cache: T, cache_seqlens: Union[int, Sequence[int], T], *, k: Optional[T] = ...,
+                    v: Optional[T] = ..., block_table: Any = ..., causal: bool = ..., softmax_scale: Optional[float] = ...,
+                    window: Tuple[int, int] = ..., softcap: float = ..., alibi_slopes: Optional[T] = ...,
+                    sinks: Optional[T] = ..., bias: Optional[T] = ..., backend: str = ...) -> Tuple[T, T]: ...
+def merge_partials(outs: Sequence[T], lses: Sequence[T], *, backend: str = ...) -> Tuple[T, T]: ...
 def dropout_mask(seed: int, offset: int, p: float, heads_q: int, seqlen_q: int, seqlen_k: int, batch_index: int,
                  head_index: int) -> Any: ...  # numpy.ndarray of uint8, [seqlen_q, seqlen_k]
 def tiling_for(sram_elements: int, head_dim: int) -> Tiling: ...
 def backends() -> Dict[str, BackendStatus]: ...
 
-# Needs PyTorch (imported on first use). Returns out, or (out, softmax_lse, None) when return_attn_probs.
+# The PyTorch functions below need PyTorch (imported on first use). The flash_attn_*func ones return
+# out, or (out, softmax_lse, None) when return_attn_probs.
 def flash_attn_func(q: Any, k: Any, v: Any, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
                     causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
                     alibi_slopes: Optional[Any] = ..., deterministic: bool = ..., return_attn_probs: bool = ..., *,
-                    bias: Optional[Any] = ..., sinks: Optional[Any] = ...) -> Union[Any, Tuple[Any, Any, None]]: ...
+                    bias: Optional[Any] = ..., sinks: Optional[Any] = ..., block_mask: Optional[Any] = ...,
+                    block_size: Tuple[int, int] = ...) -> Union[Any, Tuple[Any, Any, None]]: ...
+def flash_attn_varlen_func(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
+                           max_seqlen_k: int, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
+                           causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
+                           alibi_slopes: Optional[Any] = ..., deterministic: bool = ..., return_attn_probs: bool = ...,
+                           block_table: Optional[Any] = ...) -> Union[Any, Tuple[Any, Any, None]]: ...
+def flash_attn_qkvpacked_func(qkv: Any, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
+                              causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
+                              alibi_slopes: Optional[Any] = ..., deterministic: bool = ...,
+                              return_attn_probs: bool = ...) -> Union[Any, Tuple[Any, Any, None]]: ...
+def flash_attn_kvpacked_func(q: Any, kv: Any, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
+                             causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
+                             alibi_slopes: Optional[Any] = ..., deterministic: bool = ...,
+                             return_attn_probs: bool = ...) -> Union[Any, Tuple[Any, Any, None]]: ...
+def flash_attn_varlen_qkvpacked_func(qkv: Any, cu_seqlens: Any, max_seqlen: int, dropout_p: float = ...,
+                                     softmax_scale: Optional[float] = ..., causal: bool = ...,
+                                     window_size: Tuple[int, int] = ..., softcap: float = ...,
+                                     alibi_slopes: Optional[Any] = ..., deterministic: bool = ...,
+                                     return_attn_probs: bool = ...) -> Union[Any, Tuple[Any, Any, None]]: ...
+def flash_attn_varlen_kvpacked_func(q: Any, kv: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
+                                    max_seqlen_k: int, dropout_p: float = ..., softmax_scale: Optional[float] = ...,
+                                    causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
+                                    alibi_slopes: Optional[Any] = ..., deterministic: bool = ...,
+                                    return_attn_probs: bool = ...) -> Union[Any, Tuple[Any, Any, None]]: ...
+# Returns out, or (out, softmax_lse) when return_softmax_lse; k_cache and v_cache are appended to in place.
+def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Optional[Any] = ..., v: Optional[Any] = ...,
+                            rotary_cos: Optional[Any] = ..., rotary_sin: Optional[Any] = ...,
+                            cache_seqlens: Optional[Union[int, Any]] = ..., cache_batch_idx: Optional[Any] = ...,
+                            cache_leftpad: Optional[Any] = ..., block_table: Optional[Any] = ...,
+                            softmax_scale: Optional[float] = ..., causal: bool = ...,
+                            window_size: Tuple[int, int] = ..., softcap: float = ..., rotary_interleaved: bool = ...,
+                            alibi_slopes: Optional[Any] = ..., num_splits: int = ...,
+                            return_softmax_lse: bool = ...) -> Union[Any, Tuple[Any, Any]]: ...

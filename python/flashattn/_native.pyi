@@ -1,16 +1,29 @@
 # The C extension's raw interface; use the functions of the flashattn package instead.
 from typing import Any, List, Optional, Sequence, Tuple
 
+# varlen: None or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k): a packed batch, tensors
+# [total_tokens, heads, head_dim] and lse [heads_q, total_q].
 def forward(q: Any, k: Any, v: Any, out: Any, lse: Any, want_lse: bool, softmax_scale: float, causal: bool,
             window_left: int, window_right: int, seqlens_k: Optional[Sequence[int]], dropout_p: float, seed: int,
             offset: int, block_mask: Any, block_q: int, block_k: int, softcap: float, alibi_slopes: Any, sinks: Any,
-            bias: Any, backend: int, stream: Optional[int]) -> Tuple[Any, Any]: ...
+            bias: Any, varlen: Optional[Tuple[Any, Any, int, int]], backend: int,
+            stream: Optional[int]) -> Tuple[Any, Any]: ...
 # dsinks, dbias: None (not computed), True (allocated here) or a tensor to write into.
 def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, dq: Any, dk: Any, dv: Any, dsinks: Any,
              dbias: Any, softmax_scale: float, causal: bool, window_left: int, window_right: int,
              seqlens_k: Optional[Sequence[int]], dropout_p: float, seed: int, offset: int, block_mask: Any,
-             block_q: int, block_k: int, softcap: float, alibi_slopes: Any, sinks: Any, bias: Any, backend: int,
+             block_q: int, block_k: int, softcap: float, alibi_slopes: Any, sinks: Any, bias: Any,
+             varlen: Optional[Tuple[Any, Any, int, int]], backend: int,
              stream: Optional[int]) -> Tuple[Any, Any, Any, Any, Any]: ...
+# k, v: None or the tokens to append; cache_seqlens: int32 tensor, sequence of ints or int; the
+# options as forward's (varlen must be None).
+def forward_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, out: Any, lse: Any, want_lse: bool,
+                    cache_seqlens: Any, block_table: Any, softmax_scale: float, causal: bool, window_left: int,
+                    window_right: int, seqlens_k: None, dropout_p: float, seed: int, offset: int, block_mask: None,
+                    block_q: int, block_k: int, softcap: float, alibi_slopes: Any, sinks: Any, bias: Any, varlen: None,
+                    backend: int, stream: Optional[int]) -> Tuple[Any, Any]: ...
+def merge_partials(outs: Sequence[Any], lses: Sequence[Any], out: Any, lse_out: Any, want_lse: bool, backend: int,
+                   stream: Optional[int]) -> Tuple[Any, Any]: ...
 def dropout_mask(seed: int, offset: int, p: float, heads_q: int, seqlen_q: int, seqlen_k: int, batch_index: int,
                  head_index: int) -> Any: ...
 def tiling_for(sram_elements: int, head_dim: int) -> Tuple[int, int]: ...
