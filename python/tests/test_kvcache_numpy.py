@@ -167,3 +167,42 @@ def test_read_only_caches_can_be_read_but_not_appended_to():
     k_new = rand((1, 1, HEADS_KV, HEAD_DIM), 6)
     with pytest.raises(ValueError, match="k_cache: is read-only"):
         flashattn.forward_kvcache(q, cache.k, cache.v, 10, k=k_new, v=k_new)
+
+
+def test_tables_past_a_sequences_length_are_not_read():
+    """Padding entries (here -1) in block-table slots a sequence does not reach are allowed."""
+    cache = Cache(2, 32, 8)
+    table = cache.block_table.copy()
+    table[0, 2:] = -1  # sequence 0 holds 12 tokens + 1 new: pages 0 and 1 only
+    q = rand((2, 1, HEADS_Q, HEAD_DIM), 5)
+    k_new = rand((2, 1, HEADS_KV, HEAD_DIM), 6)
+    out, _ = flashattn.forward_kvcache(q, cache.k, cache.v, [12, 20], k=k_new, v=k_new, block_table=table)
+    cache.block_table = table
+    ref, _ = reference_decode(q, cache, [13, 21])
+    np.testing.assert_allclose(out, ref, atol=3e-5, rtol=3e-5)
+
+
+def test_inputs_are_released_exactly_once():
+    """Every DLPack capsule the binding consumes is released once, on success and on failure
+    (NumPy's capsule holds a reference to its array: a missed release leaks it)."""
+    import sys
+
+    cache = Cache(2, 32, 8)
+    q = rand((2, 1, HEADS_Q, HEAD_DIM), 5)
+    k_new = rand((2, 1, HEADS_KV, HEAD_DIM), 6)
+    seqlens = np.array([3, 4], np.int32)
+    arrays = (q, cache.k, cache.v, k_new, seqlens, cache.block_table)
+    before = [sys.getrefcount(x) for x in arrays]
+    out, lse = flashattn.forward_kvcache(q, cache.k, cache.v, seqlens, k=k_new, v=k_new, block_table=cache.block_table)
+    with pytest.raises(ValueError):
+        flashattn.forward_kvcache(q, cache.k, cache.v, np.array([3, 40], np.int32), k=k_new, v=k_new,
+                                  block_table=cache.block_table)  # fails inside the C call
+    with pytest.raises(TypeError):
+        flashattn.forward_kvcache(q, cache.k, cache.v, seqlens, k=k_new, v=k_new,
+                                  block_table=cache.block_table.astype(np.int64))  # fails binding the table
+    merged = flashattn.merge_partials([out, out], [lse, lse])
+    with pytest.raises(ValueError):
+        flashattn.merge_partials([out, out[:, :, :1]], [lse, lse])
+    del merged
+    assert [sys.getrefcount(x) for x in arrays] == before
+    assert sys.getrefcount(out) == 2 and sys.getrefcount(lse) == 2

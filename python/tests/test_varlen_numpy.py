@@ -138,3 +138,18 @@ def test_numpy_merge_partials_of_packed_key_halves_equals_the_whole():
     out, lse = flashattn.merge_partials([h[0] for h in halves], [h[1] for h in halves])
     np.testing.assert_allclose(out, whole, atol=2e-6, rtol=2e-6)
     np.testing.assert_allclose(lse, whole_lse, atol=2e-6, rtol=2e-6)
+
+
+def test_inputs_are_released_exactly_once():
+    import sys
+
+    q, k, v, cu_q, cu_k, max_q, max_k = packed()
+    arrays = (q, k, v, cu_q, cu_k)
+    before = [sys.getrefcount(x) for x in arrays]
+    out, lse = flashattn.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
+    flashattn.backward_varlen(q, k, v, out, out, lse, cu_q, cu_k, max_q, max_k)
+    with pytest.raises(ValueError):
+        flashattn.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=2.0)  # fails inside the C call
+    with pytest.raises(TypeError):
+        flashattn.forward_varlen(q, k, v, cu_q, cu_k.astype(np.int64), max_q, max_k)  # fails binding cu_seqlens_k
+    assert [sys.getrefcount(x) for x in arrays] == before
