@@ -380,6 +380,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     elif not isinstance(cache_seqlens, Tensor):
         cache_seqlens_int = int(cache_seqlens)
         cache_seqlens = None
+    if cache_seqlens is None and q.device.type != "cpu":
+        # A device tensor filled on the stream: the binding would otherwise copy the int to the
+        # device and synchronise.
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens_int, dtype=torch.int32, device=q.device)
     window_left, window_right = window_size
     alibi_slopes, _, _ = _prepared_modifiers(alibi_slopes, None, None)
     out, lse = _forward_kvcache(_readable(q), k_cache, v_cache, None if k is None else _readable(k),
