@@ -2,7 +2,8 @@
 # CI step for the Python package: `pip wheel .` (meson-python, build isolation, as a user's
 # `pip install .`), then a fresh virtual environment gets the wheel plus numpy, pytest and torch
 # (PyPI's torch is the CUDA build, ~5 GB installed; it runs on the CPU), and pytest runs the suite
-# in python/tests against the INSTALLED package from outside the source tree.
+# in python/tests against the INSTALLED package from outside the source tree, then every program in
+# examples/python runs (each checks its own results).
 # The wheel is built without the GPU plugins: the main build already compiles them (~8 min on the
 # 2-core CI machine) and nothing here can run them. Prints the time of each phase.
 # The venv is ~5.6 GB: pip runs without its cache (which would double that) and a temporary work
@@ -42,8 +43,21 @@ if [ "$status" -eq 5 ]; then
   echo "ci-python: pytest collected no tests"
   exit 1
 fi
-"$venv/bin/python" "$root/examples/train_tiny_attention.py" --steps 3
-phase "example"
+# Every Python example, also from outside the source tree. Each checks what it computes and exits
+# non-zero when a check fails; a failing one fails this script (the other examples still run).
+# The defaults are sized for CI (a few seconds each on 2 cores) unless set here.
+for example in "$root"/examples/python/*.py; do
+  name=$(basename "$example" .py)
+  case $name in
+    train_tiny_attention) args=(--steps 3) ;;
+    *) args=() ;;
+  esac
+  "$venv/bin/python" "$example" "${args[@]}" || { echo "ci-python: example $name failed"; status=1; }
+  phase "example $name"
+done
 "$venv/bin/python" "$root/tests/install/readme_snippets.py" --python "$root/README.md" || status=1
 phase "README's python blocks"
+# The binding again, built with ASan + UBSan (its own build folder, build-pyasan; ~3 min).
+"$root/scripts/check-python-sanitized.sh" "$venv/bin/python" "$root" || status=1
+phase "the suite on the sanitized binding"
 exit "$status"

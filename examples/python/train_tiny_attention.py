@@ -3,7 +3,7 @@
 of FlashAttention-2's: the layer learns to imitate a fixed random "teacher" layer. Exits with
 status 1 if the loss did not fall.
 
-    pip install . torch && python examples/train_tiny_attention.py --steps 20
+    pip install . torch && python examples/python/train_tiny_attention.py --steps 20
 """
 
 import argparse

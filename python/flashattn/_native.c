@@ -639,8 +639,11 @@ static int bind_int32_table(call *c, PyObject *obj, const char *name, int ndim, 
         PyObject *seq = NULL;
         long long scalar = 0;
         Py_ssize_t n;
-        if (scalar_ok && PyLong_Check(obj)) {
-            scalar = PyLong_AsLongLong(obj);
+        if (scalar_ok && PyIndex_Check(obj)) { /* an int, or an integer scalar such as numpy.int32(5) */
+            PyObject *index = PyNumber_Index(obj);
+            if (!index) return -1;
+            scalar = PyLong_AsLongLong(index);
+            Py_DECREF(index);
             if (scalar == -1 && PyErr_Occurred()) return -1;
             n = shape[0];
         } else {

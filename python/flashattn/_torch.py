@@ -5,6 +5,7 @@ fake (meta) implementations, so eager mode, autograd, torch.compile and gradchec
 Outputs are allocated by torch (its caching allocator on GPUs) and written in place by the C
 library on torch's current stream."""
 
+import operator
 from typing import List, Optional, Tuple
 
 import torch
@@ -200,7 +201,7 @@ def _check_packed_offsets(cu_seqlens_q, cu_seqlens_k):
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=True, return_attn_probs=False, *, bias=None, sinks=None,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, bias=None, sinks=None,
                     block_mask=None, block_size=(128, 128)):
     """FlashAttention-2's flash_attn_func on flashattn, for CPU, CUDA and ROCm tensors.
 
@@ -346,9 +347,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     q: [batch, seqlen_q, heads_q, head_dim]. k_cache, v_cache: [batch, capacity, heads_kv,
     head_dim], or paged [num_pages, page_size, heads_kv, head_dim] (any page_size >= 1) with
-    block_table int32 [batch, max_pages_per_seq]. cache_seqlens: int32 [batch] tensor or an int:
-    the tokens already cached per sequence (None: every cache is full, capacity tokens; then k
-    and v must be None). k, v: None or [batch, seqlen_new, heads_kv, head_dim], written into
+    block_table int32 [batch, max_pages_per_seq]. cache_seqlens: the tokens already cached per
+    sequence: an int32 [batch] tensor, an int or a list of ints (None: every cache is full,
+    capacity tokens; then k and v must be None). k, v: None or [batch, seqlen_new, heads_kv, head_dim], written into
     k_cache/v_cache at cache_seqlens[b] .. + seqlen_new - 1 (the op mutates k_cache and v_cache;
     cache_seqlens is not advanced). q then attends to the first cache_seqlens[b] + seqlen_new
     keys; causal is bottom-right aligned. softcap, alibi_slopes and window_size as in
@@ -377,8 +378,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise InvalidValueError("cache_seqlens: is None, but appending k and v needs the cached lengths", 1)
         capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
         cache_seqlens_int = int(capacity)
+    elif isinstance(cache_seqlens, (list, tuple)):
+        cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32, device=q.device)
     elif not isinstance(cache_seqlens, Tensor):
-        cache_seqlens_int = int(cache_seqlens)
+        try:
+            cache_seqlens_int = operator.index(cache_seqlens)
+        except TypeError:
+            raise InvalidTypeError("cache_seqlens: %s is not an int, a sequence of ints or an int32 tensor"
+                                   % type(cache_seqlens).__name__, 1) from None
         cache_seqlens = None
     if cache_seqlens is None and q.device.type != "cpu":
         # A device tensor filled on the stream: the binding would otherwise copy the int to the

@@ -81,7 +81,7 @@ def test_decode_after_append_matches_the_reference(page_size, seqlen_new):
     np.testing.assert_allclose(lse, ref_lse, atol=3e-5, rtol=3e-5)
 
 
-@pytest.mark.parametrize("cache_seqlens", [40, [40, 40], (40, 40)])
+@pytest.mark.parametrize("cache_seqlens", [40, np.int32(40), [40, 40], (40, 40)])
 def test_cache_seqlens_as_int_or_sequence(cache_seqlens):
     cache = Cache(2, 64, 16, dtype=np.float16)
     q = rand((2, 1, HEADS_Q, HEAD_DIM), 3, np.float16)

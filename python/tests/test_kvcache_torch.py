@@ -171,3 +171,15 @@ def test_with_kvcache_on_cuda_tensors():
     torch.cuda.synchronize()
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-3, rtol=2e-3)
     assert torch.equal(kc.cpu()[table[0, 20 // 16]][20 % 16], k[0, 0])
+
+
+def test_cache_seqlens_as_a_list_and_bad_kinds():
+    _, k_cache, v_cache, table = torch_cache(2, 32, 8)
+    q = randn(2, 1, HEADS_Q, HEAD_DIM)
+    want = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([5, 9], dtype=torch.int32),
+                                             block_table=table)
+    assert torch.equal(flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=[5, 9], block_table=table),
+                       want)
+    for bad in ("5", 5.5):
+        with pytest.raises(TypeError, match="cache_seqlens: %s is not an int" % type(bad).__name__):
+            flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=bad, block_table=table)

@@ -158,10 +158,10 @@ def test_opcheck():
 
 
 def example_module(**kwargs):
-    """examples/train_tiny_attention.py's layer (so the test also covers the example's code)."""
+    """examples/python/train_tiny_attention.py's layer (so the test also covers the example's code)."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_tiny_attention.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python", "train_tiny_attention.py")
     spec = importlib.util.spec_from_file_location("train_tiny_attention", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
