@@ -12,6 +12,8 @@ import torch
 from torch import Tensor
 
 from . import _native
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
 from ._dlpack import torch_stream
 from ._errors import InvalidTypeError, InvalidValueError, NotSupportedError
 
@@ -310,8 +312,22 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 
 # ---- KV cache ---------------------------------------------------------------------------------
-@torch.library.custom_op("flashattn::forward_kvcache", mutates_args=("k_cache", "v_cache"))
-def _forward_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+def _runs_eagerly(*tensors) -> bool:
+    """True when calling an op's body directly does what the dispatcher would: plain tensors, no
+    tracing (torch.compile, jit), no dispatch or function modes (fake tensors, profilers' modes),
+    no functorch transforms, nothing that needs autograd. Decode steps take this path: the custom
+    op's dispatch costs tens of microseconds per call, more than the rest of the call's Python."""
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or _get_current_dispatch_mode() is not None
+            or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active()):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not Tensor or (grad and t.requires_grad)):
+            return False
+    return True
+
+
+def _forward_kvcache_body(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                      cache_seqlens: Optional[Tensor], cache_seqlens_int: int, block_table: Optional[Tensor],
                      softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
                      alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
@@ -325,6 +341,10 @@ def _forward_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Te
                                       alibi_slopes, None),
                             0, torch_stream(q))
     return out, lse
+
+
+_forward_kvcache = torch.library.custom_op("flashattn::forward_kvcache", _forward_kvcache_body,
+                                           mutates_args=("k_cache", "v_cache"))
 
 
 @_forward_kvcache.register_fake
@@ -364,11 +384,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     index or a cache too small raises and leaves the caches byte-identical; on a GPU the check
     runs on the device and the next synchronising flashattn call raises).
     """
-    _not_yet("rotary_cos", rotary_cos)
-    _not_yet("rotary_sin", rotary_sin)
-    _not_yet("cache_batch_idx", cache_batch_idx)
-    _not_yet("cache_leftpad", cache_leftpad)
-    if int(num_splits) < 0:
+    if rotary_cos is not None or rotary_sin is not None or cache_batch_idx is not None or cache_leftpad is not None:
+        _not_yet("rotary_cos", rotary_cos)
+        _not_yet("rotary_sin", rotary_sin)
+        _not_yet("cache_batch_idx", cache_batch_idx)
+        _not_yet("cache_leftpad", cache_leftpad)
+    if num_splits < 0:
         raise InvalidValueError("num_splits: %d is negative (0 = chosen from the shape)" % num_splits, 1)
     if (k is None) != (v is None):
         raise InvalidValueError("%s: is None; give k and v together" % ("k" if k is None else "v"), 1)
@@ -392,11 +413,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         # device and synchronise.
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens_int, dtype=torch.int32, device=q.device)
     window_left, window_right = window_size
-    alibi_slopes, _, _ = _prepared_modifiers(alibi_slopes, None, None)
-    out, lse = _forward_kvcache(_readable(q), k_cache, v_cache, None if k is None else _readable(k),
-                                None if v is None else _readable(v), cache_seqlens, cache_seqlens_int, block_table,
-                                _scale_for(q, softmax_scale), bool(causal), int(window_left), int(window_right),
-                                float(softcap), alibi_slopes)
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.detach().to(torch.float32).contiguous()
+    if k is not None:
+        k, v = _readable(k), _readable(v)
+    args = (_readable(q), k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, block_table,
+            _scale_for(q, softmax_scale), bool(causal), int(window_left), int(window_right), float(softcap), alibi_slopes)
+    if _runs_eagerly(q, k_cache, v_cache, k, v, cache_seqlens, block_table, alibi_slopes):
+        out, lse = _forward_kvcache_body(*args)
+        if k is not None:
+            torch.autograd.graph.increment_version((k_cache, v_cache))  # as the op's in-place write would
+    else:
+        out, lse = _forward_kvcache(*args)
     return (out, lse) if return_softmax_lse else out
 
 

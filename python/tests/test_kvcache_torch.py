@@ -183,3 +183,30 @@ def test_cache_seqlens_as_a_list_and_bad_kinds():
     for bad in ("5", 5.5):
         with pytest.raises(TypeError, match="cache_seqlens: %s is not an int" % type(bad).__name__):
             flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=bad, block_table=table)
+
+
+def test_eager_calls_skip_the_dispatcher_but_not_its_effects():
+    """Plain eager calls run the op's body directly (decode-step overhead); under a dispatch mode
+    the op itself runs, with the same result; either way the caches' version counters move."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    _, k_cache, v_cache, table = torch_cache(2, 32, 8)
+    k_copy, v_copy = k_cache.clone(), v_cache.clone()
+    q = randn(2, 1, HEADS_Q, HEAD_DIM)
+    k = randn(2, 1, HEADS_KV, HEAD_DIM, seed=1)
+    version = k_cache._version
+    eager = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, k, cache_seqlens=[4, 9], block_table=table)
+    assert k_cache._version > version
+    with Record() as record:
+        traced = flashattn.flash_attn_with_kvcache(q, k_copy, v_copy, k, k, cache_seqlens=[4, 9], block_table=table)
+    assert "flashattn.forward_kvcache.default" in record.ops
+    assert torch.equal(traced, eager) and torch.equal(k_copy, k_cache) and torch.equal(v_copy, v_cache)
