@@ -123,6 +123,8 @@ def _setup_context(ctx, inputs, output):
 def _readable(t: Tensor) -> Tensor:
     """t itself when the C API can read it in place; a contiguous copy for broadcast (stride 0)
     or non-unit head_dim strides, which autograd produces for gradients like that of sum()."""
+    if t.is_contiguous():
+        return t
     if t.dim() >= 3 and t.size(-1) > 1 and t.stride(-1) != 1:
         return t.contiguous()
     if any(stride <= 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
@@ -330,11 +332,11 @@ def _runs_eagerly(*tensors) -> bool:
 def _forward_kvcache_body(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                      cache_seqlens: Optional[Tensor], cache_seqlens_int: int, block_table: Optional[Tensor],
                      softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-                     alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                     alibi_slopes: Optional[Tensor], want_lse: bool) -> Tuple[Tensor, Tensor]:
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(_lse_shape(q, False), dtype=torch.float32, device=q.device)
+    lse = torch.empty(_lse_shape(q, False) if want_lse else (0,), dtype=torch.float32, device=q.device)
     _native.forward_kvcache(_capsule(q), _capsule(k_cache), _capsule(v_cache), _capsule(k), _capsule(v),
-                            _capsule(out), _capsule(lse), True,
+                            _capsule(out), _capsule(lse) if want_lse else None, False,
                             _capsule(cache_seqlens) if cache_seqlens is not None else cache_seqlens_int,
                             _capsule(block_table),
                             *_options(0.0, softmax_scale, causal, window_left, window_right, 0, 0, softcap, None,
@@ -349,8 +351,8 @@ _forward_kvcache = torch.library.custom_op("flashattn::forward_kvcache", _forwar
 
 @_forward_kvcache.register_fake
 def _forward_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, block_table, softmax_scale,
-                          causal, window_left, window_right, softcap, alibi_slopes):
-    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, False), dtype=torch.float32)
+                          causal, window_left, window_right, softcap, alibi_slopes, want_lse):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, False) if want_lse else (0,), dtype=torch.float32)
 
 
 def _not_yet(name, value, default=None):
@@ -418,7 +420,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None:
         k, v = _readable(k), _readable(v)
     args = (_readable(q), k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, block_table,
-            _scale_for(q, softmax_scale), bool(causal), int(window_left), int(window_right), float(softcap), alibi_slopes)
+            _scale_for(q, softmax_scale), bool(causal), int(window_left), int(window_right), float(softcap), alibi_slopes,
+            bool(return_softmax_lse))
     if _runs_eagerly(q, k_cache, v_cache, k, v, cache_seqlens, block_table, alibi_slopes):
         out, lse = _forward_kvcache_body(*args)
         if k is not None:

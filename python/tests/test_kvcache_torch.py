@@ -114,7 +114,7 @@ def test_opcheck_kvcache_and_merge():
     k = randn(2, 2, HEADS_KV, HEAD_DIM, seed=6)
     torch.library.opcheck(torch.ops.flashattn.forward_kvcache.default,
                           (q, k_cache, v_cache, k, k, torch.tensor([3, 9], dtype=torch.int32), 0, table, 0.25, True, -1,
-                           -1, 0.0, None))
+                           -1, 0.0, None, True))
     parts = [randn(2, 3, 4, 8, seed=s) for s in (1, 2)]
     lses = [randn(2, 4, 3, seed=s) for s in (3, 4)]
     torch.library.opcheck(torch.ops.flashattn.merge_partials.default, (parts, lses))
