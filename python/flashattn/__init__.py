@@ -134,12 +134,9 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), seqle
     Raises a flashattn.Error subclass (ValueError/TypeError where apt) with fa_last_error()'s
     message; nothing is returned or written on failure.
     """
-    device, stream = placement(q)
     options = _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size,
                        softcap, alibi_slopes, sinks, bias)
-    out, lse = _native.forward(q, k, v, None, None, True, *options, _backend_number(backend), stream)
-    convert = converter_for(q)
-    return wrap(convert, out, device), wrap(convert, lse, device)
+    return _run_forward(q, k, v, options, backend)
 
 
 def backward(q, k, v, out, dout, lse, *, causal=False, softmax_scale=None, window=(-1, -1), seqlens_k=None,
@@ -156,9 +153,23 @@ def backward(q, k, v, out, dout, lse, *, causal=False, softmax_scale=None, windo
     Without it they are not computed (dbias costs a pass of its own). Options, streams and errors
     as in forward().
     """
-    device, stream = placement(q)
     options = _options(causal, softmax_scale, window, seqlens_k, dropout_p, seed, offset, block_mask, block_size,
                        softcap, alibi_slopes, sinks, bias)
+    return _run_backward(q, k, v, out, dout, lse, options, backend, return_modifier_grads, sinks, bias)
+
+
+def _run_forward(q, k, v, options, backend):
+    """_native.forward with outputs allocated by the binding: (out, lse) in q's framework."""
+    device, stream = placement(q)
+    out, lse = _native.forward(q, k, v, None, None, True, *options, _backend_number(backend), stream)
+    convert = converter_for(q)
+    return wrap(convert, out, device), wrap(convert, lse, device)
+
+
+def _run_backward(q, k, v, out, dout, lse, options, backend, return_modifier_grads, sinks, bias):
+    """_native.backward with gradients allocated by the binding, in q's framework: (dq, dk, dv), or
+    with return_modifier_grads Gradients (dsinks/dbias computed when sinks/bias are given)."""
+    device, stream = placement(q)
     want_dsinks = True if return_modifier_grads and sinks is not None else None
     want_dbias = True if return_modifier_grads and bias is not None else None
     grads = _native.backward(q, k, v, out, dout, lse, None, None, None, want_dsinks, want_dbias, *options,
@@ -190,13 +201,10 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     On a GPU, offsets that break the rules are found on the device: the call writes nothing and
     raises InvalidValueError naming them.
     """
-    device, stream = placement(q)
     options = _options(causal, softmax_scale, window, None, dropout_p, seed, offset, block_mask, block_size,
                        softcap, alibi_slopes, sinks, bias,
                        _varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    out, lse = _native.forward(q, k, v, None, None, True, *options, _backend_number(backend), stream)
-    convert = converter_for(q)
-    return wrap(convert, out, device), wrap(convert, lse, device)
+    return _run_forward(q, k, v, options, backend)
 
 
 def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
@@ -206,17 +214,10 @@ def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     """Backward of forward_varlen() by recomputation: returns (dq, dk, dv) shaped like q, k, v
     (packed), or with return_modifier_grads a Gradients namedtuple as backward() does. out and
     lse ([heads_q, total_q]) come from forward_varlen() with the same offsets and options."""
-    device, stream = placement(q)
     options = _options(causal, softmax_scale, window, None, dropout_p, seed, offset, block_mask, block_size,
                        softcap, alibi_slopes, sinks, bias,
                        _varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    want_dsinks = True if return_modifier_grads and sinks is not None else None
-    want_dbias = True if return_modifier_grads and bias is not None else None
-    grads = _native.backward(q, k, v, out, dout, lse, None, None, None, want_dsinks, want_dbias, *options,
-                             _backend_number(backend), stream)
-    convert = converter_for(q)
-    grads = [None if g is None else wrap(convert, g, device) for g in grads]
-    return Gradients(*grads) if return_modifier_grads else tuple(grads[:3])
+    return _run_backward(q, k, v, out, dout, lse, options, backend, return_modifier_grads, sinks, bias)
 
 
 def _host_table(table, device):

@@ -902,6 +902,20 @@ static int begin_call(call *c, PyObject *q_obj, fa_tensor *q, PyObject *const *o
     return bind_varlen(c);
 }
 
+/* st = call: on the CPU without the GIL (a long computation; other Python threads go on); on a GPU
+ * with it, since the call only queues work on the stream begin_call/select_backend set on the shared
+ * context, which no other thread may change before the launch. */
+#define RUN_API_CALL(c, st, call)              \
+    do {                                       \
+        if ((c)->backend == FA_BACKEND_CPU) {  \
+            Py_BEGIN_ALLOW_THREADS             \
+            (st) = (call);                     \
+            Py_END_ALLOW_THREADS               \
+        } else {                               \
+            (st) = (call);                     \
+        }                                      \
+    } while (0)
+
 /* After a successful run: outputs allocated here become capsules (the rest of the tuple: None). */
 static PyObject *finish_call(call *c, fa_status st, const int *made_index, int n_results)
 {
@@ -953,13 +967,7 @@ static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (bind_lse(&c, args[4], "lse", 1, &q, &lse) < 0) goto fail;
     }
     fa_status st;
-    if (c.backend == FA_BACKEND_CPU) {
-        Py_BEGIN_ALLOW_THREADS
-        st = fa_forward(c.ctx, &c.opts.desc, &q, &k, &v, &out, lse);
-        Py_END_ALLOW_THREADS
-    } else {
-        st = fa_forward(c.ctx, &c.opts.desc, &q, &k, &v, &out, lse); /* asynchronous; keeps the stream setting ours */
-    }
+    RUN_API_CALL(&c, st, fa_forward(c.ctx, &c.opts.desc, &q, &k, &v, &out, lse));
     return finish_call(&c, st, made_index, 2);
 fail:
     release_call(&c);
@@ -1056,13 +1064,8 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
         bind_dbias(&c, args[10], &dbias, &made_index[4]) < 0)
         goto fail;
     fa_status st;
-    if (c.backend == FA_BACKEND_CPU) {
-        Py_BEGIN_ALLOW_THREADS
-        st = fa_backward_ex(c.ctx, &c.opts.desc, &q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, dsinks, dbias);
-        Py_END_ALLOW_THREADS
-    } else {
-        st = fa_backward_ex(c.ctx, &c.opts.desc, &q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, dsinks, dbias);
-    }
+    RUN_API_CALL(&c, st,
+                 fa_backward_ex(c.ctx, &c.opts.desc, &q, &k, &v, &out, &dout, lse, &dq, &dk, &dv, dsinks, dbias));
     return finish_call(&c, st, made_index, 5);
 fail:
     release_call(&c);
@@ -1125,13 +1128,7 @@ static PyObject *py_forward_kvcache(PyObject *self, PyObject *const *args, Py_ss
     }
     const fa_tensor *k_arg = append ? &k_new : NULL, *v_arg = append ? &v_new : NULL;
     fa_status st;
-    if (c.backend == FA_BACKEND_CPU) {
-        Py_BEGIN_ALLOW_THREADS
-        st = fa_forward_kvcache(c.ctx, &c.opts.desc, &q, &cache, k_arg, v_arg, &out, lse);
-        Py_END_ALLOW_THREADS
-    } else {
-        st = fa_forward_kvcache(c.ctx, &c.opts.desc, &q, &cache, k_arg, v_arg, &out, lse);
-    }
+    RUN_API_CALL(&c, st, fa_forward_kvcache(c.ctx, &c.opts.desc, &q, &cache, k_arg, v_arg, &out, lse));
     return finish_call(&c, st, made_index, 2);
 fail:
     release_call(&c);
@@ -1202,13 +1199,8 @@ static PyObject *py_merge_partials(PyObject *self, PyObject *const *args, Py_ssi
         if (bind_lse(&c, args[3], "lse_out", 1, &parts[0], &lse_out) < 0) goto fail;
     }
     fa_status st;
-    if (c.backend == FA_BACKEND_CPU) {
-        Py_BEGIN_ALLOW_THREADS
-        st = fa_merge_partials(c.ctx, (int)n, part_ptrs, (const float *const *)lse_ptrs, &out, lse_out);
-        Py_END_ALLOW_THREADS
-    } else {
-        st = fa_merge_partials(c.ctx, (int)n, part_ptrs, (const float *const *)lse_ptrs, &out, lse_out);
-    }
+    RUN_API_CALL(&c, st,
+                 fa_merge_partials(c.ctx, (int)n, part_ptrs, (const float *const *)lse_ptrs, &out, lse_out));
     PyObject *result = finish_call(&c, st, made_index, 2);
     free(parts);
     free(part_ptrs);
