@@ -415,8 +415,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         # device and synchronise.
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens_int, dtype=torch.int32, device=q.device)
     window_left, window_right = window_size
-    if alibi_slopes is not None:
-        alibi_slopes = alibi_slopes.detach().to(torch.float32).contiguous()
+    alibi_slopes, _, _ = _prepared_modifiers(alibi_slopes, None, None)
     if k is not None:
         k, v = _readable(k), _readable(v)
     args = (_readable(q), k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, block_table,
