@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 4
+#define FA_VERSION_MINOR 5
 #define FA_VERSION_PATCH 0
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -145,6 +145,12 @@ typedef struct fa_attention_desc {
      * backend (CPU, CUDA, HIP); a backend without it returns FA_ERROR_NOT_SUPPORTED. */
     int64_t q_offset, k_offset;
     int64_t seqlen_q_global, seqlen_k_global;
+    /* Added in 0.5: fa_forward_kvcache's split-KV chunk size in keys (0 = the library's rule). Each
+     * sequence's keys are cut into chunks [c * size, (c + 1) * size) whose partial results are
+     * merged in increasing c, on every backend alike; the default size depends on the sequence's own
+     * key count only (256 keys, grown in steps of 256 so that no sequence has more than 64 chunks).
+     * Either way a sequence's output does not depend on what else is in the batch. */
+    int64_t kv_split_tokens;
 } fa_attention_desc;
 
 /* struct_size = sizeof, scale 0, no masks, windows -1, no dropout, no varlen, no modifiers. */
@@ -212,17 +218,50 @@ typedef struct fa_kv_cache {
  * sequence b, with the desc's scale, causal (bottom-right), window and score modifiers (key j = cache
  * position j: a bias is [batch, heads_q, seqlen_q, capacity], ALiBi uses each sequence's length).
  * cache_seqlens is not modified. Forward only; dropout_p > 0 -> FA_ERROR_NOT_SUPPORTED.
- * lse: [batch, heads_q, seqlen_q] or NULL. desc->seqlens_k and desc->varlen must be NULL (the
- * lengths come from cache_seqlens); a block mask or block positions are FA_ERROR_NOT_SUPPORTED. Every tensor has q's dtype. A length or page check that fails returns FA_ERROR_INVALID_VALUE naming the sequence,
- * with nothing written to the cache or the outputs. Results are bit-identical across thread
- * counts: long caches are split into key chunks whose count depends on the shape only, merged by
- * lse in a fixed order. Every backend. On GPU backends block_table and cache_seqlens are device
+ * lse: [batch, heads_q, seqlen_q] or NULL. desc->seqlens_k must be NULL (the lengths come from
+ * cache_seqlens); desc->varlen packs ragged queries (below); a block mask or block positions are
+ * FA_ERROR_NOT_SUPPORTED. Every tensor has q's dtype. A length or page check that fails returns
+ * FA_ERROR_INVALID_VALUE naming the sequence, with nothing written to the cache or the outputs.
+ * Results are bit-identical across runs and thread counts, and a sequence's result does not depend
+ * on the other sequences of the batch: long caches are split into key chunks by the rule of
+ * desc->kv_split_tokens, merged by lse in a fixed order. Every backend. On GPU backends block_table and cache_seqlens are device
  * memory, checked on the device: a failed length or page check makes the call write nothing (not
  * to the cache either), the call itself returns FA_SUCCESS, and the next fa_synchronize returns
  * FA_ERROR_INVALID_VALUE naming the sequence. */
 FA_API fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
                                     const fa_kv_cache *cache, const fa_tensor *k_new, const fa_tensor *v_new,
                                     fa_tensor *out, float *lse);
+
+/* Ragged queries (desc->varlen != NULL, added in 0.5): a serving step where every sequence has its
+ * own query length (0 allowed), e.g. chunked prefills mixed with one-token decodes. varlen->batch
+ * sequences; q and out are packed [1, total_q, heads_q, d], sequence b's queries rows
+ * [cu_seqlens_q[b], cu_seqlens_q[b + 1]) (max_seqlen_q bounds their lengths); lse [heads_q, total_q].
+ * k_new/v_new, when given, are packed [1, total_new, heads_kv, d] by cu_seqlens_k (max_seqlen_k its
+ * bound), or by cu_seqlens_q when cu_seqlens_k is NULL (then total_new = total_q); without k_new,
+ * cu_seqlens_k must be NULL. Sequence b appends its new tokens at cache_seqlens[b] and its queries
+ * are aligned at the end of its keys (causal bottom-right, windows, ALiBi on its own lengths); a
+ * bias is [batch, heads_q, max_seqlen_q, capacity]. cache_seqlens and block_table have varlen->batch
+ * rows, as has a contiguous cache. The offsets are in the context's memory and checked like the
+ * lengths (on GPU backends on the device, reported by the next fa_synchronize). */
+
+/* Where each sequence's contiguous cache row is (added in 0.5; fa_kv_slots_init). Both arrays
+ * [batch] int32 in the context's memory, NULL = the default. Sequence b reads and appends row
+ * cache_batch_idx[b] of the cache tensors (default b; the cache may have any number of rows;
+ * sequences that append must use distinct rows), and ignores that row's first cache_leftpad[b]
+ * positions (default 0; at most cache_seqlens[b]): its keys are positions cache_leftpad[b] ..
+ * cache_seqlens[b] + new - 1, key j at position cache_leftpad[b] + j (causal alignment, ALiBi, and
+ * a bias's key index count from there). Contiguous caches only (paged: FA_ERROR_NOT_SUPPORTED). */
+typedef struct fa_kv_slots {
+    size_t struct_size; /* sizeof(fa_kv_slots), set by fa_kv_slots_init */
+    const int32_t *cache_batch_idx;
+    const int32_t *cache_leftpad;
+} fa_kv_slots;
+FA_API void fa_kv_slots_init(fa_kv_slots *slots);
+
+/* fa_forward_kvcache with the cache rows of slots (NULL: fa_forward_kvcache). */
+FA_API fa_status fa_forward_kvcache_ex(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
+                                       const fa_kv_cache *cache, const fa_kv_slots *slots, const fa_tensor *k_new,
+                                       const fa_tensor *v_new, fa_tensor *out, float *lse);
 
 /* ---- tiling ---------------------------------------------------------------------------------- */
 typedef struct fa_tiling { int64_t block_rows, block_cols; } fa_tiling; /* Br, Bc */

@@ -32,8 +32,9 @@ static fa_status check_host_tables(const fa_backend_iface *iface, fa_op op, cons
 {
     if (!(iface->features & FA_BACKEND_HOST_MEMORY)) return FA_SUCCESS;
     fa_status st = fa_modifiers_any(&p->modifiers) ? fa_validate_modifier_values(p) : FA_SUCCESS;
+    if (op == FA_OP_FORWARD_KVCACHE) /* its packed offsets are the cache's tables */
+        return st == FA_SUCCESS ? fa_validate_kvcache_tables((const fa_kv_problem *)(const void *)p) : st;
     if (st == FA_SUCCESS && p->varlen.batch) st = fa_validate_varlen_offsets(p);
-    if (st == FA_SUCCESS && op == FA_OP_FORWARD_KVCACHE) st = fa_validate_kvcache_tables((const fa_kv_problem *)p);
     return st;
 }
 
@@ -97,14 +98,28 @@ fa_status fa_backward_ex(fa_context *ctx, const fa_attention_desc *desc, const f
     return call_run(&call, st, FA_OP_BACKWARD, &p, call.iface->backward);
 }
 
+void fa_kv_slots_init(fa_kv_slots *slots)
+{
+    if (!slots) return;
+    *slots = (fa_kv_slots){0};
+    slots->struct_size = sizeof *slots;
+}
+
 fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
                              const fa_kv_cache *cache, const fa_tensor *k_new, const fa_tensor *v_new, fa_tensor *out,
                              float *lse)
 {
+    return fa_forward_kvcache_ex(ctx, desc, q, cache, NULL, k_new, v_new, out, lse);
+}
+
+fa_status fa_forward_kvcache_ex(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
+                                const fa_kv_cache *cache, const fa_kv_slots *slots, const fa_tensor *k_new,
+                                const fa_tensor *v_new, fa_tensor *out, float *lse)
+{
     attention_call call;
     fa_kv_problem p;
     fa_status st = call_begin(ctx, desc, &call);
-    if (st == FA_SUCCESS) st = fa_validate_kvcache(&call.desc, q, cache, k_new, v_new, out, lse, &p);
+    if (st == FA_SUCCESS) st = fa_validate_kvcache(&call.desc, q, cache, slots, k_new, v_new, out, lse, &p);
     if (st == FA_SUCCESS) st = check_supported(call.iface, call.state, FA_OP_FORWARD_KVCACHE, &p.attn);
     return st == FA_SUCCESS ? call.iface->forward_kvcache(call.state, &p) : st;
 }

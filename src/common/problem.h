@@ -34,7 +34,8 @@ typedef struct fa_problem {
 } fa_problem;
 
 /* fa_forward_kvcache's problem: attn.k, attn.v are the cache tensors, attn.shape.seqlen_k their
- * capacity per sequence (contiguous) or page_size (paged); the rest of attn as in fa_problem. */
+ * capacity per sequence; the rest of attn as in fa_problem. Ragged queries: attn.varlen holds the
+ * packed queries' offsets (cu_seqlens_k, max_seqlen_k: k_new's, as in the cache section). */
 typedef struct fa_kv_problem {
     fa_problem attn;
     fa_tensor k_new, v_new; /* data NULL: nothing to append */
@@ -64,7 +65,18 @@ typedef enum fa_op { FA_OP_FORWARD, FA_OP_BACKWARD, FA_OP_FORWARD_KVCACHE } fa_o
 #define FA_NEED_POSITIONS 8u          /* block positions: a moved diagonal or dropout grid */
 #define FA_NEED_KVCACHE_MODIFIERS 16u /* score modifiers on the KV-cache path */
 #define FA_NEED_KVCACHE 32u           /* the KV-cache path itself */
-#define FA_NEED_ALL 62u
+#define FA_NEED_KVCACHE_SERVING 64u   /* KV cache: ragged queries, cache slots or left padding */
+#define FA_NEED_ALL 126u
+
+/* The sequences of a problem: a packed batch's, else the tensors' batch. */
+FA_HD int64_t fa_kv_sequences(const fa_problem *p) { return p->varlen.batch ? p->varlen.batch : p->shape.batch; }
+
+/* Whether a KV-cache problem uses what plugins of ABI 6 do not know (their fa_kv_problem ends
+ * before the cache section's serving fields; they read none of it). */
+FA_HD int fa_kv_problem_serving(const fa_kv_problem *kp)
+{
+    return kp->attn.varlen.batch || kp->cache.cache_batch_idx || kp->cache.cache_leftpad;
+}
 
 /* 1 when desc's block positions (q_offset, k_offset, seqlen_*_global) differ from the defaults. */
 FA_HD int fa_problem_has_positions(const fa_problem *p)
@@ -78,7 +90,9 @@ FA_HD int fa_problem_has_positions(const fa_problem *p)
 FA_HD unsigned fa_problem_needs(fa_op op, const fa_problem *p)
 {
     const int modified = fa_modifiers_any(&p->modifiers);
-    if (op == FA_OP_FORWARD_KVCACHE) return FA_NEED_KVCACHE | (modified ? FA_NEED_KVCACHE_MODIFIERS : 0u);
+    if (op == FA_OP_FORWARD_KVCACHE)
+        return FA_NEED_KVCACHE | (modified ? FA_NEED_KVCACHE_MODIFIERS : 0u) |
+               (fa_kv_problem_serving((const fa_kv_problem *)(const void *)p) ? FA_NEED_KVCACHE_SERVING : 0u);
     return (modified ? FA_NEED_SCORE_MODIFIERS : 0u) | (fa_problem_has_positions(p) ? FA_NEED_POSITIONS : 0u) |
            (p->varlen.batch ? FA_NEED_VARLEN : 0u);
 }
@@ -95,6 +109,11 @@ static inline fa_status fa_require_needs(fa_set_error_fn set_error, const char *
     if (missing & FA_NEED_KVCACHE)
         return set_error(FA_ERROR_NOT_SUPPORTED,
                          "fa_forward_kvcache: the %s backend does not implement the KV-cache path yet", backend);
+    if (missing & FA_NEED_KVCACHE_SERVING)
+        return set_error(FA_ERROR_NOT_SUPPORTED,
+                         "fa_forward_kvcache: the %s backend does not implement ragged queries (desc->varlen), "
+                         "cache_batch_idx or cache_leftpad%s", backend,
+                         have & FA_NEED_KVCACHE ? " (its plugin predates them: rebuild it)" : "");
     if (missing & (FA_NEED_SCORE_MODIFIERS | FA_NEED_KVCACHE_MODIFIERS))
         return set_error(FA_ERROR_NOT_SUPPORTED,
                          "desc: the %s backend does not implement score modifiers (softcap, alibi_slopes, sinks, "

@@ -31,6 +31,8 @@ typedef struct plugin_slot {
     fa_status (*legacy_backward)(void *state, const fa_problem *p);
     fa_status (*legacy_forward_kvcache)(void *state, const fa_kv_problem *p);
     fa_status (*legacy_supports)(void *state, fa_op op, const fa_problem *p);
+    const fa_backend_iface *abi6; /* a plugin of ABI 6: its own table (upgraded: with abi6_supports) */
+    fa_status (*abi6_supports)(void *state, fa_op op, const fa_problem *p);
     char reason[512];              /* as long as fa_last_error() can hold (error.c) */
 } plugin_slot;
 
@@ -60,6 +62,22 @@ static fa_status legacy_forward_kvcache(const plugin_slot *slot, void *state, co
     return slot->legacy->forward_kvcache(state, &v);
 }
 
+/* A plugin of ABI 6 has today's table and reads today's problems, whose KV-cache problem only grew
+ * at its end (the serving fields and the split size of the cache section): it runs what it knew,
+ * and the rest is refused here, never run with a meaning it does not have. */
+static fa_status abi6_supports(const plugin_slot *slot, void *state, fa_op op, const fa_problem *p)
+{
+    if (op == FA_OP_FORWARD_KVCACHE) {
+        const fa_kv_problem *kp = (const fa_kv_problem *)(const void *)p;
+        if (fa_kv_problem_serving(kp))
+            return fa_require_needs(fa_set_error, slot->abi6->name, FA_NEED_ALL & ~FA_NEED_KVCACHE_SERVING, op, p);
+        if (kp->cache.split_tokens)
+            return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->kv_split_tokens: the %s plugin (ABI 6) predates it: "
+                                "rebuild it", slot->abi6->name);
+    }
+    return slot->abi6->supports(state, op, p);
+}
+
 static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op, const fa_problem *p)
 {
     (void)state;
@@ -83,6 +101,10 @@ static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op,
     {                                                                                             \
         return legacy_supports(&name, state, op, p);                                              \
     }                                                                                             \
+    static fa_status name##_abi6_supports(void *state, fa_op op, const fa_problem *p)             \
+    {                                                                                             \
+        return abi6_supports(&name, state, op, p);                                                \
+    }                                                                                             \
     static plugin_slot name = {.kind = backend_kind,                                              \
                                .file = file_name,                                                 \
                                .once = PTHREAD_ONCE_INIT,                                         \
@@ -90,7 +112,8 @@ static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op,
                                .legacy_forward = name##_forward,                                  \
                                .legacy_backward = name##_backward,                                \
                                .legacy_forward_kvcache = name##_forward_kvcache,                  \
-                               .legacy_supports = name##_supports};                               \
+                               .legacy_supports = name##_supports,                                \
+                               .abi6_supports = name##_abi6_supports};                            \
     static void name##_load(void) { load_plugin(&name); }
 
 PLUGIN_SLOT(cuda_slot, FA_BACKEND_CUDA, "libflashattn-cuda.so")
@@ -124,6 +147,7 @@ static const backend_entry *entry_of(fa_backend kind)
  * FA_BACKEND_ABI_OLDEST (fa_host_api has the same layout in all of them). */
 static const fa_host_api host_apis[] = {
     {.abi_version = FA_BACKEND_ABI_VERSION, .set_error = fa_set_error},
+    {.abi_version = 6u, .set_error = fa_set_error},
     {.abi_version = 5u, .set_error = fa_set_error},
     {.abi_version = 4u, .set_error = fa_set_error},
 };
@@ -269,8 +293,14 @@ static void load_plugin(plugin_slot *slot)
         dlclose(handle);
         return;
     }
-    if (iface->abi_version < FA_BACKEND_ABI_VERSION) /* only its own members are read */
+    if (iface->abi_version == 6u) { /* today's table; supports() answers for what it predates */
+        slot->abi6 = iface;
+        slot->upgraded = *iface;
+        slot->upgraded.supports = iface->supports ? slot->abi6_supports : NULL;
+        iface = &slot->upgraded;
+    } else if (iface->abi_version < FA_BACKEND_ABI_VERSION) { /* only its own members are read */
         iface = upgrade(slot, (const fa_backend_iface_v5 *)(const void *)iface);
+    }
     fa_clear_error();
     if (iface->device_count() <= 0) {
         const char *why = fa_last_error();

@@ -26,6 +26,8 @@ typedef enum fa_table_fault_code {
     FA_TABLE_KV_CAPACITY,       /* value cached + extra new tokens exceed the capacity (limit) */
     FA_TABLE_KV_PAGES,          /* value cached + extra new tokens exceed limit pages of index tokens */
     FA_TABLE_KV_PAGE,           /* block_table[sequence][index] = value outside [0, limit) */
+    FA_TABLE_KV_SLOT,           /* cache_batch_idx[sequence] = value outside [0, limit) */
+    FA_TABLE_KV_LEFTPAD,        /* cache_leftpad[sequence] = value outside [0, limit = cache_seqlens] */
     FA_TABLE_ALIBI_SLOPE,       /* alibi_slopes[index] is not finite: value = the float's bits */
     FA_TABLE_SINK               /* sinks[index] is NaN or +inf: value = the float's bits */
 } fa_table_fault_code;
@@ -34,7 +36,7 @@ typedef enum fa_table_fault_code {
  * it and the host read it back. */
 typedef struct fa_table_fault {
     int32_t code;  /* fa_table_fault_code */
-    int32_t array; /* varlen: 0 cu_seqlens_q, 1 cu_seqlens_k */
+    int32_t array; /* varlen: 0 cu_seqlens_q, 1 cu_seqlens_k, 2 cu_seqlens_k of a KV cache's k_new */
     int64_t sequence, index, value, limit, extra;
 } fa_table_fault;
 
@@ -87,18 +89,29 @@ FA_HD int fa_check_varlen_tables(fa_table_fault *f, const fa_varlen *vl, int64_t
            fa_check_offsets(f, 1, vl->cu_seqlens_k, vl->batch, vl->max_seqlen_k, rows_k);
 }
 
-/* A KV cache's lengths and pages: no length negative, cached + new within the capacity (the
- * tensors' seqlen, or the pages of a paged cache), every page a sequence uses in [0, num_pages). */
-FA_HD int fa_check_cache_tables(fa_table_fault *f, const fa_cache_section *c, int64_t batch, int64_t capacity)
+/* A KV cache call's tables: packed query and k_new offsets (vl->batch > 0: rows_q, rows_new the
+ * packed tensors' rows), then per sequence its slot, its length (not negative, cached + new within
+ * the capacity: the tensors' seqlen, or the pages of a paged cache), its left padding (within its
+ * cached tokens) and every page it uses (in [0, num_pages)). slots: the contiguous cache's rows. */
+FA_HD int fa_check_cache_tables(fa_table_fault *f, const fa_cache_section *c, const fa_varlen *vl, int64_t batch,
+                                int64_t capacity, int64_t rows_q, int64_t rows_new, int64_t slots)
 {
+    if (vl->batch && !fa_check_offsets(f, 0, vl->cu_seqlens_q, batch, vl->max_seqlen_q, rows_q)) return 0;
+    if (c->cu_seqlens_new && c->cu_seqlens_new != vl->cu_seqlens_q &&
+        !fa_check_offsets(f, 2, c->cu_seqlens_new, batch, c->max_seqlen_new, rows_new))
+        return 0;
     for (int64_t b = 0; b < batch; ++b) {
-        const int64_t cached = c->cache_seqlens[b], total = cached + c->seqlen_new;
+        const int64_t cached = c->cache_seqlens[b], fresh = fa_cache_new_tokens(c, b), total = cached + fresh;
+        if (c->cache_batch_idx && (c->cache_batch_idx[b] < 0 || c->cache_batch_idx[b] >= slots))
+            return fa_table_fail(f, FA_TABLE_KV_SLOT, 0, b, b, c->cache_batch_idx[b], slots, 0);
         if (cached < 0) return fa_table_fail(f, FA_TABLE_KV_NEGATIVE, 0, b, b, cached, 0, 0);
         if (total > capacity) {
             if (c->block_table)
-                return fa_table_fail(f, FA_TABLE_KV_PAGES, 0, b, c->page_size, cached, c->max_pages_per_seq, c->seqlen_new);
-            return fa_table_fail(f, FA_TABLE_KV_CAPACITY, 0, b, b, cached, capacity, c->seqlen_new);
+                return fa_table_fail(f, FA_TABLE_KV_PAGES, 0, b, c->page_size, cached, c->max_pages_per_seq, fresh);
+            return fa_table_fail(f, FA_TABLE_KV_CAPACITY, 0, b, b, cached, capacity, fresh);
         }
+        if (c->cache_leftpad && (c->cache_leftpad[b] < 0 || c->cache_leftpad[b] > cached))
+            return fa_table_fail(f, FA_TABLE_KV_LEFTPAD, 0, b, b, c->cache_leftpad[b], cached, 0);
         if (!c->block_table) continue;
         const int64_t pages = (total + c->page_size - 1) / c->page_size;
         for (int64_t x = 0; x < pages; ++x) {
@@ -126,7 +139,7 @@ FA_HD int fa_check_modifier_values(fa_table_fault *f, const fa_modifier_section 
 /* The message of a fault, the same whichever backend found it (host code only). */
 static inline void fa_table_fault_message(const fa_table_fault *f, char *buf, size_t size)
 {
-    const char *array = f->array ? "cu_seqlens_k" : "cu_seqlens_q", *rows_of = f->array ? "k" : "q";
+    const char *array = f->array ? "cu_seqlens_k" : "cu_seqlens_q", *rows_of = f->array == 2 ? "k_new" : f->array ? "k" : "q";
     const long long b = (long long)f->sequence, x = (long long)f->index, value = (long long)f->value,
                     limit = (long long)f->limit, extra = (long long)f->extra;
     switch (f->code) {
@@ -160,6 +173,14 @@ static inline void fa_table_fault_message(const fa_table_fault *f, char *buf, si
     case FA_TABLE_KV_PAGE:
         snprintf(buf, size, "cache->block_table[%lld][%lld]: page %lld of sequence %lld is outside [0, %lld)", b, x, value,
                  b, limit);
+        return;
+    case FA_TABLE_KV_SLOT:
+        snprintf(buf, size, "cache_batch_idx[%lld]: slot %lld of sequence %lld is outside the cache's [0, %lld)", b, value,
+                 b, limit);
+        return;
+    case FA_TABLE_KV_LEFTPAD:
+        snprintf(buf, size, "cache_leftpad[%lld]: %lld is outside [0, %lld], the tokens sequence %lld has cached", b,
+                 value, limit, b);
         return;
     case FA_TABLE_ALIBI_SLOPE:
         snprintf(buf, size, "desc->alibi_slopes[%lld]: %g is not finite", x, (double)fa_table_float_of_bits(f->value));

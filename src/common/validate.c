@@ -6,6 +6,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "sized_struct.h"
 #include "table_checks.h"
 #include "tensor_strides.h"
 
@@ -352,9 +353,52 @@ fa_status fa_validate_backward(const fa_attention_desc *desc, const fa_tensor *q
     return FA_SUCCESS;
 }
 
+/* Ragged queries on the KV-cache path (desc->varlen): the packed query rules of check_varlen, with
+ * k_new/v_new packed by cu_seqlens_k (or q's offsets). *grid is what check_desc sees: the queries'
+ * grid over the cache's capacity (a bias is [batch, heads_q, max_seqlen_q, capacity]). */
+static fa_status check_ragged_cache(const fa_varlen *vl, const fa_tensor *q, const fa_tensor *k_new, int64_t capacity,
+                                    fa_kv_problem *kp, fa_varlen *grid)
+{
+    if (!vl->cu_seqlens_q) return INVALID("desc->varlen->cu_seqlens_q: is NULL");
+    if (!k_new && vl->cu_seqlens_k)
+        return INVALID("desc->varlen->cu_seqlens_k: packs k_new, but k_new is NULL (leave it NULL)");
+    if (k_new) {
+        if (k_new->batch != 1)
+            return INVALID("k_new: batch %lld must be 1 with desc->varlen (new tokens are packed along seqlen)",
+                           (long long)k_new->batch);
+        if (!vl->cu_seqlens_k && k_new->seqlen != q->seqlen)
+            return INVALID("k_new: %lld rows differ from q's %lld, and desc->varlen->cu_seqlens_k is NULL (k_new "
+                           "packed like q)", (long long)k_new->seqlen, (long long)q->seqlen);
+        if (vl->cu_seqlens_k && vl->max_seqlen_k < 0)
+            return INVALID("desc->varlen->max_seqlen_k: %lld is negative", (long long)vl->max_seqlen_k);
+        kp->cache.cu_seqlens_new = vl->cu_seqlens_k ? vl->cu_seqlens_k : vl->cu_seqlens_q;
+        kp->cache.max_seqlen_new = vl->cu_seqlens_k ? vl->max_seqlen_k : vl->max_seqlen_q;
+    }
+    *grid = *vl;
+    grid->cu_seqlens_k = vl->cu_seqlens_q; /* check_varlen's rules for the keys do not apply */
+    grid->max_seqlen_k = capacity;
+    return FA_SUCCESS;
+}
+
+/* fa_kv_slots: contiguous caches only; the arrays' values are table checks (table_checks.h). */
+static fa_status check_slots(const fa_kv_slots *slots, const fa_kv_cache *cache, fa_kv_problem *kp)
+{
+    if (!slots) return FA_SUCCESS;
+    fa_kv_slots full;
+    fa_kv_slots_init(&full);
+    fa_status st = fa_sized_struct_read("slots", slots, sizeof full, sizeof full, &full);
+    if (st) return st;
+    if ((full.cache_batch_idx || full.cache_leftpad) && cache->block_table)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "slots: cache_batch_idx and cache_leftpad apply to contiguous "
+                                                    "caches only (cache->block_table is set)");
+    kp->cache.cache_batch_idx = full.cache_batch_idx;
+    kp->cache.cache_leftpad = full.cache_leftpad;
+    return FA_SUCCESS;
+}
+
 fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q, const fa_kv_cache *cache,
-                              const fa_tensor *k_new, const fa_tensor *v_new, const fa_tensor *out, float *lse,
-                              fa_kv_problem *kp)
+                              const fa_kv_slots *slots, const fa_tensor *k_new, const fa_tensor *v_new,
+                              const fa_tensor *out, float *lse, fa_kv_problem *kp)
 {
     memset(kp, 0, sizeof *kp);
     fa_problem *p = &kp->attn;
@@ -374,12 +418,17 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
         return INVALID("cache->k: heads %lld does not divide q's heads %lld", (long long)cache->k.heads,
                        (long long)q->heads);
     if (!cache->cache_seqlens) return INVALID("cache->cache_seqlens: is NULL");
+    if ((st = check_slots(slots, cache, kp))) return st;
+    /* Sequences: varlen->batch of packed queries, else q's batch. */
+    const int64_t batch = desc->varlen ? desc->varlen->batch : q->batch;
+    if (desc->varlen && desc->varlen->batch <= 0)
+        return INVALID("desc->varlen->batch: %lld is not positive", (long long)desc->varlen->batch);
     if (cache->block_table) {
         if (cache->max_pages_per_seq <= 0)
             return INVALID("cache->max_pages_per_seq: %lld is not positive", (long long)cache->max_pages_per_seq);
         int64_t capacity, entries;
         if (!fa_checked_mul(cache->max_pages_per_seq, cache->k.seqlen, &capacity) ||
-            !fa_checked_mul(cache->max_pages_per_seq, q->batch, &entries) || capacity > INT32_MAX)
+            !fa_checked_mul(cache->max_pages_per_seq, batch, &entries) || capacity > INT32_MAX)
             return INVALID("cache->max_pages_per_seq: %lld pages of %lld tokens exceed 2^31 tokens per sequence",
                            (long long)cache->max_pages_per_seq, (long long)cache->k.seqlen);
         kp->cache.page_size = cache->k.seqlen;
@@ -388,9 +437,9 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
         kp->cache.block_table = cache->block_table;
         p->shape.seqlen_k = capacity;
     } else {
-        if (cache->k.batch != q->batch)
-            return INVALID("cache->k: batch %lld differs from q's %lld (contiguous cache)", (long long)cache->k.batch,
-                           (long long)q->batch);
+        if (!kp->cache.cache_batch_idx && cache->k.batch != batch)
+            return INVALID("cache->k: batch %lld differs from the %lld sequences (contiguous cache without "
+                           "cache_batch_idx)", (long long)cache->k.batch, (long long)batch);
         p->shape.seqlen_k = cache->k.seqlen;
     }
     if ((k_new == NULL) != (v_new == NULL)) return INVALID("k_new, v_new: give both or neither");
@@ -407,7 +456,6 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
         kp->cache.seqlen_new = k_new->seqlen;
     }
     if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL for the KV cache (use cache->cache_seqlens)");
-    if (desc->varlen) return INVALID("desc->varlen: must be NULL for the KV cache");
     if (desc->q_offset || desc->k_offset || desc->seqlen_q_global || desc->seqlen_k_global)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->q_offset, k_offset, seqlen_*_global: the KV-cache path "
                                                     "has no block positions (leave them 0)");
@@ -416,14 +464,27 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
     if (desc->dropout_p != 0.0f)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->dropout_p: the KV-cache path is forward-only inference, "
                                                     "without dropout");
+    if (desc->kv_split_tokens < 0)
+        return INVALID("desc->kv_split_tokens: %lld is negative (0 = the library's split)", (long long)desc->kv_split_tokens);
     set_sizes(p, q, cache->k.heads, p->shape.seqlen_k, lse);
     kp->cache.cache_seqlens = cache->cache_seqlens;
-    return check_desc(desc, p);
+    kp->cache.split_tokens = desc->kv_split_tokens;
+    if (!desc->varlen) return check_desc(desc, p);
+    fa_attention_desc ragged = *desc;
+    fa_varlen grid;
+    if ((st = check_ragged_cache(desc->varlen, q, k_new, p->shape.seqlen_k, kp, &grid))) return st;
+    ragged.varlen = &grid;
+    if ((st = check_desc(&ragged, p))) return st;
+    p->varlen.cu_seqlens_k = kp->cache.cu_seqlens_new; /* the keys are the cache's: only k_new is packed */
+    p->varlen.max_seqlen_k = kp->cache.max_seqlen_new;
+    return FA_SUCCESS;
 }
 
 fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)
 {
     fa_table_fault f;
-    return fa_check_cache_tables(&f, &kp->cache, kp->attn.shape.batch, kp->attn.shape.seqlen_k) ? FA_SUCCESS
+    const fa_problem *p = &kp->attn;
+    return fa_check_cache_tables(&f, &kp->cache, &p->varlen, fa_kv_sequences(p), p->shape.seqlen_k, p->shape.seqlen_q,
+                                 kp->cache.seqlen_new, p->k.batch) ? FA_SUCCESS
                                                                                              : table_fault_error(&f);
 }

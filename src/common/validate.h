@@ -18,6 +18,7 @@ fa_status fa_validate_modifier_values(const fa_problem *p);
 
 /* fa_forward_kvcache's arguments, shapes only (tables are the context's memory). */
 fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q, const fa_kv_cache *cache,
+                              const fa_kv_slots *slots,
                               const fa_tensor *k_new, const fa_tensor *v_new, const fa_tensor *out, float *lse,
                               fa_kv_problem *kp);
 /* The cache's tables (host memory only): lengths not negative, cached + new within each sequence's

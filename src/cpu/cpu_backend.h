@@ -44,7 +44,8 @@ fa_status fa_cpu_decode(void *state, const fa_kv_problem *p);
 /* fa_forward_kvcache with score modifiers: per sequence through the dense forward on its gathered
  * keys (cpu_kvcache_modifiers.c). */
 fa_status fa_cpu_decode_modified(void *state, const fa_kv_problem *kp);
-/* Where key position j of sequence b lives in the cache tensors (batch or page, row), row (b, key
+/* Where key j of sequence b (cache position cache_leftpad[b] + j) lives in the cache tensors (slot
+ * or page, row), row (b, key
  * j, head h) of a cache tensor, and the append of k_new/v_new at cache_seqlens[b]
  * (cpu_kvcache.c). */
 void fa_cpu_kvcache_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slot_b, int64_t *slot_s);

@@ -13,11 +13,14 @@
  *   block would otherwise read lie 2 KiB apart (f16, 8 heads, d 128), which the core's
  *   prefetchers follow badly: the f16 step ran 1.3-1.4x faster (bench/results/decode-cpu-streams.md).
  *   Keys some rows do not see (causal edge, window) and paged caches keep runs of keys.
- * - Split-KV: when (batch, row tile) units are too few to keep the threads busy, each
- *   sequence's keys are cut into chunks; each (unit, chunk) task computes a partial (O, m, l)
- *   with the online softmax, and the partials are merged by their maxima in increasing chunk
- *   order. The split is computed from the shape and the sequence lengths only, never from the
- *   thread count, so results are bit-identical for any number of threads.
+ * - Split-KV: each sequence's keys are cut into chunks by the one rule of every backend
+ *   (kv_split.h: from the sequence's own key count and desc->kv_split_tokens only); each
+ *   (unit, chunk) task computes a partial (O, m, l) with the online softmax, and the partials are
+ *   merged by their maxima in increasing chunk order. Nothing depends on the thread count or on
+ *   the other sequences of the batch (a sequence's row tiles are its own too), so a sequence's
+ *   result is bit-identical for any number of threads and in any batch.
+ * - Ragged queries (a packed batch): each sequence has its own query rows; units cover the
+ *   longest sequence's row tiles, and those past a shorter sequence's rows do nothing.
  * - Paged caches are read through the block table, a run of keys per page (one kernel call each).
  * - NaN inputs propagate as in fa_forward (docs/ROBUSTNESS.md).
  * Every buffer is allocated before the cache is written, so a failure leaves the cache intact. */
@@ -29,6 +32,7 @@
 
 #include "../common/alloc.h"
 #include "../common/error.h"
+#include "../common/kv_split.h"
 #include "../common/merge_rule.h"
 #include "../common/visibility.h"
 #include "cpu_backend.h"
@@ -36,12 +40,10 @@
 
 #define DECODE_ROWS 64        /* query rows per tile and kv head */
 #define DECODE_KEYS 64        /* keys per online-softmax step (S^T of every kv head stays in L1) */
-#define DECODE_TASKS 128      /* tasks a split aims at: 4 per thread on 32 threads */
 #define DECODE_STREAM_MIN 8   /* keys per stream at least: shorter spans are read as runs */
 
 typedef struct decode_plan {
-    int64_t group, rows, tile_rows, row_tiles, units;
-    int64_t splits; /* most chunks a sequence is cut into */
+    int64_t group, rows, tile_rows, row_tiles, units; /* rows, row_tiles: the longest sequence's */
     int64_t chunks; /* partials kept per unit: the most chunks of any sequence of this call */
     size_t partial_floats; /* one (unit, chunk): O [heads_kv x rows x d], m, l [heads_kv x rows] */
 } decode_plan;
@@ -50,32 +52,20 @@ static decode_plan make_plan(const fa_problem *p)
 {
     decode_plan plan;
     plan.group = p->shape.heads_q / p->shape.heads_kv;
-    plan.rows = plan.group * p->shape.seqlen_q;
+    plan.rows = plan.group * (p->varlen.batch ? p->varlen.max_seqlen_q : p->shape.seqlen_q);
     plan.tile_rows = plan.rows < DECODE_ROWS ? plan.rows : DECODE_ROWS;
     plan.row_tiles = (plan.rows + plan.tile_rows - 1) / plan.tile_rows;
-    plan.units = p->shape.batch * plan.row_tiles;
-    plan.splits = plan.units >= DECODE_TASKS ? 1 : (DECODE_TASKS + plan.units - 1) / plan.units;
+    plan.units = fa_kv_sequences(p) * plan.row_tiles;
     plan.partial_floats = (size_t)(p->shape.heads_kv * plan.tile_rows * (p->shape.head_dim + 2));
     return plan;
 }
 
-static int64_t sequence_keys(const fa_kv_problem *kp, int64_t b) { return kp->cache.cache_seqlens[b] + kp->cache.seqlen_new; }
+static int64_t sequence_keys(const fa_kv_problem *kp, int64_t b) { return fa_cache_keys(&kp->cache, b); }
 
-/* Sequence b's key chunks: from the shape and its length only. */
-static int64_t chunk_count(const fa_kv_problem *kp, const decode_plan *plan, int64_t b)
+/* Sequence b's key chunks (kv_split.h). */
+static int64_t chunk_count(const fa_kv_problem *kp, int64_t b)
 {
-    const int64_t chunks = (sequence_keys(kp, b) + FA_CACHE_MIN_CHUNK_KEYS - 1) / FA_CACHE_MIN_CHUNK_KEYS;
-    return chunks > plan->splits ? plan->splits : chunks < 1 ? 1 : chunks;
-}
-
-/* Keys [*lo, *hi) of chunk c of sequence b (empty past the sequence's chunk count). */
-static void chunk_range(const fa_kv_problem *kp, const decode_plan *plan, int64_t b, int64_t c, int64_t *lo,
-                        int64_t *hi)
-{
-    const int64_t keys = sequence_keys(kp, b), chunks = chunk_count(kp, plan, b);
-    const int64_t len = (keys + chunks - 1) / chunks;
-    *lo = c * len < keys ? c * len : keys;
-    *hi = (c + 1) * len < keys ? (c + 1) * len : keys;
+    return fa_kv_split_chunks(kp->cache.split_tokens, sequence_keys(kp, b));
 }
 
 /* Per-thread memory: the row tile's query rows of every kv head, the scores S^T of every kv
@@ -127,12 +117,14 @@ static void tile_row(const decode_plan *plan, int64_t hk, int64_t r, int64_t *i,
     *h = hk * plan->group + r % plan->group;
 }
 
-/* Unit u = (b, row tile): its sequence and rows [r0, r0 + rows) of every kv head's tile. */
-static void unit_rows(const decode_plan *plan, int64_t u, int64_t *b, int64_t *r0, int64_t *rows)
+/* Unit u = (b, row tile): its sequence and rows [r0, r0 + rows) of every kv head's tile (rows <= 0:
+ * past the sequence's queries). */
+static void unit_rows(const fa_problem *p, const decode_plan *plan, int64_t u, int64_t *b, int64_t *r0, int64_t *rows)
 {
     *b = u / plan->row_tiles;
     *r0 = u % plan->row_tiles * plan->tile_rows;
-    *rows = plan->rows - *r0 < plan->tile_rows ? plan->rows - *r0 : plan->tile_rows;
+    const int64_t seq_rows = plan->group * fa_sequence_queries(&p->varlen, p->shape.seqlen_q, *b);
+    *rows = seq_rows - *r0 < plan->tile_rows ? seq_rows - *r0 : plan->tile_rows;
 }
 
 /* Whether any of the n floats is NaN (a vectorisable scan; the exact rows are found only then). */
@@ -182,7 +174,9 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
                                 k->stride_head, w->q, rows * d, st + x * cols, cols);
         }
     } else {
-        kern->decode_scores(n, hkv, rows, d, fa_row_ptr(k, b, j0, 0), k->dtype, t->key_step * k->stride_seq,
+        int64_t sb, ss; /* four streams: contiguous caches only */
+        fa_cpu_kvcache_slot(kp, b, j0, &sb, &ss);
+        kern->decode_scores(n, hkv, rows, d, fa_row_ptr(k, sb, ss, 0), k->dtype, t->key_step * k->stride_seq,
                             t->quad_step * k->stride_seq, k->stride_head, w->q, rows * d, st, cols);
     }
     int seen_by_all = 1;
@@ -210,7 +204,9 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
     for (int64_t c = 0; any_poisoned && c < cols; ++c)
         if (w->poisoned[c]) out.l[c] = NAN;
     if (seen_by_all && t->key_step != 1) { /* O = alpha O + P V, every kv head */
-        kern->decode_values(n, hkv, rows, d, st, cols, fa_row_ptr(v, b, j0, 0), v->dtype, t->key_step * v->stride_seq,
+        int64_t sb, ss;
+        fa_cpu_kvcache_slot(kp, b, j0, &sb, &ss);
+        kern->decode_values(n, hkv, rows, d, st, cols, fa_row_ptr(v, sb, ss, 0), v->dtype, t->key_step * v->stride_seq,
                             t->quad_step * v->stride_seq, v->stride_head, out.o, rows * d, w->alpha);
         return;
     }
@@ -259,7 +255,8 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     const fa_problem *p = &kp->attn;
     const int64_t d = p->shape.head_dim;
     int64_t b, r0, rows;
-    unit_rows(plan, u, &b, &r0, &rows);
+    unit_rows(p, plan, u, &b, &r0, &rows);
+    if (rows <= 0) return; /* past the sequence's queries: the merge reads nothing of it */
     const partial_view out = partial_at(p, plan, partial);
     const int64_t cols = p->shape.heads_kv * rows;
     memset(out.o, 0, (size_t)(cols * d) * sizeof(float));
@@ -267,13 +264,13 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
         out.m[x] = -INFINITY;
         out.l[x] = 0.0f;
     }
-    int64_t lo, hi;
-    chunk_range(kp, plan, b, c, &lo, &hi);
-    const int64_t keys = sequence_keys(kp, b);
+    const int64_t keys = sequence_keys(kp, b), queries = fa_sequence_queries(&p->varlen, p->shape.seqlen_q, b);
+    const fa_key_range chunk = fa_kv_split_chunk(kp->cache.split_tokens, keys, c);
+    int64_t lo = chunk.lo, hi = chunk.hi;
     int64_t seen_lo = INT64_MAX, seen_hi = 0;
     for (int64_t r = 0; r < rows; ++r) { /* a row's keys depend on its query position only */
         const int64_t i = (r0 + r) / plan->group;
-        w->ranges[r] = fa_visible_keys(i, p->shape.seqlen_q, keys, keys, p->mask.causal, p->mask.window_left, p->mask.window_right);
+        w->ranges[r] = fa_visible_keys(i, queries, keys, keys, p->mask.causal, p->mask.window_left, p->mask.window_right);
         if (w->ranges[r].hi <= w->ranges[r].lo) continue;
         if (w->ranges[r].lo < seen_lo) seen_lo = w->ranges[r].lo;
         if (w->ranges[r].hi > seen_hi) seen_hi = w->ranges[r].hi;
@@ -288,9 +285,10 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     }
     for (int64_t hk = 0; w->q_unit != u && hk < p->shape.heads_kv; ++hk)
         for (int64_t r = 0; r < rows; ++r) {
-            int64_t i, h;
+            int64_t i, h, qb, qi;
             tile_row(plan, hk, r0 + r, &i, &h);
-            fa_cpu_load_rows(&p->q, b, i, h, 1, w->q + (hk * rows + r) * d, d);
+            fa_sequence_query_row(&p->varlen, b, i, &qb, &qi);
+            fa_cpu_load_rows(&p->q, qb, qi, h, 1, w->q + (hk * rows + r) * d, d);
         }
     w->q_unit = u;
     const int64_t stream = kp->cache.block_table || all_hi - all_lo < 4 * DECODE_STREAM_MIN ? 0 : (all_hi - all_lo) / 4;
@@ -318,18 +316,19 @@ static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     const fa_problem *p = &kp->attn;
     const int64_t d = p->shape.head_dim;
     int64_t b, r0, rows;
-    unit_rows(plan, u, &b, &r0, &rows);
+    unit_rows(p, plan, u, &b, &r0, &rows);
+    const int64_t chunks = chunk_count(kp, b);
     float *first = partials + (size_t)(u * plan->chunks) * plan->partial_floats;
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t col = hk * rows + r;
         fa_merge_row row = fa_merge_row_start();
-        for (int64_t c = 0; c < plan->chunks; ++c) {
+        for (int64_t c = 0; c < chunks; ++c) {
             const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
             fa_merge_see_part(&row, in.m[col], in.l[col]);
         }
         float sum = 0.0f;
         memset(acc, 0, (size_t)d * sizeof(float));
-        for (int64_t c = 0; c < plan->chunks; ++c) {
+        for (int64_t c = 0; c < chunks; ++c) {
             const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
             const float weight = fa_merge_weight(&row, in.m[col]);
             if (weight == 0.0f) continue;
@@ -338,10 +337,11 @@ static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
         }
         const float factor = fa_merge_factor(&row, sum);
         for (int64_t x = 0; x < d; ++x) acc[x] *= factor;
-        int64_t i, h;
+        int64_t i, h, qb, qi;
         tile_row(plan, hk, r0 + r, &i, &h);
-        fa_cpu_store_rows(&p->out, kern, b, i, h, 1, acc, d);
-        if (p->outputs.lse) p->outputs.lse[fa_lse_index(p, b, h, i)] = fa_merge_lse(&row, sum);
+        fa_sequence_query_row(&p->varlen, b, i, &qb, &qi);
+        fa_cpu_store_rows(&p->out, kern, qb, qi, h, 1, acc, d);
+        if (p->outputs.lse) p->outputs.lse[fa_lse_index(p, qb, h, qi)] = fa_merge_lse(&row, sum);
     }
 }
 
@@ -351,8 +351,8 @@ fa_status fa_cpu_decode(void *state, const fa_kv_problem *kp)
     const fa_problem *p = &kp->attn;
     decode_plan plan = make_plan(p);
     plan.chunks = 1;
-    for (int64_t b = 0; b < p->shape.batch; ++b)
-        if (chunk_count(kp, &plan, b) > plan.chunks) plan.chunks = chunk_count(kp, &plan, b);
+    for (int64_t b = 0; b < fa_kv_sequences(p); ++b)
+        if (chunk_count(kp, b) > plan.chunks) plan.chunks = chunk_count(kp, b);
     const int threads = fa_cpu_thread_count(s->num_threads);
     const int64_t tasks = plan.units * plan.chunks;
     const size_t per_thread = scratch_bytes(p);

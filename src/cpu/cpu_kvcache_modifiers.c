@@ -16,19 +16,28 @@
 #include "cpu_modifiers.h"
 #include "cpu_tile.h"
 
-/* Sequence b's keys (or values) [0, keys), heads_kv rows each, into dst ([keys, heads_kv, d]). */
+/* Sequence b's keys (or values) [0, keys), heads_kv rows each, into dst ([keys, heads_kv, d]):
+ * key j is cache position leftpad + j, a cached row or a new token. */
 static void gather_keys(const fa_kv_problem *kp, const fa_tensor *cache, const fa_tensor *fresh, int64_t b,
                         char *dst)
 {
     const fa_problem *p = &kp->attn;
     const size_t row_bytes = (size_t)p->shape.head_dim * fa_dtype_size(p->shape.dtype);
-    const int64_t cached = kp->cache.cache_seqlens[b];
-    for (int64_t j = 0; j < cached + kp->cache.seqlen_new; ++j)
+    const int64_t cached = kp->cache.cache_seqlens[b] - fa_cache_leftpad(&kp->cache, b);
+    for (int64_t j = 0; j < fa_cache_keys(&kp->cache, b); ++j) {
+        int64_t nb = 0, nt = 0;
+        if (j >= cached) fa_cache_new_row(&kp->cache, b, j - cached, &nb, &nt);
         for (int64_t h = 0; h < p->shape.heads_kv; ++h) {
-            const void *src = j < cached ? fa_cpu_kvcache_row(kp, cache, b, j, h) : fa_row_ptr(fresh, b, j - cached, h);
+            const void *src = j < cached ? fa_cpu_kvcache_row(kp, cache, b, j, h) : fa_row_ptr(fresh, nb, nt, h);
             memcpy(dst + (size_t)(j * p->shape.heads_kv + h) * row_bytes, src, row_bytes);
         }
+    }
 }
+
+/* Sequence b's queries: their count, and the first one's row in the staged outputs (the packed
+ * rows of a ragged batch, else b's rows of [batch, seqlen_q]). */
+static int64_t sequence_queries(const fa_problem *p, int64_t b) { return fa_sequence_queries(&p->varlen, p->shape.seqlen_q, b); }
+static int64_t staged_row(const fa_problem *p, int64_t b) { return p->varlen.batch ? p->varlen.cu_seqlens_q[b] : b * p->shape.seqlen_q; }
 
 /* The dense problem of sequence b over its gathered keys, writing the staged out and lse. */
 static fa_problem sequence_problem(const fa_kv_problem *kp, int64_t b, int64_t keys, void *k, void *v, void *out,
@@ -36,20 +45,25 @@ static fa_problem sequence_problem(const fa_kv_problem *kp, int64_t b, int64_t k
 {
     const fa_problem *p = &kp->attn;
     fa_problem s = *p;
-    const int64_t d = p->shape.head_dim;
+    const int64_t d = p->shape.head_dim, queries = sequence_queries(p, b);
+    int64_t qb, qi;
+    fa_sequence_query_row(&p->varlen, b, 0, &qb, &qi);
+    s.varlen = (fa_varlen){0};
     s.shape.batch = 1;
+    s.shape.seqlen_q = queries;
     s.shape.seqlen_k = keys;
-    s.mask.diag_offset = keys - p->shape.seqlen_q; /* bottom-right on this sequence's lengths */
-    s.dropout.rows = p->shape.seqlen_q;
+    s.mask.diag_offset = keys - queries; /* bottom-right on this sequence's lengths */
+    s.dropout.rows = queries;
     s.dropout.cols = keys;
-    s.q.data = fa_row_ptr(&p->q, b, 0, 0);
+    s.q.data = fa_row_ptr(&p->q, qb, qi, 0);
+    s.q.seqlen = queries;
     s.k = (fa_tensor){k, p->shape.dtype, 1, keys, p->shape.heads_kv, d, keys * p->shape.heads_kv * d, p->shape.heads_kv * d, d};
     s.v = s.k;
     s.v.data = v;
-    s.out = (fa_tensor){out, p->shape.dtype, 1, p->shape.seqlen_q, p->shape.heads_q, d, p->shape.seqlen_q * p->shape.heads_q * d, p->shape.heads_q * d, d};
+    s.out = (fa_tensor){out, p->shape.dtype, 1, queries, p->shape.heads_q, d, queries * p->shape.heads_q * d, p->shape.heads_q * d, d};
     s.outputs.lse = lse;
-    s.outputs.lse_stride_batch = p->shape.heads_q * p->shape.seqlen_q;
-    s.outputs.lse_stride_head = p->shape.seqlen_q;
+    s.outputs.lse_stride_batch = p->shape.heads_q * queries;
+    s.outputs.lse_stride_head = queries;
     if (p->modifiers.alibi_slopes) s.modifiers.alibi_slopes = p->modifiers.alibi_slopes + b * p->modifiers.alibi_stride_batch;
     if (p->modifiers.bias.data) s.modifiers.bias.data = fa_cpu_bias_row(&p->modifiers.bias, b, 0, 0);
     return s;
@@ -59,26 +73,28 @@ fa_status fa_cpu_decode_modified(void *state, const fa_kv_problem *kp)
 {
     const fa_problem *p = &kp->attn;
     const size_t es = fa_dtype_size(p->shape.dtype);
+    const int64_t batch = fa_kv_sequences(p), heads = p->shape.heads_q, d = p->shape.head_dim;
+    const int64_t total_rows = p->shape.batch * p->shape.seqlen_q; /* every query row, packed or padded */
     int64_t most_keys = 0;
-    for (int64_t b = 0; b < p->shape.batch; ++b)
-        if (kp->cache.cache_seqlens[b] + kp->cache.seqlen_new > most_keys) most_keys = kp->cache.cache_seqlens[b] + kp->cache.seqlen_new;
-    const size_t kv_bytes = (size_t)(most_keys * p->shape.heads_kv * p->shape.head_dim) * es;
-    const size_t out_elements = (size_t)(p->shape.seqlen_q * p->shape.heads_q * p->shape.head_dim);
-    const size_t rows = (size_t)(p->shape.heads_q * p->shape.seqlen_q);
+    for (int64_t b = 0; b < batch; ++b)
+        if (fa_cache_keys(&kp->cache, b) > most_keys) most_keys = fa_cache_keys(&kp->cache, b);
+    const size_t kv_bytes = (size_t)(most_keys * p->shape.heads_kv * d) * es;
+    /* Staged: out [total_rows, heads, d]; lse per sequence [heads, its queries] from heads x its first row. */
     char *k = fa_host_alloc(kv_bytes ? kv_bytes : 1), *v = fa_host_alloc(kv_bytes ? kv_bytes : 1);
-    char *out = fa_host_alloc((size_t)p->shape.batch * out_elements * es);
-    float *lse = fa_host_alloc((size_t)p->shape.batch * rows * sizeof(float));
+    char *out = fa_host_alloc((size_t)(total_rows * heads * d) * es);
+    float *lse = fa_host_alloc((size_t)(total_rows * heads) * sizeof(float));
     fa_status st = k && v && out && lse ? FA_SUCCESS
                                         : fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_forward_kvcache: cannot allocate the "
                                                        "gathered keys of a sequence (%zu bytes, twice)", kv_bytes);
-    for (int64_t b = 0; b < p->shape.batch && st == FA_SUCCESS; ++b) {
-        const int64_t keys = kp->cache.cache_seqlens[b] + kp->cache.seqlen_new;
-        char *out_b = out + (size_t)b * out_elements * es;
-        float *lse_b = lse + (size_t)b * rows;
+    for (int64_t b = 0; b < batch && st == FA_SUCCESS; ++b) {
+        const int64_t keys = fa_cache_keys(&kp->cache, b), queries = sequence_queries(p, b);
+        char *out_b = out + (size_t)(staged_row(p, b) * heads * d) * es;
+        float *lse_b = lse + (size_t)(staged_row(p, b) * heads);
+        if (queries == 0) continue;
         if (keys == 0) { /* no key: zeros, lse -inf (or the sink alone) */
-            memset(out_b, 0, out_elements * es);
-            for (int64_t h = 0; h < p->shape.heads_q; ++h)
-                for (int64_t i = 0; i < p->shape.seqlen_q; ++i) lse_b[h * p->shape.seqlen_q + i] = fa_cpu_sink(p, h);
+            memset(out_b, 0, (size_t)(queries * heads * d) * es);
+            for (int64_t h = 0; h < heads; ++h)
+                for (int64_t i = 0; i < queries; ++i) lse_b[h * queries + i] = fa_cpu_sink(p, h);
             continue;
         }
         gather_keys(kp, &p->k, &kp->k_new, b, k);
@@ -88,16 +104,18 @@ fa_status fa_cpu_decode_modified(void *state, const fa_kv_problem *kp)
     }
     if (st == FA_SUCCESS) { /* every sequence done: now the cache and the caller's outputs */
         fa_cpu_kvcache_append(kp);
-        const size_t row_bytes = (size_t)p->shape.head_dim * es;
-        for (int64_t b = 0; b < p->shape.batch; ++b)
-            for (int64_t i = 0; i < p->shape.seqlen_q; ++i)
-                for (int64_t h = 0; h < p->shape.heads_q; ++h)
-                    memcpy(fa_row_ptr(&p->out, b, i, h),
-                           out + ((size_t)((b * p->shape.seqlen_q + i) * p->shape.heads_q + h) * (size_t)p->shape.head_dim) * es, row_bytes);
-        for (int64_t b = 0; p->outputs.lse && b < p->shape.batch; ++b)
-            for (int64_t h = 0; h < p->shape.heads_q; ++h)
-                for (int64_t i = 0; i < p->shape.seqlen_q; ++i)
-                    p->outputs.lse[fa_lse_index(p, b, h, i)] = lse[(size_t)b * rows + (size_t)(h * p->shape.seqlen_q + i)];
+        const size_t row_bytes = (size_t)d * es;
+        for (int64_t b = 0; b < batch; ++b)
+            for (int64_t i = 0, queries = sequence_queries(p, b); i < queries; ++i) {
+                int64_t qb, qi;
+                fa_sequence_query_row(&p->varlen, b, i, &qb, &qi);
+                for (int64_t h = 0; h < heads; ++h) {
+                    memcpy(fa_row_ptr(&p->out, qb, qi, h), out + (size_t)(((staged_row(p, b) + i) * heads + h) * d) * es,
+                           row_bytes);
+                    if (p->outputs.lse)
+                        p->outputs.lse[fa_lse_index(p, qb, h, qi)] = lse[staged_row(p, b) * heads + h * queries + i];
+                }
+            }
     }
     fa_host_free(k);
     fa_host_free(v);

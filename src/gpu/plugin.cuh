@@ -590,20 +590,6 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
     return st;
 }
 
-/* Splits of each sequence's keys for fa_forward_kvcache: enough (row tile, chunk, kv head,
- * sequence) blocks to fill a large GPU, chunks of at least FA_CACHE_MIN_CHUNK_KEYS keys of the
- * capacity; from the shape only, so a problem always runs the same reduction (bit-identical
- * across runs). */
-static int64_t kv_chunk_count(const fa_kv_problem *kp, int64_t row_tiles)
-{
-    const int64_t target_blocks = 512, min_chunk = FA_CACHE_MIN_CHUNK_KEYS;
-    const int64_t units = kp->attn.shape.batch * kp->attn.shape.heads_kv * row_tiles;
-    int64_t chunks = units >= target_blocks ? 1 : (target_blocks + units - 1) / units;
-    const int64_t by_length = (kp->attn.shape.seqlen_k + min_chunk - 1) / min_chunk;
-    if (chunks > by_length) chunks = by_length;
-    return chunks < 1 ? 1 : chunks;
-}
-
 static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
 {
     fa_gpu_state *s = (fa_gpu_state *)state;
@@ -613,27 +599,34 @@ static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     fa_generic_set set;
     fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->shape.head_dim, &tile, &set);
     if (st != FA_SUCCESS) return st;
-    const int64_t rows = p->shape.heads_q / p->shape.heads_kv * p->shape.seqlen_q, row_tiles = fa_gpu_tiles(rows, tile);
-    const int64_t chunks = kv_chunk_count(kp, row_tiles);
-    if (row_tiles * chunks > 2147483647 || kp->cache.seqlen_new > 2147483647)
-        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "q: %lld query rows per kv head exceed the %s backend's grid", (long long)rows,
-                      FA_GPU_VENDOR);
-    const size_t partial_bytes = (size_t)(p->shape.batch * p->shape.heads_kv * chunks * rows) * (size_t)(p->shape.head_dim + 2) * sizeof(float);
+    /* The grid and the partials cover the longest sequence's rows and the most chunks any sequence
+     * of at most the capacity's keys has (the split rule, kv_split.h: the lengths are device memory). */
+    const int64_t sequences = fa_kv_sequences(p);
+    const int64_t most_new = kp->cache.cu_seqlens_new ? kp->cache.max_seqlen_new : kp->cache.seqlen_new;
+    const int64_t rows = p->shape.heads_q / p->shape.heads_kv * (p->varlen.batch ? p->varlen.max_seqlen_q : p->shape.seqlen_q);
+    const int64_t row_tiles = fa_gpu_tiles(rows, tile);
+    const int64_t chunks = fa_kv_split_max_chunks(kp->cache.split_tokens, p->shape.seqlen_k);
+    if (row_tiles * chunks > 2147483647 || most_new > 2147483647 || sequences > 65535)
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "q: %lld query rows per kv head in %lld chunks of keys, %lld sequences, "
+                      "exceed the %s backend's grid", (long long)rows, (long long)chunks, (long long)sequences, FA_GPU_VENDOR);
+    const size_t partial_bytes = (size_t)(sequences * p->shape.heads_kv * chunks * rows) * (size_t)(p->shape.head_dim + 2) * sizeof(float);
     fa_gpu_params k;
     st = build_params(s, p, partial_bytes, &k);
     if (st != FA_SUCCESS) return st;
     fa_gpu_kv_params_of(kp, &k);
     k.partial = (float *)s->workspace;
     k.kv_chunks = chunks;
+    /* The cache's tables (packed offsets included), then the modifiers' values. */
     st = launch(s, fa_decode::check_kvcache, dim3(1), 0, &k, "KV-cache table check launch");
-    if (st == FA_SUCCESS) st = device_checks(s, p, &k);
-    if (st == FA_SUCCESS && kp->cache.seqlen_new)
-        st = launch(s, fa_decode::append, dim3((unsigned)kp->cache.seqlen_new, (unsigned)p->shape.heads_kv, (unsigned)p->shape.batch), 0, &k,
+    if (st == FA_SUCCESS && (p->modifiers.alibi_slopes || p->modifiers.sinks))
+        st = launch(s, fa_decode::check_modifier_values, dim3(1), 0, &k, "ALiBi slopes and sinks check launch");
+    if (st == FA_SUCCESS && most_new)
+        st = launch(s, fa_decode::append, dim3((unsigned)most_new, (unsigned)p->shape.heads_kv, (unsigned)sequences), 0, &k,
                     "KV-cache append launch");
     if (st == FA_SUCCESS)
-        st = launch(s, set.decode, dim3((unsigned)(row_tiles * chunks), (unsigned)p->shape.heads_kv, (unsigned)p->shape.batch),
+        st = launch(s, set.decode, dim3((unsigned)(row_tiles * chunks), (unsigned)p->shape.heads_kv, (unsigned)sequences),
                     (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, tile, p->shape.head_dim), &k, "KV-cache attention launch");
-    const int64_t merge_blocks = fa_gpu_tiles(p->shape.batch * p->shape.heads_kv * rows, FA_GENERIC_WARPS);
+    const int64_t merge_blocks = fa_gpu_tiles(sequences * p->shape.heads_kv * rows, FA_GENERIC_WARPS);
     if (st == FA_SUCCESS)
         st = launch(s, fa_decode::merge, dim3((unsigned)(merge_blocks < 65535 ? merge_blocks : 65535)), 0, &k,
                     "KV-cache merge launch");

@@ -51,6 +51,7 @@ static inline void fa_gpu_params_of(const fa_problem *p, fa_gpu_params *k)
 static inline void fa_gpu_kv_params_of(const fa_kv_problem *kp, fa_gpu_params *k)
 {
     k->cache = kp->cache;
+    k->cache_slots = kp->attn.k.batch;
     if (kp->cache.seqlen_new) {
         k->k_new = fa_gpu_tensor_of(&kp->k_new);
         k->v_new = fa_gpu_tensor_of(&kp->v_new);

@@ -45,7 +45,8 @@ typedef struct fa_gpu_params {
     /* The padded layout the dbias pass covers: seqlen_q x seqlen_k, max_seqlen_q x max_seqlen_k of
      * a packed batch. */
     int64_t grid_rows, grid_cols;
-    int64_t kv_chunks; /* fa_forward_kvcache: key chunks, whose partial (O, m, l) go to partial */
+    int64_t kv_chunks;   /* fa_forward_kvcache: the most key chunks of a sequence (the partials' layout) */
+    int64_t cache_slots; /* fa_forward_kvcache: rows of a contiguous cache (cache_batch_idx's range) */
     float *partial;
     fa_table_fault *status; /* device; NULL for calls without device tables */
 } fa_gpu_params;
