@@ -403,6 +403,7 @@ static void test_unavailable_is_explained(void **state)
     GPU_VARLEN_KVCACHE_TESTS(setup, teardown),                                                   \
     GPU_POSITIONS_TESTS(setup, teardown),                                                        \
     GPU_MERGE_TESTS(setup, teardown),                                                            \
+    GPU_SERVING_TESTS(setup, teardown),                                                          \
     GPU_REPEAT_TESTS(setup, teardown)
 
 /* Exit status 77 tells meson the test was skipped. */
