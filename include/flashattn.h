@@ -258,6 +258,24 @@ typedef struct fa_kv_slots {
 } fa_kv_slots;
 FA_API void fa_kv_slots_init(fa_kv_slots *slots);
 
+/* ---- capturable calls (CUDA graphs, HIP graphs), added in 0.5 ------------------------------------ */
+/* The workspace bytes fa_forward_kvcache_ex needs for these arguments (the same ones the call will
+ * get; shapes only, no table is read): 0 on backends whose memory is the host's. */
+FA_API fa_status fa_workspace_size(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
+                                   const fa_kv_cache *cache, const fa_kv_slots *slots, const fa_tensor *k_new,
+                                   const fa_tensor *v_new, const fa_tensor *out, const float *lse, size_t *bytes);
+/* Hands the context the caller's workspace: `bytes` of the context's memory, used by every later
+ * call instead of the backend's own (which is freed); the caller keeps it alive until the context
+ * is destroyed or another workspace is set (ptr NULL: the backend's own again). A call that needs
+ * more than it holds returns FA_ERROR_INVALID_VALUE naming the bytes needed, writing nothing.
+ * With it, and block_table, cache_seqlens and the packed offsets in device memory, a
+ * fa_forward_kvcache(_ex) call only enqueues kernels on the context's stream: no allocation, no
+ * host<->device copy, no synchronisation, so it can be captured into a CUDA or HIP graph and
+ * replayed (the tables are read when the graph runs). Backends whose memory is the host's need none
+ * and accept the call (nothing to capture there); a plugin built before 0.5 returns
+ * FA_ERROR_NOT_SUPPORTED. */
+FA_API fa_status fa_context_set_workspace(fa_context *ctx, void *workspace, size_t bytes);
+
 /* fa_forward_kvcache with the cache rows of slots (NULL: fa_forward_kvcache). */
 FA_API fa_status fa_forward_kvcache_ex(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
                                        const fa_kv_cache *cache, const fa_kv_slots *slots, const fa_tensor *k_new,

@@ -110,11 +110,16 @@ void kv_scene_free(kv_scene *s)
     memset(s, 0, sizeof *s);
 }
 
-fa_status kv_scene_run(kv_scene *s, const fa_attention_desc *base, int ragged, const fa_kv_slots *slots)
+void kv_scene_forget(kv_scene *s)
 {
     free(s->seen_out), free(s->seen_k), free(s->seen_v), free(s->seen_lse);
     s->seen_out = s->seen_k = s->seen_v = NULL;
     s->seen_lse = NULL;
+}
+
+fa_status kv_scene_run(kv_scene *s, const fa_attention_desc *base, int ragged, const fa_kv_slots *slots)
+{
+    kv_scene_forget(s);
     const kv_layout *l = &s->layout;
     const int64_t queries = ragged ? s->total_q : s->seqs[0].queries, fresh = ragged ? s->total_new : s->seqs[0].fresh;
     const int64_t batch = ragged ? 1 : s->n;

@@ -56,6 +56,9 @@ typedef struct kv_seq_result {
     size_t out_bytes, lse_count, cache_bytes;
 } kv_seq_result;
 void kv_scene_result(kv_scene *s, int b, int ragged, kv_seq_result *r);
+/* Forgets the host copies, so that the next kv_scene_result reads the context's memory again (after
+ * work the scene did not launch itself, e.g. a graph replay). */
+void kv_scene_forget(kv_scene *s);
 void kv_seq_result_free(kv_seq_result *r);
 
 /* Fails the test unless a and b are equal byte for byte (what names them in the message). */

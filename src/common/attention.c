@@ -124,6 +124,36 @@ fa_status fa_forward_kvcache_ex(fa_context *ctx, const fa_attention_desc *desc, 
     return st == FA_SUCCESS ? call.iface->forward_kvcache(call.state, &p) : st;
 }
 
+fa_status fa_workspace_size(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
+                            const fa_kv_cache *cache, const fa_kv_slots *slots, const fa_tensor *k_new,
+                            const fa_tensor *v_new, const fa_tensor *out, const float *lse, size_t *bytes)
+{
+    if (!bytes) return fa_set_error(FA_ERROR_INVALID_VALUE, "bytes: is NULL");
+    *bytes = 0;
+    attention_call call;
+    fa_kv_problem p;
+    fa_status st = call_begin(ctx, desc, &call);
+    if (st == FA_SUCCESS) st = fa_validate_kvcache(&call.desc, q, cache, slots, k_new, v_new, out, (float *)lse, &p);
+    if (st == FA_SUCCESS) st = call.iface->supports(call.state, FA_OP_FORWARD_KVCACHE, &p.attn);
+    if (st != FA_SUCCESS || !call.iface->kvcache_workspace) return st;
+    return call.iface->kvcache_workspace(call.state, &p, bytes);
+}
+
+fa_status fa_context_set_workspace(fa_context *ctx, void *workspace, size_t bytes)
+{
+    const fa_backend_iface *iface;
+    void *state;
+    fa_status st = fa_context_backend_state(ctx, &iface, &state);
+    if (st != FA_SUCCESS) return st;
+    if (workspace && bytes == 0) return fa_set_error(FA_ERROR_INVALID_VALUE, "bytes: is 0 for a non-NULL workspace");
+    if (!iface->set_workspace) {
+        if (iface->features & FA_BACKEND_HOST_MEMORY) return FA_SUCCESS; /* per-call host scratch: nothing to hand over */
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "ctx: the %s plugin predates caller workspaces (rebuild it)",
+                            iface->name);
+    }
+    return iface->set_workspace(state, workspace, bytes);
+}
+
 fa_tiling fa_tiling_for(int64_t sram_elements, int64_t head_dim)
 {
     fa_tiling t;

@@ -18,9 +18,10 @@ extern "C" {
 #define FA_BACKEND_ABI_VERSION 7u
 /* The oldest plugin ABI the registry still loads. Plugins of ABIs 4 and 5 read the flat problem of
  * backend_legacy.h: the registry converts each problem for them and answers supports() from their
- * feature bits (registry.c). ABI 4 has no merge_partials either. ABI 6 differs from 7 only where
- * fa_kv_problem grew at its end (the cache section's serving fields and split size): the registry
- * refuses those problems for it. Older ones are refused. */
+ * feature bits (registry.c). ABI 4 has no merge_partials either. ABI 6 differs from 7 where
+ * fa_kv_problem grew at its end (the cache section's serving fields and split size: the registry
+ * refuses those problems for it) and in the table's last two members (absent). Older ones are
+ * refused. */
 #define FA_BACKEND_ABI_OLDEST 4u
 
 /* fa_backend_iface.features */
@@ -62,6 +63,11 @@ typedef struct fa_backend_iface {
      * FA_ERROR_NOT_SUPPORTED with a one-line message recorded through set_error. Asked before every
      * call; the core checks nothing about features itself. Never NULL. */
     fa_status (*supports)(void *state, fa_op op, const fa_problem *p);
+    /* ABI 7: the caller's workspace (fa_context_set_workspace; ptr NULL: the backend's own again),
+     * and the bytes forward_kvcache needs for p (fa_workspace_size). Both NULL for backends without
+     * a device workspace (host memory). */
+    fa_status (*set_workspace)(void *state, void *ptr, size_t bytes);
+    fa_status (*kvcache_workspace)(void *state, const fa_kv_problem *p, size_t *bytes);
 } fa_backend_iface;
 
 /* A plugin exports one C symbol of this type, named FA_PLUGIN_ENTRY_NAME. It returns NULL when

@@ -295,7 +295,8 @@ static void load_plugin(plugin_slot *slot)
     }
     if (iface->abi_version == 6u) { /* today's table; supports() answers for what it predates */
         slot->abi6 = iface;
-        slot->upgraded = *iface;
+        slot->upgraded = (fa_backend_iface){0};
+        memcpy(&slot->upgraded, iface, offsetof(fa_backend_iface, set_workspace)); /* its table ends there */
         slot->upgraded.supports = iface->supports ? slot->abi6_supports : NULL;
         iface = &slot->upgraded;
     } else if (iface->abi_version < FA_BACKEND_ABI_VERSION) { /* only its own members are read */

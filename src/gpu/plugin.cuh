@@ -39,10 +39,13 @@ typedef struct fa_gpu_state {
     bool matrix_cores;    /* HIP: the device has MFMA (gfx908, gfx90a) */
     bool sync_launches;   /* FLASHATTN_GPU_SYNC=1: wait after every launch, name the kernel that failed */
     char info[512];
-    /* Workspace reused across calls (grows only): delta of the backward, and device copies of
-     * the host-side masks (seqlens_k, block mask). Stream-ordered: set_stream drains it first. */
+    /* Workspace reused across calls (grows only): delta of the backward, the KV cache's partials,
+     * and device copies of the host-side masks (seqlens_k, block mask). Stream-ordered: set_stream
+     * drains it first. The caller's (fa_context_set_workspace) never grows: a call that needs more
+     * fails, so that a call of a captured graph never allocates or synchronises. */
     void *workspace;
     size_t workspace_bytes;
+    bool caller_workspace;
     /* Device record of a failed check of device-memory tables (varlen offsets, KV-cache lengths
      * and pages), reported and cleared by the next synchronize. */
     fa_table_fault *status;
@@ -200,7 +203,7 @@ static void gpu_close(void *state)
     /* Teardown cannot report failures; a failed step leaves nothing more to undo. */
     (void)fa_gpu_set_device(s->ordinal);
     (void)fa_gpu_stream_synchronize(s->stream);
-    if (s->workspace) (void)fa_gpu_free(s->workspace);
+    if (s->workspace && !s->caller_workspace) (void)fa_gpu_free(s->workspace);
     (void)fa_gpu_free(s->status);
     free(s);
 }
@@ -209,6 +212,19 @@ static fa_status gpu_set_num_threads(void *state, int n)
 {
     (void)state;
     (void)n; /* the GPU backends size their launches from the problem; nothing to set */
+    return FA_SUCCESS;
+}
+
+/* The caller's workspace replaces the plugin's (freed once the stream is done with it). */
+static fa_status gpu_set_workspace(void *state, void *ptr, size_t bytes)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    FA_TRY(fa_gpu_stream_synchronize(s->stream), "synchronize before changing the workspace");
+    if (s->workspace && !s->caller_workspace) (void)fa_gpu_free(s->workspace);
+    s->workspace = ptr;
+    s->workspace_bytes = ptr ? bytes : 0;
+    s->caller_workspace = ptr != NULL;
     return FA_SUCCESS;
 }
 
@@ -329,6 +345,9 @@ static size_t align_up(size_t n) { return (n + 255) & ~(size_t)255; }
 static fa_status workspace_reserve(fa_gpu_state *s, size_t bytes)
 {
     if (bytes <= s->workspace_bytes) return FA_SUCCESS;
+    if (s->caller_workspace)
+        return FA_ERR(FA_ERROR_INVALID_VALUE, "workspace: this call needs %zu bytes, the context's workspace "
+                      "(fa_context_set_workspace) has %zu", bytes, s->workspace_bytes);
     FA_TRY(fa_gpu_stream_synchronize(s->stream), "synchronize before growing the workspace");
     if (s->workspace) (void)fa_gpu_free(s->workspace);
     s->workspace = NULL;
@@ -590,43 +609,73 @@ static fa_status gpu_backward(void *state, const fa_problem *p)
     return st;
 }
 
+/* How fa_forward_kvcache runs kp: the kernels and their row tile, the grid (the longest sequence's
+ * row tiles x the most chunks any sequence of at most the capacity's keys has: the split rule,
+ * kv_split.h; the lengths are device memory), and the workspace the partials need. */
+typedef struct kvcache_plan {
+    int tile;
+    fa_generic_set set;
+    int64_t sequences, most_new, rows, row_tiles, chunks;
+    size_t partial_bytes, workspace_bytes;
+} kvcache_plan;
+
+static fa_status plan_kvcache(const fa_gpu_state *s, const fa_kv_problem *kp, kvcache_plan *plan)
+{
+    const fa_problem *p = &kp->attn;
+    fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->shape.head_dim, &plan->tile, &plan->set);
+    if (st != FA_SUCCESS) return st;
+    plan->sequences = fa_kv_sequences(p);
+    plan->most_new = kp->cache.cu_seqlens_new ? kp->cache.max_seqlen_new : kp->cache.seqlen_new;
+    plan->rows = p->shape.heads_q / p->shape.heads_kv * (p->varlen.batch ? p->varlen.max_seqlen_q : p->shape.seqlen_q);
+    plan->row_tiles = fa_gpu_tiles(plan->rows, plan->tile);
+    plan->chunks = fa_kv_split_max_chunks(kp->cache.split_tokens, p->shape.seqlen_k);
+    if (plan->row_tiles * plan->chunks > 2147483647 || plan->most_new > 2147483647 || plan->sequences > 65535)
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "q: %lld query rows per kv head in %lld chunks of keys, %lld sequences, "
+                      "exceed the %s backend's grid", (long long)plan->rows, (long long)plan->chunks,
+                      (long long)plan->sequences, FA_GPU_VENDOR);
+    plan->partial_bytes = (size_t)(plan->sequences * p->shape.heads_kv * plan->chunks * plan->rows) *
+                          (size_t)(p->shape.head_dim + 2) * sizeof(float);
+    plan->workspace_bytes = align_up(plan->partial_bytes) + 256; /* build_params: no host masks on this path */
+    return FA_SUCCESS;
+}
+
+static fa_status gpu_kvcache_workspace(void *state, const fa_kv_problem *kp, size_t *bytes)
+{
+    kvcache_plan plan;
+    const fa_status st = plan_kvcache((const fa_gpu_state *)state, kp, &plan);
+    *bytes = st == FA_SUCCESS ? plan.workspace_bytes : 0;
+    return st;
+}
+
+/* Capturable: with a workspace large enough (the caller's, or one grown by an earlier call) and
+ * the tables in device memory, it only launches kernels: no allocation, copy or synchronisation. */
 static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
 {
     fa_gpu_state *s = (fa_gpu_state *)state;
     const fa_problem *p = &kp->attn;
     FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
-    int tile;
-    fa_generic_set set;
-    fa_status st = pick_kernels(s, FA_GPU_PASS_FORWARD, p->shape.head_dim, &tile, &set);
+    kvcache_plan plan;
+    fa_status st = plan_kvcache(s, kp, &plan);
     if (st != FA_SUCCESS) return st;
-    /* The grid and the partials cover the longest sequence's rows and the most chunks any sequence
-     * of at most the capacity's keys has (the split rule, kv_split.h: the lengths are device memory). */
-    const int64_t sequences = fa_kv_sequences(p);
-    const int64_t most_new = kp->cache.cu_seqlens_new ? kp->cache.max_seqlen_new : kp->cache.seqlen_new;
-    const int64_t rows = p->shape.heads_q / p->shape.heads_kv * (p->varlen.batch ? p->varlen.max_seqlen_q : p->shape.seqlen_q);
-    const int64_t row_tiles = fa_gpu_tiles(rows, tile);
-    const int64_t chunks = fa_kv_split_max_chunks(kp->cache.split_tokens, p->shape.seqlen_k);
-    if (row_tiles * chunks > 2147483647 || most_new > 2147483647 || sequences > 65535)
-        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "q: %lld query rows per kv head in %lld chunks of keys, %lld sequences, "
-                      "exceed the %s backend's grid", (long long)rows, (long long)chunks, (long long)sequences, FA_GPU_VENDOR);
-    const size_t partial_bytes = (size_t)(sequences * p->shape.heads_kv * chunks * rows) * (size_t)(p->shape.head_dim + 2) * sizeof(float);
     fa_gpu_params k;
-    st = build_params(s, p, partial_bytes, &k);
+    st = build_params(s, p, plan.partial_bytes, &k);
     if (st != FA_SUCCESS) return st;
     fa_gpu_kv_params_of(kp, &k);
     k.partial = (float *)s->workspace;
-    k.kv_chunks = chunks;
+    k.kv_chunks = plan.chunks;
     /* The cache's tables (packed offsets included), then the modifiers' values. */
     st = launch(s, fa_decode::check_kvcache, dim3(1), 0, &k, "KV-cache table check launch");
     if (st == FA_SUCCESS && (p->modifiers.alibi_slopes || p->modifiers.sinks))
         st = launch(s, fa_decode::check_modifier_values, dim3(1), 0, &k, "ALiBi slopes and sinks check launch");
-    if (st == FA_SUCCESS && most_new)
-        st = launch(s, fa_decode::append, dim3((unsigned)most_new, (unsigned)p->shape.heads_kv, (unsigned)sequences), 0, &k,
-                    "KV-cache append launch");
+    if (st == FA_SUCCESS && plan.most_new)
+        st = launch(s, fa_decode::append, dim3((unsigned)plan.most_new, (unsigned)p->shape.heads_kv, (unsigned)plan.sequences),
+                    0, &k, "KV-cache append launch");
     if (st == FA_SUCCESS)
-        st = launch(s, set.decode, dim3((unsigned)(row_tiles * chunks), (unsigned)p->shape.heads_kv, (unsigned)sequences),
-                    (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, tile, p->shape.head_dim), &k, "KV-cache attention launch");
-    const int64_t merge_blocks = fa_gpu_tiles(sequences * p->shape.heads_kv * rows, FA_GENERIC_WARPS);
+        st = launch(s, plan.set.decode, dim3((unsigned)(plan.row_tiles * plan.chunks), (unsigned)p->shape.heads_kv,
+                                             (unsigned)plan.sequences),
+                    (size_t)fa_gpu_generic_smem_bytes(FA_GPU_PASS_FORWARD, plan.tile, p->shape.head_dim), &k,
+                    "KV-cache attention launch");
+    const int64_t merge_blocks = fa_gpu_tiles(plan.sequences * p->shape.heads_kv * plan.rows, FA_GENERIC_WARPS);
     if (st == FA_SUCCESS)
         st = launch(s, fa_decode::merge, dim3((unsigned)(merge_blocks < 65535 ? merge_blocks : 65535)), 0, &k,
                     "KV-cache merge launch");
@@ -694,6 +743,8 @@ static fa_backend_iface plugin_iface()
     /* tensors and tables are device memory: their checks run on the device */
     t.features = 0;
     t.forward_kvcache = gpu_forward_kvcache;
+    t.set_workspace = gpu_set_workspace;
+    t.kvcache_workspace = gpu_kvcache_workspace;
     t.merge_partials = gpu_merge_partials;
     t.supports = gpu_supports;
     return t;

@@ -19,3 +19,34 @@
 #else
 #  include "gpu/nvidia/plugin.cu"
 #endif
+
+/* Stream capture for the tests (emu_runtime.h), reached through dlsym on the loaded plugin. */
+#define FA_EMU_EXPORT extern "C" __attribute__((visibility("default")))
+
+/* Starts recording the launches on stream (not NULL); 0, or -1 when a capture is already open. */
+FA_EMU_EXPORT int fa_emu_begin_capture(void *stream)
+{
+    emu_capture_state &c = emu_capture();
+    if (!stream || c.stream) return -1;
+    c.stream = (fa_gpu_stream)stream;
+    c.violation[0] = '\0';
+    c.graph.clear();
+    return 0;
+}
+
+/* Ends the capture: the launches recorded, or -1 with the first refused operation in why. */
+FA_EMU_EXPORT int fa_emu_end_capture(char *why, size_t size)
+{
+    emu_capture_state &c = emu_capture();
+    c.stream = NULL;
+    if (size) snprintf(why, size, "%s", c.violation);
+    return c.violation[0] ? -1 : (int)c.graph.size();
+}
+
+/* Runs the recorded graph once, launch by launch in capture order; the launches run. */
+FA_EMU_EXPORT int fa_emu_replay(void)
+{
+    emu_capture_state &c = emu_capture();
+    for (const emu_recorded_launch &r : c.graph) ::emu::run(r.l);
+    return (int)c.graph.size();
+}

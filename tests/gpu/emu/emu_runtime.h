@@ -12,8 +12,12 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <memory>
+#include <vector>
 
 #include "emu_core.h"
 #include "emu_half.h"
@@ -126,6 +130,7 @@ typedef enum emuError_t {
     emuErrorInvalidConfiguration = 9,
     emuErrorLaunchFailure = 719,
     emuErrorNotReady = 600, /* an event query: never, as everything completes at once */
+    emuErrorStreamCaptureUnsupported = 900, /* an operation a stream capture cannot contain */
 } emuError_t;
 typedef enum emuMemcpyKind { emuMemcpyHostToDevice = 1, emuMemcpyDeviceToHost = 2, emuMemcpyDeviceToDevice = 3 } emuMemcpyKind;
 typedef enum emuDeviceAttr { emuDevAttrMaxSharedMemoryPerBlock = 8, emuDevAttrMaxSharedMemoryPerBlockOptin = 97 } emuDeviceAttr;
@@ -162,6 +167,37 @@ inline emuError_t emu_record(emuError_t e)
 {
     if (e != emuSuccess) emu_runtime().last_error = e;
     return e;
+}
+
+/* ---- stream capture (CUDA and HIP graphs) ------------------------------------------------------------
+ * Between fa_emu_begin_capture(stream) and fa_emu_end_capture (emu_plugin.cpp: the tests reach them
+ * through the plugin's symbols), launches on the capturing stream are recorded, not run, and
+ * fa_emu_replay runs the recorded graph (again and again), as a graph launch would. What a capture
+ * cannot contain (an allocation or free, a copy, a memset, a stream synchronisation) fails with
+ * emuErrorStreamCaptureUnsupported and is named on stderr and by fa_emu_end_capture, as the global
+ * capture mode of the CUDA runtime refuses it. */
+struct emu_recorded_launch {
+    ::emu::launch l;
+    std::shared_ptr<void> params; /* the parameters by value, as a graph node keeps them */
+};
+struct emu_capture_state {
+    fa_gpu_stream stream; /* NULL: not capturing */
+    char violation[256];  /* the first refused operation ("" none) */
+    std::vector<emu_recorded_launch> graph;
+};
+inline emu_capture_state &emu_capture()
+{
+    static emu_capture_state state;
+    return state;
+}
+/* emuSuccess outside a capture; inside one, the refusal of `what`. */
+inline emuError_t emu_capture_refuses(const char *what)
+{
+    emu_capture_state &c = emu_capture();
+    if (!c.stream) return emuSuccess;
+    if (!c.violation[0]) snprintf(c.violation, sizeof c.violation, "%s during stream capture", what);
+    fprintf(stderr, "emulator: %s during stream capture (not capturable)\n", what);
+    return emu_record(emuErrorStreamCaptureUnsupported);
 }
 
 inline emuError_t emuGetDeviceCount(int *count)
@@ -225,6 +261,7 @@ inline int emu_smem_limit(const void *kernel)
 inline emuError_t emuMalloc(void **ptr, size_t bytes)
 {
     *ptr = NULL;
+    if (emu_capture_refuses("an allocation (cudaMalloc)")) return emuErrorStreamCaptureUnsupported;
     if (bytes == 0) return emuSuccess;
     if (posix_memalign(ptr, 256, bytes) != 0) {
         *ptr = NULL;
@@ -234,13 +271,18 @@ inline emuError_t emuMalloc(void **ptr, size_t bytes)
 }
 inline emuError_t emuFree(void *ptr)
 {
+    if (emu_capture_refuses("a free (cudaFree)")) return emuErrorStreamCaptureUnsupported;
     free(ptr);
     return emuSuccess;
 }
 /* Launches run to completion, so every operation is complete when it returns. */
 inline emuError_t emuMemcpyAsync(void *dst, const void *src, size_t bytes, emuMemcpyKind kind, fa_gpu_stream stream)
 {
-    (void)kind; (void)stream;
+    (void)stream;
+    if (emu_capture_refuses(kind == emuMemcpyHostToDevice   ? "a host-to-device copy (cudaMemcpyAsync)"
+                            : kind == emuMemcpyDeviceToHost ? "a device-to-host copy (cudaMemcpyAsync)"
+                                                            : "a device copy (cudaMemcpyAsync)"))
+        return emuErrorStreamCaptureUnsupported;
     if (bytes && (!dst || !src)) return emu_record(emuErrorInvalidValue);
     if (bytes) memmove(dst, src, bytes);
     return emuSuccess;
@@ -248,6 +290,7 @@ inline emuError_t emuMemcpyAsync(void *dst, const void *src, size_t bytes, emuMe
 inline emuError_t emuMemsetAsync(void *dst, int value, size_t bytes, fa_gpu_stream stream)
 {
     (void)stream;
+    if (emu_capture_refuses("a memset (cudaMemsetAsync)")) return emuErrorStreamCaptureUnsupported;
     if (bytes) memset(dst, value, bytes);
     return emuSuccess;
 }
@@ -269,6 +312,7 @@ inline void emu_count_launch()
 inline emuError_t emuStreamSynchronize(fa_gpu_stream stream)
 {
     (void)stream;
+    if (emu_capture_refuses("a stream synchronisation (cudaStreamSynchronize)")) return emuErrorStreamCaptureUnsupported;
     if (!emu_fault_pending()) return emuSuccess;
     emu_fault_pending() = false;
     return emu_record(emuErrorLaunchFailure);
@@ -325,6 +369,7 @@ inline emuError_t emuMemcpy2DAsync(void *dst, size_t dpitch, const void *src, si
                                    emuMemcpyKind kind, fa_gpu_stream stream)
 {
     (void)kind; (void)stream;
+    if (emu_capture_refuses("a 2D copy (cudaMemcpy2DAsync)")) return emuErrorStreamCaptureUnsupported;
     if (width > dpitch || width > spitch) return emu_record(emuErrorInvalidValue);
     for (size_t r = 0; r < height; ++r) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return emuSuccess;
@@ -349,6 +394,7 @@ inline const char *emuGetErrorName(emuError_t e)
     case emuErrorInvalidConfiguration: return "emuErrorInvalidConfiguration";
     case emuErrorLaunchFailure: return "emuErrorLaunchFailure";
     case emuErrorNotReady: return "emuErrorNotReady";
+    case emuErrorStreamCaptureUnsupported: return "emuErrorStreamCaptureUnsupported";
     }
     return "emuErrorUnknown";
 }
@@ -360,6 +406,7 @@ inline const char *emuGetErrorString(emuError_t e)
     case emuErrorMemoryAllocation: return "out of memory";
     case emuErrorInvalidConfiguration: return "invalid launch configuration (block size or shared memory)";
     case emuErrorLaunchFailure: return "unspecified launch failure";
+    case emuErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     default: return "emulated runtime error";
     }
 }
@@ -375,12 +422,12 @@ inline emuError_t emuRuntimeGetVersion(int *v)
 }
 
 /* The plugin's one launch point: checks the configuration as the runtime would, then runs the
- * grid to completion on the calling thread. */
+ * grid to completion on the calling thread (or, on a capturing stream, records it with a copy of
+ * its parameters). */
 template <class Params>
 static inline fa_gpu_error fa_gpu_launch(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem_bytes,
                                          fa_gpu_stream stream, const Params &params)
 {
-    (void)stream;
     const unsigned long threads = (unsigned long)block.x * block.y * block.z;
     if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.y > 65535 || grid.z == 0 || grid.z > 65535 ||
         smem_bytes > (size_t)emu_smem_limit((const void *)kernel))
@@ -393,6 +440,13 @@ static inline fa_gpu_error fa_gpu_launch(void (*kernel)(Params), dim3 grid, dim3
     l.entry = [](const void *k, const void *p) { ((void (*)(Params))k)(*static_cast<const Params *>(p)); };
     l.kernel = (const void *)kernel;
     l.params = &params;
+    emu_capture_state &capture = emu_capture();
+    if (capture.stream && capture.stream == stream) {
+        std::shared_ptr<Params> kept = std::make_shared<Params>(params);
+        l.params = kept.get();
+        capture.graph.push_back(emu_recorded_launch{l, kept});
+        return emuSuccess;
+    }
     ::emu::run(l);
     emu_count_launch();
     return emuSuccess;
