@@ -641,6 +641,32 @@ static void test_other_entry_points(void **state)
     check_message("stream");
     assert_int_equal(fa_context_set_stream(f->ctx, NULL), FA_SUCCESS);
     fa_attention_desc_init(NULL); /* accepted, does nothing */
+    fa_kv_slots_init(NULL);       /* the same */
+    /* Workspaces: the CPU's memory is the host's, so a caller's workspace is accepted and unused;
+     * the size query needs somewhere to write and validates the call's arguments. */
+    prime_last_error();
+    assert_int_equal(fa_context_set_workspace(NULL, NULL, 0), FA_ERROR_INVALID_VALUE);
+    check_message("ctx");
+    prime_last_error();
+    assert_int_equal(fa_context_set_workspace(f->ctx, (void *)f, 0), FA_ERROR_INVALID_VALUE);
+    check_message("bytes");
+    assert_int_equal(fa_context_set_workspace(f->ctx, f->outputs[0], 64), FA_SUCCESS);
+    assert_int_equal(fa_context_set_workspace(f->ctx, NULL, 0), FA_SUCCESS);
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    prime_last_error();
+    assert_int_equal(fa_workspace_size(f->ctx, &desc, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+                     FA_ERROR_INVALID_VALUE);
+    check_message("bytes");
+    size_t bytes = 7;
+    prime_last_error();
+    assert_int_equal(fa_workspace_size(f->ctx, &desc, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &bytes),
+                     FA_ERROR_INVALID_VALUE);
+    check_message("q");
+    assert_int_equal(bytes, 0);
+    prime_last_error();
+    assert_int_equal(fa_forward_kvcache_ex(NULL, &desc, NULL, NULL, NULL, NULL, NULL, NULL, NULL), FA_ERROR_INVALID_VALUE);
+    check_message("ctx");
 }
 
 static void test_status_strings(void **state)

@@ -419,6 +419,9 @@ static void test_ragged_shapes(void **state)
     /* k_new has 3 rows like q, but its own lengths (2, 1) differ from q's (1, 3): only an explicit
      * cu_seqlens_k says so; without it the rows are read as q's lengths, which is valid too. With 4
      * rows more than q and no cu_seqlens_k the shapes disagree. */
+    size_t bytes = 1; /* the CPU's scratch is per call, on the host: no workspace to hand over */
+    assert_int_equal(fa_workspace_size(ctx, &desc, &q, &cache, NULL, NULL, NULL, &out, s.lse, &bytes), FA_SUCCESS);
+    assert_int_equal(bytes, 0);
     k_new.seqlen = s.total_q + 1;
     test_expect_error(fa_forward_kvcache(ctx, &desc, &q, &cache, &k_new, &k_new, &out, s.lse), FA_ERROR_INVALID_VALUE,
                       "k_new");
