@@ -5,11 +5,17 @@
  *    large-array sum on the same threads, and tokens/s of one attention layer (and of 32 layers,
  *    the attention part of a llama.cpp-style tokens/s figure);
  *  - a varlen training step (forward + backward) on a packed batch of lengths drawn from 64..2048,
- *    against the per-sequence dense runs one after another and against the padded batch.
+ *    against the per-sequence dense runs one after another and against the padded batch;
+ *  - a serving step (f16, heads 32/8, d 128): 8 sequences decoding one token over 4k..32k cached
+ *    tokens and 2 prefill chunks of 512 tokens on 4k contexts in one ragged call, against the two
+ *    padded calls it replaces (the decodes, the prefills), and the decodes' read bandwidth;
+ *  - the batch-invariant split against the batch-dependent split of 0.4 (chunks from batch x row
+ *    tiles: 128 tasks) on the same decode shapes, batch 1..64: what invariance costs.
  * Each comparison runs its variants in interleaved rounds and keeps each one's best round (the
  * median of its calls in that round), so that drift and other load on the machine hit all of them
  * alike; only the ratios mean much.
- * Usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5] [--only decode|varlen]
+ * Usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5]
+ *                        [--only decode|varlen|serving|split]
  *                        [--clock wall|cpu] */
 #include <math.h>
 #include <stdint.h>
@@ -19,6 +25,7 @@
 #include <time.h>
 
 #include "bench_clock.h"
+#include "common/kv_split.h"
 #include "flashattn.h"
 
 static double now(void) { return bench_seconds(); }
@@ -173,6 +180,150 @@ static void bench_decode(fa_context *ctx, fa_dtype dtype, int64_t keys, sum_arg 
     free(a.lse);
 }
 
+/* ---- serving step ------------------------------------------------------------------------------- */
+typedef struct kv_call {
+    fa_context *ctx;
+    fa_attention_desc desc;
+    fa_varlen ragged;
+    fa_tensor q, k_new, v_new, out;
+    fa_kv_cache cache;
+    float *lse;
+} kv_call;
+
+static void kv_call_run(void *arg)
+{
+    kv_call *a = arg;
+    CHECK(fa_forward_kvcache(a->ctx, &a->desc, &a->q, &a->cache, &a->k_new, &a->v_new, &a->out, a->lse));
+}
+
+/* The two padded calls a ragged step replaces, one after the other. */
+typedef struct replaced_calls { kv_call *decode, *prefill; } replaced_calls;
+static void replaced_run(void *arg)
+{
+    replaced_calls *a = arg;
+    kv_call_run(a->decode);
+    kv_call_run(a->prefill);
+}
+
+/* A call over rows [row0, row0 + batch) of the step's buffers: a contiguous cache of `capacity`
+ * tokens per row, q/out/k_new/v_new [batch, rows, heads, d] from packed row row0 * rows. */
+static kv_call step_call(fa_context *ctx, void *const *buf, fa_dtype dtype, int64_t capacity, int32_t *cached,
+                         int64_t row0, int64_t batch, int64_t rows, float *lse)
+{
+    const int64_t hq = 32, hk = 8, d = 128, es = dtype == FA_DTYPE_F32 ? 4 : 2;
+    kv_call c;
+    memset(&c, 0, sizeof c);
+    c.ctx = ctx;
+    fa_attention_desc_init(&c.desc);
+    c.desc.causal = 1;
+    char *const *b = (char *const *)buf;
+    c.cache.k = (fa_tensor){b[0] + row0 * capacity * hk * d * es, dtype, batch, capacity, hk, d, 0, 0, 0};
+    c.cache.v = (fa_tensor){b[1] + row0 * capacity * hk * d * es, dtype, batch, capacity, hk, d, 0, 0, 0};
+    c.cache.cache_seqlens = cached + row0;
+    c.q = (fa_tensor){b[2] + row0 * rows * hq * d * es, dtype, batch, rows, hq, d, 0, 0, 0};
+    c.out = (fa_tensor){b[3] + row0 * rows * hq * d * es, dtype, batch, rows, hq, d, 0, 0, 0};
+    c.k_new = (fa_tensor){b[4] + row0 * rows * hk * d * es, dtype, batch, rows, hk, d, 0, 0, 0};
+    c.v_new = (fa_tensor){b[5] + row0 * rows * hk * d * es, dtype, batch, rows, hk, d, 0, 0, 0};
+    c.lse = lse;
+    return c;
+}
+
+static void bench_serving(fa_context *ctx, int quick, sum_arg *sum, int rounds, double min_time)
+{
+    enum { DECODES = 8, PREFILLS = 2, CHUNK = 512, SEQS = DECODES + PREFILLS };
+    const fa_dtype dtype = FA_DTYPE_F16;
+    const int64_t hq = 32, hk = 8, d = 128, top = quick ? 8192 : 32768, capacity = top + 1;
+    int32_t cached[SEQS], cu[SEQS + 1] = {0};
+    int64_t decode_keys = 0;
+    for (int b = 0; b < SEQS; ++b) {
+        cached[b] = b < DECODES ? (int32_t)(top / DECODES * (b + 1) - 1) : 4096 - CHUNK;
+        cu[b + 1] = cu[b] + (b < DECODES ? 1 : CHUNK);
+        if (b < DECODES) decode_keys += cached[b] + 1;
+    }
+    const int64_t total = cu[SEQS];
+    void *buf[6];
+    buf[0] = alloc_values((size_t)(SEQS * capacity * hk * d), dtype);
+    buf[1] = alloc_values((size_t)(SEQS * capacity * hk * d), dtype);
+    buf[2] = alloc_values((size_t)(total * hq * d), dtype);
+    buf[3] = alloc_values((size_t)(total * hq * d), dtype);
+    buf[4] = alloc_values((size_t)(total * hk * d), dtype);
+    buf[5] = alloc_values((size_t)(total * hk * d), dtype);
+    float *lse = malloc((size_t)(total * hq) * sizeof(float));
+    kv_call ragged = step_call(ctx, buf, dtype, capacity, cached, 0, SEQS, total, lse);
+    ragged.q.batch = ragged.out.batch = ragged.k_new.batch = ragged.v_new.batch = 1; /* packed [1, total] */
+    ragged.ragged = (fa_varlen){SEQS, cu, NULL, CHUNK, 0};
+    ragged.desc.varlen = &ragged.ragged;
+    kv_call decode = step_call(ctx, buf, dtype, capacity, cached, 0, DECODES, 1, lse);
+    kv_call prefill = step_call(ctx, buf, dtype, capacity, cached, 0, PREFILLS, CHUNK, lse);
+    /* The prefill rows start after the decodes' 8 packed rows and 8 cache rows. */
+    const int64_t es = 2;
+    prefill.cache.k.data = (char *)buf[0] + DECODES * capacity * hk * d * es;
+    prefill.cache.v.data = (char *)buf[1] + DECODES * capacity * hk * d * es;
+    prefill.cache.cache_seqlens = cached + DECODES;
+    prefill.q.data = (char *)buf[2] + DECODES * hq * d * es;
+    prefill.out.data = (char *)buf[3] + DECODES * hq * d * es;
+    prefill.k_new.data = (char *)buf[4] + DECODES * hk * d * es;
+    prefill.v_new.data = (char *)buf[5] + DECODES * hk * d * es;
+    replaced_calls both = {&decode, &prefill};
+    const bench_fn fns[4] = {kv_call_run, replaced_run, kv_call_run, array_sum};
+    void *args[4] = {&ragged, &both, &decode, sum};
+    double best[4];
+    time_rounds(rounds, 4, fns, args, 4.0 * min_time, best);
+    const double bytes = 2.0 * (double)(decode_keys * hk * d * es), bandwidth = (double)(sum->n * sizeof(float)) / best[3];
+    printf("serving f16, heads 32/8, d 128: %d decodes (%lld..%lld cached) + %d prefill chunks of %d (4096 keys):\n"
+           "        one ragged call %.2f ms, the two padded calls it replaces %.2f ms (ragged / replaced %.3f);\n"
+           "        the decodes alone %.2f ms: K+V %.1f MB at %.2f GB/s, array sum %.2f GB/s, ratio %.2f\n",
+           DECODES, (long long)(top / DECODES), (long long)top, PREFILLS, CHUNK, best[0] * 1e3, best[1] * 1e3,
+           best[0] / best[1], best[2] * 1e3, bytes / 1e6, bytes / best[2] / 1e9, bandwidth / 1e9,
+           bytes / best[2] / bandwidth);
+    for (int i = 0; i < 6; ++i) free(buf[i]);
+    free(lse);
+}
+
+/* ---- the cost of batch invariance ------------------------------------------------------------------ */
+/* 0.4's chunk size for a decode of `batch` sequences of `keys` keys (heads 32/8: one row tile of 4
+ * rows per sequence): 128 tasks over batch units, chunks of at least 256 keys. */
+static int64_t batch_dependent_split(int64_t batch, int64_t keys)
+{
+    const int64_t splits = batch >= 128 ? 1 : (128 + batch - 1) / batch;
+    int64_t chunks = (keys + 255) / 256;
+    if (chunks > splits) chunks = splits;
+    return (keys + chunks - 1) / chunks;
+}
+
+static void bench_split(fa_context *ctx, int quick, int rounds, double min_time)
+{
+    static const int64_t shapes[][2] = {{1, 16384}, {4, 16384}, {16, 4096}, {64, 4096}, {1, 4096}};
+    const fa_dtype dtype = FA_DTYPE_F16;
+    const int64_t hq = 32, hk = 8, d = 128;
+    for (size_t x = 0; x < (quick ? 2u : sizeof shapes / sizeof shapes[0]); ++x) {
+        const int64_t batch = shapes[x][0], keys = shapes[x][1];
+        int32_t *cached = malloc((size_t)batch * sizeof(int32_t));
+        for (int64_t b = 0; b < batch; ++b) cached[b] = (int32_t)(keys - 1);
+        void *buf[6];
+        buf[0] = alloc_values((size_t)(batch * keys * hk * d), dtype);
+        buf[1] = alloc_values((size_t)(batch * keys * hk * d), dtype);
+        buf[2] = alloc_values((size_t)(batch * hq * d), dtype);
+        buf[3] = alloc_values((size_t)(batch * hq * d), dtype);
+        buf[4] = alloc_values((size_t)(batch * hk * d), dtype);
+        buf[5] = alloc_values((size_t)(batch * hk * d), dtype);
+        float *lse = malloc((size_t)(batch * hq) * sizeof(float));
+        kv_call invariant = step_call(ctx, buf, dtype, keys, cached, 0, batch, 1, lse), dependent = invariant;
+        dependent.desc.kv_split_tokens = batch_dependent_split(batch, keys); /* the same chunks as 0.4 */
+        const bench_fn fns[2] = {kv_call_run, kv_call_run};
+        void *args[2] = {&invariant, &dependent};
+        double best[2];
+        time_rounds(rounds, 2, fns, args, 2.0 * min_time, best);
+        printf("split   f16 batch %3lld x %5lld keys: invariant (chunks of %lld) %8.3f ms, batch-dependent (chunks of "
+               "%lld) %8.3f ms, invariant / dependent %.3f\n",
+               (long long)batch, (long long)keys, (long long)fa_kv_split_size(0, keys), best[0] * 1e3,
+               (long long)dependent.desc.kv_split_tokens, best[1] * 1e3, best[0] / best[1]);
+        for (int i = 0; i < 6; ++i) free(buf[i]);
+        free(lse);
+        free(cached);
+    }
+}
+
 /* ---- varlen training step --------------------------------------------------------------------- */
 typedef struct train_arg {
     fa_context *ctx;
@@ -259,7 +410,7 @@ static void bench_varlen(fa_context *ctx, int sequences, int rounds, double min_
 
 int main(int argc, char **argv)
 {
-    int threads = 2, quick = 0, decode = 1, varlen = 1, rounds = 5;
+    int threads = 2, quick = 0, decode = 1, varlen = 1, serving = 1, split = 1, rounds = 5;
     double min_time = 0.5;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -271,9 +422,12 @@ int main(int argc, char **argv)
             ++i;
             decode = !strcmp(argv[i], "decode");
             varlen = !strcmp(argv[i], "varlen");
+            serving = !strcmp(argv[i], "serving");
+            split = !strcmp(argv[i], "split");
         }
         else {
-            puts("usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5] [--only decode|varlen]\n"
+            puts("usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5]\n"
+                 "                       [--only decode|varlen|serving|split]\n"
                  "                       [--clock wall|cpu]  (cpu: process CPU time / threads, for a loaded machine)\n"
                  "  --min-time: seconds per variant of each comparison, spread over the rounds");
             return strcmp(argv[i], "--help") ? 1 : 0;
@@ -289,19 +443,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "--rounds and --min-time must be positive\n");
         return 1;
     }
+    /* 128 MiB (512 MiB without --quick) of floats: far beyond the last-level cache */
+    sum_arg sum = {NULL, (size_t)1 << (quick ? 25 : 27), threads, 0.0};
+    float *x = decode || serving ? alloc_values(sum.n, FA_DTYPE_F32) : NULL;
+    sum.x = x;
     if (decode) {
-        /* 128 MiB (512 MiB without --quick) of floats: far beyond the last-level cache */
-        sum_arg sum = {NULL, (size_t)1 << (quick ? 25 : 27), threads, 0.0};
-        float *x = alloc_values(sum.n, FA_DTYPE_F32);
-        sum.x = x;
         static const int64_t cache_lengths[] = {4096, 16384, 32768};
         static const fa_dtype dtypes[] = {FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16};
         for (int dt = 0; dt < 3; ++dt)
             for (int i = 0; i < (quick ? 1 : 3); ++i)
                 bench_decode(ctx, dtypes[dt], cache_lengths[i], &sum, rounds, min_time);
-        free(x);
     }
     if (varlen) bench_varlen(ctx, quick ? 3 : 8, rounds, min_time);
+    if (serving) bench_serving(ctx, quick, &sum, rounds, min_time);
+    if (split) bench_split(ctx, quick, rounds, min_time);
+    free(x);
     fa_context_destroy(ctx);
     return 0;
 }
