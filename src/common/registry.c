@@ -62,20 +62,25 @@ static fa_status legacy_forward_kvcache(const plugin_slot *slot, void *state, co
     return slot->legacy->forward_kvcache(state, &v);
 }
 
-/* A plugin of ABI 6 has today's table and reads today's problems, whose KV-cache problem only grew
- * at its end (the serving fields and the split size of the cache section): it runs what it knew,
- * and the rest is refused here, never run with a meaning it does not have. */
+/* What a plugin older than ABI 7 cannot be asked: the KV cache's serving forms and an explicit
+ * split size (its problems end before those fields, or lack them). */
+static fa_status refuse_newer_kvcache(const char *name, unsigned have, fa_op op, const fa_problem *p)
+{
+    if (op != FA_OP_FORWARD_KVCACHE) return FA_SUCCESS;
+    const fa_kv_problem *kp = (const fa_kv_problem *)(const void *)p;
+    if (fa_kv_problem_serving(kp)) return fa_require_needs(fa_set_error, name, have & ~FA_NEED_KVCACHE_SERVING, op, p);
+    if (kp->cache.split_tokens)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->kv_split_tokens: the %s plugin predates it (rebuild it)", name);
+    return FA_SUCCESS;
+}
+
+/* A plugin of ABI 6 has today's table up to supports() and reads today's problems, whose KV-cache
+ * problem only grew at its end: it runs what it knew, and the rest is refused here, never run with
+ * a meaning it does not have. */
 static fa_status abi6_supports(const plugin_slot *slot, void *state, fa_op op, const fa_problem *p)
 {
-    if (op == FA_OP_FORWARD_KVCACHE) {
-        const fa_kv_problem *kp = (const fa_kv_problem *)(const void *)p;
-        if (fa_kv_problem_serving(kp))
-            return fa_require_needs(fa_set_error, slot->abi6->name, FA_NEED_ALL & ~FA_NEED_KVCACHE_SERVING, op, p);
-        if (kp->cache.split_tokens)
-            return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->kv_split_tokens: the %s plugin (ABI 6) predates it: "
-                                "rebuild it", slot->abi6->name);
-    }
-    return slot->abi6->supports(state, op, p);
+    const fa_status st = refuse_newer_kvcache(slot->abi6->name, FA_NEED_ALL, op, p);
+    return st == FA_SUCCESS ? slot->abi6->supports(state, op, p) : st;
 }
 
 static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op, const fa_problem *p)
@@ -83,7 +88,8 @@ static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op,
     (void)state;
     const unsigned have = (slot->legacy->features & ~FA_BACKEND_HOST_MEMORY) |
                           (slot->legacy->forward_kvcache ? FA_NEED_KVCACHE : 0u);
-    return fa_require_needs(fa_set_error, slot->legacy->name, have, op, p);
+    const fa_status st = refuse_newer_kvcache(slot->legacy->name, have, op, p);
+    return st == FA_SUCCESS ? fa_require_needs(fa_set_error, slot->legacy->name, have, op, p) : st;
 }
 
 /* A slot, the once-function that loads it and its adapters, defined together (C has no closures:

@@ -181,6 +181,10 @@ static void test_failing_calls_leave_context_usable(void **state)
     assert_int_equal(fa_merge_partials(ctx, 1, parts, part_lse, &out.t, NULL), FA_ERROR_NOT_SUPPORTED);
     assert_non_null(strstr(fa_last_error(), "fa_merge_partials: the fake backend's tensors are device memory and it has no device merge"));
 
+    /* No caller workspace: the plugin has no set_workspace (or, as abi_previous, predates it). */
+    assert_int_equal(fa_context_set_workspace(ctx, q.t.data, 64), FA_ERROR_NOT_SUPPORTED);
+    assert_non_null(strstr(fa_last_error(), "predates caller workspaces"));
+
     const fa_status forward1 = fa_forward(ctx, &desc, &q.t, &k.t, &v.t, &out.t, lse.t.data);
     const fa_status forward2 = fa_forward(ctx, &desc, &q.t, &k.t, &v.t, &out.t, lse.t.data);
     expect_failure_then_success(forward1, forward2, "forward");
