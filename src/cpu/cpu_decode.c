@@ -199,7 +199,15 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
             }
         }
     }
-    fa_cpu_softmax_step(kern, p->shape.scale, cols, n, st, cols, out.m, out.l, w->tile_max, w->shift, w->alpha,
+    /* The softmax step folds the scale into its exponential, which needs scale > 0 (the max of the
+     * raw scores is then the max of the scaled ones): a negative scale scales the scores first. */
+    float scale_in_exp = p->shape.scale;
+    if (scale_in_exp < 0.0f) {
+        for (int64_t e = 0; e < n * cols; ++e)
+            if (st[e] != -INFINITY) st[e] *= scale_in_exp;
+        scale_in_exp = 1.0f;
+    }
+    fa_cpu_softmax_step(kern, scale_in_exp, cols, n, st, cols, out.m, out.l, w->tile_max, w->shift, w->alpha,
                         w->tile_sum);
     for (int64_t c = 0; any_poisoned && c < cols; ++c)
         if (w->poisoned[c]) out.l[c] = NAN;

@@ -104,15 +104,16 @@ static void test_ragged_equals_alone(void **state)
 }
 
 /* The ragged batch against the fp64 oracle: each sequence's keys are its cached rows then its new
- * ones, its queries aligned at their end (causal bottom-right). */
-static void test_ragged_oracle(void **state)
+ * ones, its queries aligned at their end (causal bottom-right); the default scale and a negative
+ * one (the softmax step folds a positive scale into its exponential: a negative one must not be). */
+static void ragged_oracle(fa_context *ctx, float scale)
 {
-    fa_context *ctx = *state;
     const kv_layout l = {FA_DTYPE_F32, 8, 2, 32, 1280, 16};
     fa_attention_desc desc;
     fa_attention_desc_init(&desc);
     desc.causal = 1;
     desc.window_left = 500;
+    desc.softmax_scale = scale;
     kv_scene s;
     kv_scene_build(&s, ctx, &l, mixed, MIXED_N);
     assert_int_equal(kv_scene_run(&s, &desc, 1, NULL), FA_SUCCESS);
@@ -140,12 +141,18 @@ static void test_ragged_oracle(void **state)
         const double err = test_relative_error(out, r.out, (size_t)seq->queries * qrow);
         const double lse_err = test_relative_error(lse, r.lse, (size_t)(seq->queries * l.heads_q));
         if (!(err <= fa_case_tolerance(FA_DTYPE_F32)) || !(lse_err <= fa_case_tolerance(FA_DTYPE_F32)))
-            fail_msg("sequence %d: out error %g, lse error %g against the oracle", b, err, lse_err);
+            fail_msg("scale %g, sequence %d: out error %g, lse error %g against the oracle", (double)scale, b, err, lse_err);
         free(dq), free(dk), free(dv), free(out), free(lse);
         kv_seq_result_free(&r);
     }
     free(q);
     kv_scene_free(&s);
+}
+
+static void test_ragged_oracle(void **state)
+{
+    ragged_oracle(*state, 0.0f);
+    ragged_oracle(*state, -0.3f);
 }
 
 /* A pool of decoding sequences, lengths around the default split's chunk boundaries (256 keys,
