@@ -231,7 +231,8 @@ def _host_table(table, device):
 
 def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block_table=None, causal=False,
                     softmax_scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, bias=None,
-                    backend="auto"):
+                    cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k_new=None, cache_batch_idx=None,
+                    cache_leftpad=None, kv_split_tokens=0, backend="auto"):
     """Attention of new queries against a KV cache, after appending new keys/values to it: returns
     (out, lse).
 
@@ -249,20 +250,61 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
     [batch, heads_q, seqlen_q]. bias: broadcastable to [batch, heads_q, seqlen_q, capacity]
     (capacity = max_pages_per_seq * page_size when paged). Other options as forward(); no dropout.
 
-    A length or page check that fails raises InvalidValueError naming the sequence, and nothing
-    is written: the caches stay byte-identical. Long caches are split into key chunks whose count
-    depends on the shape only (results are bit-identical across thread counts).
+    Ragged queries (a serving step mixing prefill chunks and one-token decodes): with
+    cu_seqlens_q, int32 [batch + 1] offsets (first 0, non-decreasing), q and out are packed
+    [total_q, heads_q, head_dim], sequence b's queries rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
+    (0 rows allowed), and lse is [heads_q, total_q]; batch = len(cu_seqlens_q) - 1.
+    max_seqlen_q bounds the query lengths (None: total_q); it sizes a bias, [batch, heads_q,
+    max_seqlen_q, capacity], indexed from each sequence's first row. k and v are then packed
+    [total_new, heads_kv, head_dim] by cu_seqlens_k_new (int32 [batch + 1]), or by cu_seqlens_q
+    when cu_seqlens_k_new is None (then total_new = total_q); without k and v, cu_seqlens_k_new
+    must be None. Each sequence's queries align at the end of its own keys (causal, window,
+    ALiBi).
+
+    cache_batch_idx: int32 [batch]: sequence b reads and appends row cache_batch_idx[b] of a
+    contiguous cache (which may then have any number of rows; sequences that append need distinct
+    rows). cache_leftpad: int32 [batch] (or one int for every sequence): sequence b ignores the
+    first cache_leftpad[b] positions of its row (at most cache_seqlens[b]); its keys are positions
+    cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1, key j at position cache_leftpad[b] + j
+    (causal alignment, ALiBi and the bias's key index count from there). Both are a tensor on q's
+    device or a sequence of ints, for contiguous caches only (with block_table:
+    NotSupportedError).
+
+    kv_split_tokens: the key-chunk size of the split over long caches (0 = the library's rule:
+    256 keys, more for very long sequences, from each sequence's own length). Chunks are merged by
+    lse in a fixed order, so results are bit-identical across runs and thread counts and a
+    sequence's result does not depend on the other sequences of the batch; a different chunk size
+    may change the last bits.
+
+    A length, page or slot check that fails raises InvalidValueError naming the sequence or the
+    table entry, and nothing is written: the caches stay byte-identical.
     """
     device, stream = placement(q)
     if k is not None and framework_of(k_cache) in ("jax", "jaxlib"):
         raise NotSupportedError("k: JAX arrays are immutable, so new keys cannot be appended to k_cache in place; "
                                 "write them with k_cache.at[...].set(...) and call with k=None, v=None", 2)
     options = _options(causal, softmax_scale, window, None, 0.0, 0, 0, None, (128, 128), softcap, alibi_slopes,
-                       sinks, bias)
+                       sinks, bias, _ragged(q, k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new))
     out, lse = _native.forward_kvcache(q, k_cache, v_cache, k, v, None, None, True, cache_seqlens,
-                                       _host_table(block_table, device), *options, _backend_number(backend), stream)
+                                       _host_table(block_table, device), cache_batch_idx, cache_leftpad,
+                                       _count(kv_split_tokens, "kv_split_tokens"), *options, _backend_number(backend),
+                                       stream)
     convert = converter_for(q)
     return wrap(convert, out, device), wrap(convert, lse, device)
+
+
+def _ragged(q, k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new):
+    """The varlen option of a KV-cache call: None, or (cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q,
+    the bound of the new tokens' lengths: k's rows, which no sequence exceeds)."""
+    if cu_seqlens_q is None:
+        if cu_seqlens_k_new is not None:
+            raise InvalidValueError("cu_seqlens_k_new: needs cu_seqlens_q (new tokens are packed only with ragged "
+                                    "queries)", 1)
+        return None
+    total_q = q.shape[0]
+    max_q = total_q if max_seqlen_q is None else _count(max_seqlen_q, "max_seqlen_q")
+    max_new = k.shape[0] if cu_seqlens_k_new is not None and k is not None else 0
+    return (cu_seqlens_q, cu_seqlens_k_new, max_q, max_new)
 
 
 def merge_partials(outs, lses, *, backend="auto"):

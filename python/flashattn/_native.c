@@ -524,8 +524,8 @@ static int parse_options(PyObject *const *args, options *o)
 static const char *shape_text(const DLTensor *t, char *buf, size_t size);
 
 /* ---- one attention call ---------------------------------------------------------------------- */
-#define MAX_TENSORS 16 /* backward: 9 tensors, 3 modifiers, dsinks, dbias, 2 offset tables */
-#define MAX_TEMPS 4
+#define MAX_TENSORS 20 /* forward_kvcache: 7 tensors, 3 modifiers, 6 tables (lengths, pages, slots, offsets) */
+#define MAX_TEMPS 8    /* int32 tables copied from Python ints: at most 5 in one call (forward_kvcache) */
 typedef struct {
     dl_input fixed_inputs[MAX_TENSORS];
     dl_input *inputs;            /* fixed_inputs, or a larger array (merge_partials) */
@@ -722,8 +722,10 @@ static int bind_int32_table(call *c, PyObject *obj, const char *name, int ndim, 
     return 0;
 }
 
-/* A packed batch's offsets, once q is bound: cu_seqlens_q and cu_seqlens_k of batch + 1 entries. */
-static int bind_varlen(call *c)
+/* A packed batch's offsets, once q is bound: cu_seqlens_q and cu_seqlens_k of batch + 1 entries.
+ * k_name names cu_seqlens_k in messages; with k_optional, None leaves it NULL (forward_kvcache:
+ * no new tokens, or new tokens packed like q). */
+static int bind_varlen(call *c, const char *k_name, int k_optional)
 {
     options *o = &c->opts;
     if (!c->packed) return 0;
@@ -731,7 +733,8 @@ static int bind_varlen(call *c)
     if (bind_int32_table(c, o->cu_seqlens_q, "cu_seqlens_q", 1, &n_q, 0, &o->varlen.cu_seqlens_q) < 0) return -1;
     if (n_q < 1) return raise_value("cu_seqlens_q: is empty; it holds batch + 1 offsets, the first 0"), -1;
     int64_t n_k = n_q;
-    if (bind_int32_table(c, o->cu_seqlens_k, "cu_seqlens_k", 1, &n_k, 0, &o->varlen.cu_seqlens_k) < 0) return -1;
+    if (k_optional && o->cu_seqlens_k == Py_None) o->varlen.cu_seqlens_k = NULL;
+    else if (bind_int32_table(c, o->cu_seqlens_k, k_name, 1, &n_k, 0, &o->varlen.cu_seqlens_k) < 0) return -1;
     o->varlen.batch = n_q - 1;
     return 0;
 }
@@ -887,9 +890,9 @@ static int select_backend(call *c, const char *first_name, PyObject *backend_obj
 }
 
 /* Options first (they say whether the batch is packed), then q, whose device picks the backend;
- * then a packed batch's offsets. */
-static int begin_call(call *c, PyObject *q_obj, fa_tensor *q, PyObject *const *option_args, PyObject *backend_obj,
-                      PyObject *stream)
+ * then a packed batch's offsets (bind_varlen). */
+static int begin_call_as(call *c, PyObject *q_obj, fa_tensor *q, PyObject *const *option_args, PyObject *backend_obj,
+                         PyObject *stream, const char *k_offsets_name, int k_offsets_optional)
 {
     init_call(c, stream);
     if (parse_options(option_args, &c->opts) < 0) return -1;
@@ -899,7 +902,13 @@ static int begin_call(call *c, PyObject *q_obj, fa_tensor *q, PyObject *const *o
     if (c->opts.desc.seqlens_k && c->opts.seqlens_k_count != q->batch)
         return raise_value("seqlens_k: has %zd entries, expected batch = %lld", c->opts.seqlens_k_count,
                            (long long)q->batch), -1;
-    return bind_varlen(c);
+    return bind_varlen(c, k_offsets_name, k_offsets_optional);
+}
+
+static int begin_call(call *c, PyObject *q_obj, fa_tensor *q, PyObject *const *option_args, PyObject *backend_obj,
+                      PyObject *stream)
+{
+    return begin_call_as(c, q_obj, q, option_args, backend_obj, stream, "cu_seqlens_k", 0);
 }
 
 /* st = call: on the CPU without the GIL (a long computation; other Python threads go on); on a GPU
@@ -1072,38 +1081,53 @@ fail:
     return NULL;
 }
 
-/* forward_kvcache(q, k_cache, v_cache, k, v, out, lse, want_lse, cache_seqlens, block_table, *options,
- * backend, stream) -> (out | None, lse | None). k, v: None or the tokens to append (in place, into
- * the caches). cache_seqlens: an int32 [batch] tensor, a sequence of ints or an int for every
- * sequence. block_table: None (contiguous caches) or int32 [batch, max_pages_per_seq]. */
+/* forward_kvcache(q, k_cache, v_cache, k, v, out, lse, want_lse, cache_seqlens, block_table, cache_batch_idx,
+ * cache_leftpad, kv_split_tokens, *options, backend, stream) -> (out | None, lse | None). k, v: None or
+ * the tokens to append (in place, into the caches). cache_seqlens: an int32 [batch] tensor, a
+ * sequence of ints or an int for every sequence. block_table: None (contiguous caches) or int32
+ * [batch, max_pages_per_seq]. cache_batch_idx, cache_leftpad: None or int32 [batch] tables (a
+ * tensor or a sequence of ints; cache_leftpad also an int for every sequence): fa_kv_slots.
+ * kv_split_tokens: desc->kv_split_tokens (0 = the library's rule). Ragged queries come as the
+ * options' varlen (cu_seqlens_q, cu_seqlens_k or None, max_seqlen_q, max_seqlen_k): q, out, k and
+ * v are then packed [total, heads, head_dim], lse [heads_q, total_q], and batch is the number of
+ * sequences, len(cu_seqlens_q) - 1; cu_seqlens_k packs k and v (None: packed like q). */
 static PyObject *py_forward_kvcache(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    enum { N_TENSOR_ARGS = 10 };
-    if (nargs != N_TENSOR_ARGS + N_OPTION_ARGS + 2)
-        return PyErr_Format(PyExc_TypeError, "forward_kvcache: takes %d arguments", N_TENSOR_ARGS + N_OPTION_ARGS + 2);
-    PyObject *const *option_args = args + N_TENSOR_ARGS;
+    enum { N_LEADING_ARGS = 13 };
+    if (nargs != N_LEADING_ARGS + N_OPTION_ARGS + 2)
+        return PyErr_Format(PyExc_TypeError, "forward_kvcache: takes %d arguments", N_LEADING_ARGS + N_OPTION_ARGS + 2);
+    PyObject *const *option_args = args + N_LEADING_ARGS;
     call c;
     fa_tensor q, k_new, v_new, out;
     fa_kv_cache cache;
     memset(&cache, 0, sizeof cache);
+    fa_kv_slots slots;
+    fa_kv_slots_init(&slots);
     float *lse = NULL;
     int made_index[2] = {-1, -1};
     const int append = args[3] != Py_None || args[4] != Py_None;
-    if (option_args[OPTION_VARLEN] != Py_None) {
-        PyErr_SetString(PyExc_TypeError, "forward_kvcache: takes no packed batch");
-        return NULL;
-    }
-    if (begin_call(&c, args[0], &q, option_args, option_args[N_OPTION_ARGS], option_args[N_OPTION_ARGS + 1]) < 0)
+    long long split = PyLong_AsLongLong(args[12]);
+    if (split == -1 && PyErr_Occurred()) return NULL; /* a negative size is the C API's to report */
+    if (begin_call_as(&c, args[0], &q, option_args, option_args[N_OPTION_ARGS], option_args[N_OPTION_ARGS + 1],
+                      "cu_seqlens_k_new", 1) < 0)
         goto fail;
+    c.opts.desc.kv_split_tokens = split;
     if (bind_tensor4(&c, args[1], "k_cache", append, &cache.k) < 0 || bind_tensor4(&c, args[2], "v_cache", append, &cache.v) < 0)
         goto fail;
     if (append && (args[3] == Py_None || args[4] == Py_None)) {
         raise_value("%s: is None; give k and v together", args[3] == Py_None ? "k" : "v");
         goto fail;
     }
-    if (append && (bind_tensor4(&c, args[3], "k", 0, &k_new) < 0 || bind_tensor4(&c, args[4], "v", 0, &v_new) < 0))
+    /* New tokens: [batch, seqlen_new, heads_kv, head_dim], or packed [total_new, heads_kv, head_dim]. */
+    if (append && (bind_tensor(&c, args[3], "k", &k_new) < 0 || bind_tensor(&c, args[4], "v", &v_new) < 0))
         goto fail;
-    int64_t seqlens_shape[1] = {q.batch};
+    if (!append && c.packed && c.opts.varlen.cu_seqlens_k) {
+        raise_value("cu_seqlens_k_new: packs k and v, which are None (leave it None)");
+        goto fail;
+    }
+    /* The sequences: the packed batch's, else q's batch. */
+    const int64_t batch = c.packed ? c.opts.varlen.batch : q.batch;
+    int64_t seqlens_shape[1] = {batch};
     if (args[8] == Py_None) {
         raise_value("cache_seqlens: is None (give the number of tokens already in each sequence's cache)");
         goto fail;
@@ -1111,12 +1135,22 @@ static PyObject *py_forward_kvcache(PyObject *self, PyObject *const *args, Py_ss
     if (bind_int32_table(&c, args[8], "cache_seqlens", 1, seqlens_shape, 1, &cache.cache_seqlens) < 0) goto fail;
     int64_t capacity = cache.k.seqlen;
     if (args[9] != Py_None) {
-        int64_t table_shape[2] = {q.batch, -1};
+        int64_t table_shape[2] = {batch, -1};
         if (bind_int32_table(&c, args[9], "block_table", 2, table_shape, 0, &cache.block_table) < 0) goto fail;
         cache.max_pages_per_seq = table_shape[1];
         capacity = table_shape[1] * cache.k.seqlen;
     }
+    const int with_slots = args[10] != Py_None || args[11] != Py_None;
+    int64_t slot_shape[1] = {batch};
+    if (args[10] != Py_None &&
+        bind_int32_table(&c, args[10], "cache_batch_idx", 1, slot_shape, 0, &slots.cache_batch_idx) < 0)
+        goto fail;
+    slot_shape[0] = batch;
+    if (args[11] != Py_None &&
+        bind_int32_table(&c, args[11], "cache_leftpad", 1, slot_shape, 1, &slots.cache_leftpad) < 0)
+        goto fail;
     set_extent(&c, &q, capacity);
+    c.extent[3] = capacity; /* a bias is [batch, heads_q, seqlen_q or max_seqlen_q, capacity] */
     if (bind_modifiers(&c, option_args) < 0) goto fail;
     if (args[5] == Py_None) made_index[0] = c.n_made;
     if (bind_output(&c, args[5], "out", &q, &out) < 0) goto fail;
@@ -1128,7 +1162,8 @@ static PyObject *py_forward_kvcache(PyObject *self, PyObject *const *args, Py_ss
     }
     const fa_tensor *k_arg = append ? &k_new : NULL, *v_arg = append ? &v_new : NULL;
     fa_status st;
-    RUN_API_CALL(&c, st, fa_forward_kvcache(c.ctx, &c.opts.desc, &q, &cache, k_arg, v_arg, &out, lse));
+    RUN_API_CALL(&c, st, fa_forward_kvcache_ex(c.ctx, &c.opts.desc, &q, &cache, with_slots ? &slots : NULL, k_arg,
+                                               v_arg, &out, lse));
     return finish_call(&c, st, made_index, 2);
 fail:
     release_call(&c);
@@ -1305,8 +1340,8 @@ static PyMethodDef methods[] = {
      "backward(q, k, v, out, dout, lse, dq, dk, dv, dsinks, dbias, <options as forward>, backend, stream) "
      "-> (dq, dk, dv, dsinks, dbias) capsules or None"},
     {"forward_kvcache", (PyCFunction)(void (*)(void))py_forward_kvcache, METH_FASTCALL,
-     "forward_kvcache(q, k_cache, v_cache, k, v, out, lse, want_lse, cache_seqlens, block_table, <options as "
-     "forward>, backend, stream) -> (out capsule | None, lse capsule | None)"},
+     "forward_kvcache(q, k_cache, v_cache, k, v, out, lse, want_lse, cache_seqlens, block_table, cache_batch_idx, "
+     "cache_leftpad, kv_split_tokens, <options as forward>, backend, stream) -> (out capsule | None, lse capsule | None)"},
     {"merge_partials", (PyCFunction)(void (*)(void))py_merge_partials, METH_FASTCALL,
      "merge_partials(outs, lses, out, lse_out, want_lse, backend, stream) -> (out capsule | None, lse capsule | None)"},
     {"export", py_export, METH_VARARGS, "export(output, versioned): the output as a DLPack capsule, once"},

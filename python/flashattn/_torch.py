@@ -330,19 +330,35 @@ def _runs_eagerly(*tensors) -> bool:
 
 
 def _forward_kvcache_body(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
-                     cache_seqlens: Optional[Tensor], cache_seqlens_int: int, block_table: Optional[Tensor],
-                     softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
-                     alibi_slopes: Optional[Tensor], want_lse: bool) -> Tuple[Tensor, Tensor]:
+                          cache_seqlens: Optional[Tensor], cache_seqlens_int: int, block_table: Optional[Tensor],
+                          softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float,
+                          alibi_slopes: Optional[Tensor], want_lse: bool, cu_seqlens_q: Optional[Tensor] = None,
+                          cu_seqlens_k_new: Optional[Tensor] = None, max_seqlen_q: int = 0, max_seqlen_k_new: int = 0,
+                          cache_batch_idx: Optional[Tensor] = None, cache_leftpad: Optional[Tensor] = None,
+                          kv_split_tokens: int = 0) -> Tuple[Tensor, Tensor]:
+    # The arguments from cu_seqlens_q on default to a plain call: calls of the op written before they
+    # existed still work.
+    packed = cu_seqlens_q is not None
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(_lse_shape(q, False) if want_lse else (0,), dtype=torch.float32, device=q.device)
+    lse = torch.empty(_lse_shape(q, packed) if want_lse else (0,), dtype=torch.float32, device=q.device)
     _native.forward_kvcache(_capsule(q), _capsule(k_cache), _capsule(v_cache), _capsule(k), _capsule(v),
                             _capsule(out), _capsule(lse) if want_lse else None, False,
                             _capsule(cache_seqlens) if cache_seqlens is not None else cache_seqlens_int,
-                            _capsule(block_table),
-                            *_options(0.0, softmax_scale, causal, window_left, window_right, 0, 0, softcap, None,
-                                      alibi_slopes, None),
+                            _capsule(block_table), _capsule(cache_batch_idx), _capsule(cache_leftpad), kv_split_tokens,
+                            *_kvcache_options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                                              cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, max_seqlen_k_new),
                             0, torch_stream(q))
     return out, lse
+
+
+def _kvcache_options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
+                     cu_seqlens_k_new, max_seqlen_q, max_seqlen_k_new):
+    """_native.forward_kvcache's options: those of _options, with the ragged-query offsets (the new
+    tokens' may be None: packed like q)."""
+    options = _options(0.0, softmax_scale, causal, window_left, window_right, 0, 0, softcap, None, alibi_slopes, None)
+    if cu_seqlens_q is None:
+        return options
+    return options[:-1] + ((_capsule(cu_seqlens_q), _capsule(cu_seqlens_k_new), max_seqlen_q, max_seqlen_k_new),)
 
 
 _forward_kvcache = torch.library.custom_op("flashattn::forward_kvcache", _forward_kvcache_body,
@@ -351,8 +367,11 @@ _forward_kvcache = torch.library.custom_op("flashattn::forward_kvcache", _forwar
 
 @_forward_kvcache.register_fake
 def _forward_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, block_table, softmax_scale,
-                          causal, window_left, window_right, softcap, alibi_slopes, want_lse):
-    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, False) if want_lse else (0,), dtype=torch.float32)
+                          causal, window_left, window_right, softcap, alibi_slopes, want_lse, cu_seqlens_q=None,
+                          cu_seqlens_k_new=None, max_seqlen_q=0, max_seqlen_k_new=0, cache_batch_idx=None,
+                          cache_leftpad=None, kv_split_tokens=0):
+    lse_shape = _lse_shape(q, cu_seqlens_q is not None) if want_lse else (0,)
+    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _not_yet(name, value, default=None):
@@ -360,12 +379,41 @@ def _not_yet(name, value, default=None):
         raise NotSupportedError("%s: not supported yet by flash_attn_with_kvcache (leave it %r)" % (name, default), 2)
 
 
+def _int32_table(table, name, device):
+    """A per-sequence table given as a list or tuple of ints: an int32 tensor on q's device."""
+    if table is None or isinstance(table, Tensor):
+        return table
+    if isinstance(table, (list, tuple)):
+        return torch.tensor(table, dtype=torch.int32, device=device)
+    raise InvalidTypeError("%s: %s is not an int32 tensor or a sequence of ints" % (name, type(table).__name__), 1)
+
+
+def _split_tokens(num_splits, kv_split_tokens, capacity):
+    """desc->kv_split_tokens from FlashAttention's num_splits (0: the library's rule; 1: no split, one
+    chunk of the whole capacity; n > 1: chunks of ceil(capacity / n) keys) or kv_split_tokens, which
+    takes precedence; both given must agree."""
+    num_splits = operator.index(num_splits)
+    if num_splits < 0:
+        raise InvalidValueError("num_splits: %d is negative (0 = the library's split)" % num_splits, 1)
+    from_splits = 0 if num_splits == 0 else -(-capacity // num_splits)
+    if kv_split_tokens is None:
+        return from_splits
+    kv_split_tokens = operator.index(kv_split_tokens)
+    if kv_split_tokens < 0:
+        raise InvalidValueError("kv_split_tokens: %d is negative (0 = the library's split)" % kv_split_tokens, 1)
+    if num_splits != 0 and kv_split_tokens != from_splits:
+        raise InvalidValueError("kv_split_tokens: %d conflicts with num_splits=%d (chunks of %d keys of a %d-key "
+                                "cache); give one of them" % (kv_split_tokens, num_splits, from_splits, capacity), 1)
+    return kv_split_tokens
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                             cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
-                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
-    """FlashAttention-2's flash_attn_with_kvcache: decode (or prefill a chunk) against a KV cache,
-    appending the new keys and values to it in place first.
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, cu_seqlens_q=None,
+                            max_seqlen_q=None, cu_seqlens_k_new=None, kv_split_tokens=None):
+    """FlashAttention-2's flash_attn_with_kvcache (with FlashAttention-3's ragged queries): decode
+    (or prefill a chunk) against a KV cache, appending the new keys and values to it in place first.
 
     q: [batch, seqlen_q, heads_q, head_dim]. k_cache, v_cache: [batch, capacity, heads_kv,
     head_dim], or paged [num_pages, page_size, heads_kv, head_dim] (any page_size >= 1) with
@@ -379,27 +427,64 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     with return_softmax_lse (float32 [batch, heads_q, seqlen_q]; merge partial results with
     flashattn.merge_partials).
 
-    num_splits: accepted for compatibility (>= 0); the split of long caches into key chunks is
-    chosen from the shape alone, so results do not depend on it. rotary_cos/rotary_sin,
-    cache_batch_idx and cache_leftpad are not supported yet: they raise NotImplementedError
+    cache_batch_idx: int32 [batch] (tensor or list): sequence b reads and appends row
+    cache_batch_idx[b] of k_cache/v_cache, which may have any number of rows (sequences that
+    append need distinct rows). cache_leftpad: int32 [batch] (tensor or list): sequence b ignores
+    the first cache_leftpad[b] positions of its row (at most cache_seqlens[b]); its keys are
+    positions cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1, and causal, window and ALiBi
+    count from cache_leftpad[b]. Both for contiguous caches only (with block_table they raise
+    NotImplementedError).
+
+    Ragged queries (keywords, FlashAttention-3's names): cu_seqlens_q, int32 [batch + 1] offsets
+    on q's device, packs q [total_q, heads_q, head_dim]: sequence b's queries are rows
+    cu_seqlens_q[b]:cu_seqlens_q[b+1] (0 rows allowed), each aligned at the end of its own keys.
+    max_seqlen_q bounds their lengths (None: total_q). k and v are then packed [total_new,
+    heads_kv, head_dim] by cu_seqlens_k_new (int32 [batch + 1]), or by cu_seqlens_q when it is
+    None. Returns out [total_q, heads_q, head_dim] and softmax_lse float32 [heads_q, total_q];
+    cache_seqlens, block_table, cache_batch_idx and cache_leftpad have one row per sequence.
+
+    num_splits: FlashAttention's split-KV count, as a key-chunk size: 0 = the library's rule
+    (256 keys, more for very long sequences, from each sequence's own length); 1 = no split (one
+    chunk of the whole capacity); n > 1 = chunks of ceil(capacity / n) keys, so a full cache is
+    split into n chunks and shorter sequences into fewer (capacity = k_cache.shape[1], times
+    block_table.shape[1] when paged). kv_split_tokens (keyword): the chunk size itself (0 = the
+    library's rule); it takes precedence over num_splits, and the two given together must agree
+    (else ValueError). Partial results are merged by lse in a fixed order: results are
+    bit-identical across runs and a sequence's result does not depend on the rest of the batch;
+    another chunk size may change the last bits.
+
+    rotary_cos/rotary_sin are not supported yet: they raise NotImplementedError
     (flashattn.NotSupportedError) naming the argument. Nothing is written on failure (a bad page
-    index or a cache too small raises and leaves the caches byte-identical; on a GPU the check
-    runs on the device and the next synchronising flashattn call raises).
+    index, slot or left padding, or a cache too small, raises and leaves the caches
+    byte-identical; on a GPU the check runs on the device and the next synchronising flashattn
+    call raises).
     """
-    if rotary_cos is not None or rotary_sin is not None or cache_batch_idx is not None or cache_leftpad is not None:
+    if rotary_cos is not None or rotary_sin is not None:
         _not_yet("rotary_cos", rotary_cos)
         _not_yet("rotary_sin", rotary_sin)
-        _not_yet("cache_batch_idx", cache_batch_idx)
-        _not_yet("cache_leftpad", cache_leftpad)
-    if num_splits < 0:
-        raise InvalidValueError("num_splits: %d is negative (0 = chosen from the shape)" % num_splits, 1)
     if (k is None) != (v is None):
         raise InvalidValueError("%s: is None; give k and v together" % ("k" if k is None else "v"), 1)
+    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    split_tokens = _split_tokens(num_splits, kv_split_tokens, capacity)
+    if cu_seqlens_q is not None:
+        for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new)):
+            if t is not None and not isinstance(t, Tensor):
+                raise InvalidTypeError("%s: must be an int32 tensor (got %s)" % (name, type(t).__name__), 1)
+        if cu_seqlens_k_new is not None:
+            if k is None:
+                raise InvalidValueError("cu_seqlens_k_new: packs k and v, which are None (leave it None)", 1)
+        batch = cu_seqlens_q.shape[0] - 1
+        max_seqlen_q = q.shape[0] if max_seqlen_q is None else int(max_seqlen_q)
+        max_seqlen_k_new = k.shape[0] if cu_seqlens_k_new is not None else 0  # no sequence appends more
+    else:
+        if cu_seqlens_k_new is not None:
+            raise InvalidValueError("cu_seqlens_k_new: needs cu_seqlens_q (new tokens are packed only with ragged "
+                                    "queries)", 1)
+        batch, max_seqlen_q, max_seqlen_k_new = q.shape[0], 0, 0
     cache_seqlens_int = 0
     if cache_seqlens is None:
         if k is not None:
             raise InvalidValueError("cache_seqlens: is None, but appending k and v needs the cached lengths", 1)
-        capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
         cache_seqlens_int = int(capacity)
     elif isinstance(cache_seqlens, (list, tuple)):
         cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32, device=q.device)
@@ -413,15 +498,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if cache_seqlens is None and q.device.type != "cpu":
         # A device tensor filled on the stream: the binding would otherwise copy the int to the
         # device and synchronise.
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens_int, dtype=torch.int32, device=q.device)
+        cache_seqlens = torch.full((batch,), cache_seqlens_int, dtype=torch.int32, device=q.device)
+    cache_batch_idx = _int32_table(cache_batch_idx, "cache_batch_idx", q.device)
+    cache_leftpad = _int32_table(cache_leftpad, "cache_leftpad", q.device)
     window_left, window_right = window_size
     alibi_slopes, _, _ = _prepared_modifiers(alibi_slopes, None, None)
     if k is not None:
         k, v = _readable(k), _readable(v)
     args = (_readable(q), k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, block_table,
             _scale_for(q, softmax_scale), bool(causal), int(window_left), int(window_right), float(softcap), alibi_slopes,
-            bool(return_softmax_lse))
-    if _runs_eagerly(q, k_cache, v_cache, k, v, cache_seqlens, block_table, alibi_slopes):
+            bool(return_softmax_lse), cu_seqlens_q, cu_seqlens_k_new, int(max_seqlen_q), int(max_seqlen_k_new),
+            cache_batch_idx, cache_leftpad, int(split_tokens))
+    if _runs_eagerly(q, k_cache, v_cache, k, v, cache_seqlens, block_table, alibi_slopes, cu_seqlens_q,
+                     cu_seqlens_k_new, cache_batch_idx, cache_leftpad):
         out, lse = _forward_kvcache_body(*args)
         if k is not None:
             torch.autograd.graph.increment_version((k_cache, v_cache))  # as the op's in-place write would

@@ -148,3 +148,70 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             grads[1][keys] = result[3][0]
             grads[2][keys] = result[4][0]
     return (out, lse) + (grads if dout is not None else ())
+
+
+def kvcache_attention(q, k_cache, v_cache, cache_seqlens, k=None, v=None, *, block_table=None, cu_seqlens_q=None,
+                      cu_seqlens_k_new=None, cache_batch_idx=None, cache_leftpad=None, alibi_slopes=None,
+                      **options):
+    """fa_forward_kvcache's semantics on copies of the caches: returns (out, lse, k_cache, v_cache),
+    the caches after the append. q [batch, seqlen_q, heads_q, d] with k, v [batch, seqlen_new,
+    heads_kv, d] (lse [batch, heads_q, seqlen_q]), or with cu_seqlens_q ragged: q [total_q, heads_q,
+    d], k, v [total_new, heads_kv, d] packed by cu_seqlens_k_new (None: by cu_seqlens_q), lse
+    [heads_q, total_q]. Sequence b appends at cache_seqlens[b] of row cache_batch_idx[b] (default b)
+    or through block_table, and attends to that row's positions cache_leftpad[b] (default 0) ..
+    cache_seqlens[b] + new - 1, its queries aligned at the end of those keys."""
+    k_cache, v_cache = np.array(k_cache), np.array(v_cache)
+    ragged = cu_seqlens_q is not None
+    batch = len(cu_seqlens_q) - 1 if ragged else q.shape[0]
+    seqlens = np.broadcast_to(np.asarray(cache_seqlens), (batch,))
+    leftpad = np.zeros(batch, np.int64) if cache_leftpad is None else np.broadcast_to(np.asarray(cache_leftpad),
+                                                                                      (batch,))
+    cu_new = cu_seqlens_k_new if cu_seqlens_k_new is not None else cu_seqlens_q
+    heads_q = q.shape[-2]
+    out = np.zeros(q.shape)
+    lse = np.full((heads_q, q.shape[0]) if ragged else (batch, heads_q, q.shape[1]), -np.inf)
+    slopes = None if alibi_slopes is None else np.broadcast_to(np.asarray(alibi_slopes, dtype=np.float64),
+                                                               (batch, heads_q))
+
+    def positions(b, first, count):
+        """(cache row or page, row within it) of sequence b's positions first .. first + count - 1."""
+        pos = np.arange(first, first + count)
+        if block_table is not None:
+            page_size = k_cache.shape[1]
+            return np.asarray(block_table)[b][pos // page_size], pos % page_size
+        row = b if cache_batch_idx is None else int(cache_batch_idx[b])
+        return np.full(count, row), pos
+
+    for b in range(batch):
+        if ragged:
+            rows = slice(int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]))
+            new_rows = slice(int(cu_new[b]), int(cu_new[b + 1])) if k is not None else slice(0, 0)
+            q_b, k_b, v_b = q[rows], (k[new_rows] if k is not None else None), (v[new_rows] if k is not None else None)
+        else:
+            q_b = q[b]
+            k_b, v_b = (k[b], v[b]) if k is not None else (None, None)
+        n_new = 0 if k_b is None else k_b.shape[0]
+        if n_new:
+            where = positions(b, int(seqlens[b]), n_new)
+            k_cache[where], v_cache[where] = k_b, v_b
+        first, count = int(leftpad[b]), int(seqlens[b]) + n_new - int(leftpad[b])
+        if q_b.shape[0] == 0:
+            continue
+        if count == 0:  # no keys: zero rows, lse -inf (or the sink's logit)
+            sinks = options.get("sinks")
+            value = -np.inf if sinks is None else np.asarray(sinks, dtype=np.float64)[:, None]
+            if ragged:
+                lse[:, rows] = value
+            else:
+                lse[b] = value
+            continue
+        where = positions(b, first, count)
+        seq = dict(options)
+        if slopes is not None:
+            seq["alibi_slopes"] = slopes[b]
+        o, l = attention(q_b[None], k_cache[where][None], v_cache[where][None], **seq)
+        if ragged:
+            out[rows], lse[:, rows] = o[0], l[0]
+        else:
+            out[b], lse[b] = o[0], l[0]
+    return out, lse, k_cache, v_cache
