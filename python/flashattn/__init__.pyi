@@ -59,7 +59,9 @@ def backward_varlen(q: T, k: T, v: T, out: T, dout: T, lse: T, cu_seqlens_q: Any
 def forward_kvcache(q: T, k_cache: T, v_cache: T, cache_seqlens: Union[int, Sequence[int], T], *, k: Optional[T] = ...,
                     v: Optional[T] = ..., block_table: Any = ..., causal: bool = ..., softmax_scale: Optional[float] = ...,
                     window: Tuple[int, int] = ..., softcap: float = ..., alibi_slopes: Optional[T] = ...,
-                    sinks: Optional[T] = ..., bias: Optional[T] = ..., backend: str = ...) -> Tuple[T, T]: ...
+                    sinks: Optional[T] = ..., bias: Optional[T] = ..., cu_seqlens_q: Any = ...,
+                    max_seqlen_q: Optional[int] = ..., cu_seqlens_k_new: Any = ..., cache_batch_idx: Any = ...,
+                    cache_leftpad: Any = ..., kv_split_tokens: int = ..., backend: str = ...) -> Tuple[T, T]: ...
 def merge_partials(outs: Sequence[T], lses: Sequence[T], *, backend: str = ...) -> Tuple[T, T]: ...
 def dropout_mask(seed: int, offset: int, p: float, heads_q: int, seqlen_q: int, seqlen_k: int, batch_index: int,
                  head_index: int) -> Any: ...  # numpy.ndarray of uint8, [seqlen_q, seqlen_k]
@@ -104,4 +106,6 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Optional[Any]
                             softmax_scale: Optional[float] = ..., causal: bool = ...,
                             window_size: Tuple[int, int] = ..., softcap: float = ..., rotary_interleaved: bool = ...,
                             alibi_slopes: Optional[Any] = ..., num_splits: int = ...,
-                            return_softmax_lse: bool = ...) -> Union[Any, Tuple[Any, Any]]: ...
+                            return_softmax_lse: bool = ..., *, cu_seqlens_q: Optional[Any] = ...,
+                            max_seqlen_q: Optional[int] = ..., cu_seqlens_k_new: Optional[Any] = ...,
+                            kv_split_tokens: Optional[int] = ...) -> Union[Any, Tuple[Any, Any]]: ...

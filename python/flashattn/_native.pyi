@@ -15,13 +15,17 @@ def backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, dq: Any, dk:
              block_q: int, block_k: int, softcap: float, alibi_slopes: Any, sinks: Any, bias: Any,
              varlen: Optional[Tuple[Any, Any, int, int]], backend: int,
              stream: Optional[int]) -> Tuple[Any, Any, Any, Any, Any]: ...
-# k, v: None or the tokens to append; cache_seqlens: int32 tensor, sequence of ints or int; the
-# options as forward's (varlen must be None).
+# k, v: None or the tokens to append; cache_seqlens: int32 tensor, sequence of ints or int;
+# cache_batch_idx, cache_leftpad: None, an int32 tensor or a sequence of ints (cache_leftpad also an
+# int); kv_split_tokens: the split-KV chunk size (0 = the library's rule). The options as forward's;
+# varlen: None or ragged queries (cu_seqlens_q, cu_seqlens_k_new or None, max_seqlen_q, max_seqlen_k_new).
 def forward_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, out: Any, lse: Any, want_lse: bool,
-                    cache_seqlens: Any, block_table: Any, softmax_scale: float, causal: bool, window_left: int,
+                    cache_seqlens: Any, block_table: Any, cache_batch_idx: Any, cache_leftpad: Any,
+                    kv_split_tokens: int, softmax_scale: float, causal: bool, window_left: int,
                     window_right: int, seqlens_k: None, dropout_p: float, seed: int, offset: int, block_mask: None,
-                    block_q: int, block_k: int, softcap: float, alibi_slopes: Any, sinks: Any, bias: Any, varlen: None,
-                    backend: int, stream: Optional[int]) -> Tuple[Any, Any]: ...
+                    block_q: int, block_k: int, softcap: float, alibi_slopes: Any, sinks: Any, bias: Any,
+                    varlen: Optional[Tuple[Any, Any, int, int]], backend: int,
+                    stream: Optional[int]) -> Tuple[Any, Any]: ...
 def merge_partials(outs: Sequence[Any], lses: Sequence[Any], out: Any, lse_out: Any, want_lse: bool, backend: int,
                    stream: Optional[int]) -> Tuple[Any, Any]: ...
 def dropout_mask(seed: int, offset: int, p: float, heads_q: int, seqlen_q: int, seqlen_k: int, batch_index: int,
