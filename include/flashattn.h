@@ -148,7 +148,8 @@ typedef struct fa_attention_desc {
     /* Added in 0.5: fa_forward_kvcache's split-KV chunk size in keys (0 = the library's rule). Each
      * sequence's keys are cut into chunks [c * size, (c + 1) * size) whose partial results are
      * merged in increasing c, on every backend alike; the default size depends on the sequence's own
-     * key count only (256 keys, grown in steps of 256 so that no sequence has more than 64 chunks).
+     * key count only (1024 keys, grown in steps of 1024 so that no sequence has more than 64 chunks;
+     * a smaller size gives a small batch more parallelism, e.g. on a large GPU).
      * Either way a sequence's output does not depend on what else is in the batch. */
     int64_t kv_split_tokens;
 } fa_attention_desc;

@@ -271,7 +271,7 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
     NotSupportedError).
 
     kv_split_tokens: the key-chunk size of the split over long caches (0 = the library's rule:
-    256 keys, more for very long sequences, from each sequence's own length). Chunks are merged by
+    1024 keys, more for very long sequences, from each sequence's own length). Chunks are merged by
     lse in a fixed order, so results are bit-identical across runs and thread counts and a
     sequence's result does not depend on the other sequences of the batch; a different chunk size
     may change the last bits.

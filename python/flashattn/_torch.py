@@ -444,7 +444,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens, block_table, cache_batch_idx and cache_leftpad have one row per sequence.
 
     num_splits: FlashAttention's split-KV count, as a key-chunk size: 0 = the library's rule
-    (256 keys, more for very long sequences, from each sequence's own length); 1 = no split (one
+    (1024 keys, more for very long sequences, from each sequence's own length); 1 = no split (one
     chunk of the whole capacity); n > 1 = chunks of ceil(capacity / n) keys, so a full cache is
     split into n chunks and shorter sequences into fewer (capacity = k_cache.shape[1], times
     block_table.shape[1] when paged). kv_split_tokens (keyword): the chunk size itself (0 = the

@@ -12,8 +12,11 @@
 #include "hostdev.h"
 #include "visibility.h"
 
-/* Shorter chunks cost more in merging than they let threads share. */
-#define FA_KV_SPLIT_MIN_KEYS 256
+/* Shorter chunks cost more than they let threads (or GPU blocks) share: at 256 keys a batch of 64
+ * decodes ran 5-14% slower on the CPU than with 0.4's batch-dependent chunks, at 1024 within the
+ * noise (bench/results/serving-cpu-2026-11-29.md). A caller that wants more parallelism for a
+ * small batch (a batch-1 decode on a large GPU) sets desc->kv_split_tokens. */
+#define FA_KV_SPLIT_MIN_KEYS 1024
 /* Enough to fill a large CPU or a GPU with one long sequence; more only adds partials to merge. */
 #define FA_KV_SPLIT_MAX_CHUNKS 64
 

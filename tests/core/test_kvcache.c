@@ -203,6 +203,7 @@ static void run_setup(kv_run *r, const kv_case *c)
     r->desc.causal = c->causal;
     r->desc.window_left = c->window_left;
     r->desc.window_right = c->window_right;
+    r->desc.kv_split_tokens = 200; /* several chunks per long cache: the merge runs in most cases */
     if (c->modifiers) {
         const size_t bias_n = (size_t)(c->batch * c->heads_q * c->seqlen_q * c->capacity);
         double *values = test_random_doubles(16, bias_n);

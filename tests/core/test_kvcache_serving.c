@@ -155,8 +155,8 @@ static void test_ragged_oracle(void **state)
     ragged_oracle(*state, -0.3f);
 }
 
-/* A pool of decoding sequences, lengths around the default split's chunk boundaries (256 keys,
- * then steps of 256 past 16384 keys) and far past them; a few with several query rows. */
+/* A pool of decoding sequences, lengths around chunk boundaries (the default's 1024 keys, the
+ * explicit 300) and past them; a few with several query rows. */
 static void make_pool(kv_seq *pool, int n)
 {
     static const int32_t lengths[] = {1, 200, 255, 256, 257, 511, 513, 700, 1024, 1500, 2049, 3000, 4100, 40, 90, 6000};

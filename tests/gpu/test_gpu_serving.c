@@ -82,13 +82,13 @@ void test_gpu_serving_ragged(void **state)
 }
 
 /* Each sequence of a small pool alone (padded, batch 1) and inside ragged batches of 3 and 6 in
- * two orders, default split (several chunks past 256 keys) and a 100-key split: the same bits. */
+ * two orders, default split (two chunks past 1024 keys) and a 100-key split: the same bits. */
 void test_gpu_serving_invariance(void **state)
 {
     fa_context *ctx = context_or_skip(state);
-    static const kv_seq pool[6] = {{700, 1, 1, 11}, {255, 1, 1, 12}, {257, 2, 2, 13}, {30, 1, 1, 14}, {520, 1, 1, 15},
+    static const kv_seq pool[6] = {{1100, 1, 1, 11}, {255, 1, 1, 12}, {257, 2, 2, 13}, {30, 1, 1, 14}, {520, 1, 1, 15},
                                    {0, 1, 1, 16}};
-    const kv_layout l = {FA_DTYPE_F16, 4, 2, 32, 704, 32};
+    const kv_layout l = {FA_DTYPE_F16, 4, 2, 32, 1120, 32};
     for (int split = 0; split < 2; ++split) {
         fa_attention_desc desc;
         fa_attention_desc_init(&desc);
