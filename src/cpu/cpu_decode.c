@@ -44,8 +44,6 @@
 
 typedef struct decode_plan {
     int64_t group, rows, tile_rows, row_tiles, units; /* rows, row_tiles: the longest sequence's */
-    int64_t chunks; /* partials kept per unit: the most chunks of any sequence of this call */
-    size_t partial_floats; /* one (unit, chunk): O [heads_kv x rows x d], m, l [heads_kv x rows] */
 } decode_plan;
 
 static decode_plan make_plan(const fa_problem *p)
@@ -56,7 +54,6 @@ static decode_plan make_plan(const fa_problem *p)
     plan.tile_rows = plan.rows < DECODE_ROWS ? plan.rows : DECODE_ROWS;
     plan.row_tiles = (plan.rows + plan.tile_rows - 1) / plan.tile_rows;
     plan.units = fa_kv_sequences(p) * plan.row_tiles;
-    plan.partial_floats = (size_t)(p->shape.heads_kv * plan.tile_rows * (p->shape.head_dim + 2));
     return plan;
 }
 
@@ -135,14 +132,20 @@ static int any_nan(const float *x, int64_t n)
     return found;
 }
 
-/* Where a (unit, chunk) partial keeps its values: O rows, then m and l, column c = hk * rows + r. */
+/* Where a (unit, chunk) partial of a unit of `rows` rows keeps its values: O rows, then m and l,
+ * column c = hk * rows + r. */
 typedef struct partial_view {
     float *o, *m, *l;
 } partial_view;
 
-static partial_view partial_at(const fa_problem *p, const decode_plan *plan, float *partial)
+static size_t partial_floats(const fa_problem *p, int64_t rows)
 {
-    const int64_t cols = p->shape.heads_kv * plan->tile_rows;
+    return (size_t)(p->shape.heads_kv * rows * (p->shape.head_dim + 2));
+}
+
+static partial_view partial_at(const fa_problem *p, int64_t rows, float *partial)
+{
+    const int64_t cols = p->shape.heads_kv * rows;
     return (partial_view){partial, partial + cols * p->shape.head_dim, partial + cols * (p->shape.head_dim + 1)};
 }
 
@@ -265,7 +268,7 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     int64_t b, r0, rows;
     unit_rows(p, plan, u, &b, &r0, &rows);
     if (rows <= 0) return; /* past the sequence's queries: the merge reads nothing of it */
-    const partial_view out = partial_at(p, plan, partial);
+    const partial_view out = partial_at(p, rows, partial);
     const int64_t cols = p->shape.heads_kv * rows;
     memset(out.o, 0, (size_t)(cols * d) * sizeof(float));
     for (int64_t x = 0; x < cols; ++x) {
@@ -315,29 +318,29 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
 }
 
 /* The rows of kv head hk of unit u, each merged over the unit's chunks in increasing chunk order by
- * the one lse merge (merge_rule.h) of the chunks' partials (m, l, O). A task per (unit, kv head),
- * so that a batch-1 decode's merge runs on several threads; each row's arithmetic is the same
- * whichever thread takes it. */
+ * the one lse merge (merge_rule.h) of the chunks' partials (m, l, O; the unit's, from `first` on).
+ * A task per (unit, kv head), so that a batch-1 decode's merge runs on several threads; each row's
+ * arithmetic is the same whichever thread takes it. */
 static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t u,
-                       int64_t hk, float *partials, float *acc)
+                       int64_t hk, float *first, float *acc)
 {
     const fa_problem *p = &kp->attn;
     const int64_t d = p->shape.head_dim;
     int64_t b, r0, rows;
     unit_rows(p, plan, u, &b, &r0, &rows);
     const int64_t chunks = chunk_count(kp, b);
-    float *first = partials + (size_t)(u * plan->chunks) * plan->partial_floats;
+    const size_t stride = partial_floats(p, rows);
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t col = hk * rows + r;
         fa_merge_row row = fa_merge_row_start();
         for (int64_t c = 0; c < chunks; ++c) {
-            const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
+            const partial_view in = partial_at(p, rows, first + (size_t)c * stride);
             fa_merge_see_part(&row, in.m[col], in.l[col]);
         }
         float sum = 0.0f;
         memset(acc, 0, (size_t)d * sizeof(float));
         for (int64_t c = 0; c < chunks; ++c) {
-            const partial_view in = partial_at(p, plan, first + c * plan->partial_floats);
+            const partial_view in = partial_at(p, rows, first + (size_t)c * stride);
             const float weight = fa_merge_weight(&row, in.m[col]);
             if (weight == 0.0f) continue;
             sum = fa_merge_accumulate(sum, weight, in.l[col]);
@@ -357,21 +360,43 @@ fa_status fa_cpu_decode(void *state, const fa_kv_problem *kp)
 {
     const fa_cpu_state *s = state;
     const fa_problem *p = &kp->attn;
-    decode_plan plan = make_plan(p);
-    plan.chunks = 1;
-    for (int64_t b = 0; b < fa_kv_sequences(p); ++b)
-        if (chunk_count(kp, b) > plan.chunks) plan.chunks = chunk_count(kp, b);
+    const decode_plan plan = make_plan(p);
+    /* The tasks: every (unit, chunk) of a unit with rows, its partial sized by its own rows and
+     * chunks (a ragged step's decodes next to its prefills keep small partials). */
+    int64_t *task_first = fa_host_scratch_alloc((size_t)(plan.units + 1) * sizeof(int64_t));
+    size_t *unit_partials = fa_host_scratch_alloc((size_t)(plan.units + 1) * sizeof(size_t));
+    if (!task_first || !unit_partials) {
+        fa_host_scratch_free(task_first);
+        fa_host_scratch_free(unit_partials);
+        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_forward_kvcache: cannot allocate the plan of %lld units",
+                            (long long)plan.units);
+    }
+    task_first[0] = 0;
+    unit_partials[0] = 0;
+    for (int64_t u = 0; u < plan.units; ++u) {
+        int64_t b, r0, rows;
+        unit_rows(p, &plan, u, &b, &r0, &rows);
+        const int64_t chunks = rows > 0 ? chunk_count(kp, b) : 0;
+        task_first[u + 1] = task_first[u] + chunks;
+        unit_partials[u + 1] = unit_partials[u] + (rows > 0 ? (size_t)chunks * partial_floats(p, rows) : 0);
+    }
+    const int64_t tasks = task_first[plan.units];
     const int threads = fa_cpu_thread_count(s->num_threads);
-    const int64_t tasks = plan.units * plan.chunks;
     const size_t per_thread = scratch_bytes(p);
-    float *partials = fa_host_scratch_alloc((size_t)tasks * plan.partial_floats * sizeof(float));
+    int64_t *task_unit = fa_host_scratch_alloc((size_t)(tasks ? tasks : 1) * sizeof(int64_t));
+    float *partials = fa_host_scratch_alloc((unit_partials[plan.units] ? unit_partials[plan.units] : 1) * sizeof(float));
     char *scratch = fa_host_scratch_alloc(per_thread * (size_t)threads);
-    if (!partials || !scratch) {
+    if (!task_unit || !partials || !scratch) {
+        fa_host_scratch_free(task_first);
+        fa_host_scratch_free(unit_partials);
+        fa_host_scratch_free(task_unit);
         fa_host_scratch_free(partials);
         fa_host_scratch_free(scratch);
         return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_forward_kvcache: cannot allocate %lld partial tiles",
                             (long long)tasks);
     }
+    for (int64_t u = 0; u < plan.units; ++u)
+        for (int64_t t = task_first[u]; t < task_first[u + 1]; ++t) task_unit[t] = u;
     fa_cpu_kvcache_append(kp);
 #pragma omp parallel num_threads(threads)
     {
@@ -383,14 +408,20 @@ fa_status fa_cpu_decode(void *state, const fa_kv_problem *kp)
         decode_scratch w;
         scratch_carve(scratch + (size_t)me * per_thread, p, &w);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; ++t)
-            chunk_task(kp, s->kernels, &plan, t / plan.chunks, t % plan.chunks, &w,
-                       partials + (size_t)t * plan.partial_floats);
+        for (int64_t t = 0; t < tasks; ++t) {
+            const int64_t u = task_unit[t], c = t - task_first[u];
+            const size_t stride = (unit_partials[u + 1] - unit_partials[u]) / (size_t)(task_first[u + 1] - task_first[u]);
+            chunk_task(kp, s->kernels, &plan, u, c, &w, partials + unit_partials[u] + (size_t)c * stride);
+        }
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < plan.units * p->shape.heads_kv; ++t)
-            merge_head(kp, s->kernels, &plan, t / p->shape.heads_kv, t % p->shape.heads_kv, partials, w.acc);
+            merge_head(kp, s->kernels, &plan, t / p->shape.heads_kv, t % p->shape.heads_kv,
+                       partials + unit_partials[t / p->shape.heads_kv], w.acc);
     }
     fa_host_scratch_free(scratch);
     fa_host_scratch_free(partials);
+    fa_host_scratch_free(task_unit);
+    fa_host_scratch_free(unit_partials);
+    fa_host_scratch_free(task_first);
     return FA_SUCCESS;
 }
