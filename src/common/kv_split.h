@@ -13,7 +13,7 @@
 #include "visibility.h"
 
 /* Shorter chunks cost more than they let threads (or GPU blocks) share: at 256 keys a batch of 64
- * decodes ran 5-14% slower on the CPU than with 0.4's batch-dependent chunks, at 1024 within the
+ * decodes ran 9-21% slower on the CPU than with 0.4's batch-dependent chunks, at 1024 within the
  * noise (bench/results/serving-cpu-2026-11-29.md). A caller that wants more parallelism for a
  * small batch (a batch-1 decode on a large GPU) sets desc->kv_split_tokens. */
 #define FA_KV_SPLIT_MIN_KEYS 1024
