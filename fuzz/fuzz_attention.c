@@ -22,19 +22,8 @@
 #include "flashattn.h"
 #include "oracle.h"
 
-typedef struct reader {
-    const uint8_t *data;
-    size_t size, pos;
-} reader;
-
-/* Next byte of the input, 0 once it is exhausted: every input decodes to some problem. */
-static uint8_t next(reader *r) { return r->pos < r->size ? r->data[r->pos++] : 0; }
-static uint64_t next_u64(reader *r)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v = v << 8 | next(r);
-    return v;
-}
+#define FUZZ_TARGET "fuzz_attention"
+#include "fuzz_common.h"
 
 enum flags {
     F_CAUSAL = 1, F_WINDOW = 2, F_PADDING = 4, F_DROPOUT = 8, F_BLOCK_MASK = 16, F_STRIDED = 32, F_SCALE = 64,
@@ -129,14 +118,6 @@ static double *to_doubles(const fa_tensor *t, double *max_abs)
     return x;
 }
 
-static uint64_t splitmix(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static void fill(fa_tensor *t, uint64_t *rng, double amplitude)
 {
     for (int64_t b = 0; b < t->batch; ++b)
@@ -153,14 +134,6 @@ static void poison(fa_tensor *t)
     /* 0xff bytes: a NaN in every dtype, never produced from finite inputs. */
     const int64_t last = offset_of(t, t->batch - 1, t->seqlen - 1, t->heads - 1, t->head_dim);
     memset(t->data, 0xff, (size_t)last * (t->dtype == FA_DTYPE_F32 ? 4 : 2));
-}
-
-static int all_ff(const void *data, size_t bytes)
-{
-    const uint8_t *b = data;
-    for (size_t i = 0; i < bytes; ++i)
-        if (b[i] != 0xff) return 0;
-    return 1;
 }
 
 static int untouched(const fa_tensor *t)
@@ -364,19 +337,6 @@ static double max_abs(const double *x, size_t n)
     return m;
 }
 
-/* Tolerance on a result of magnitude `scale` from scores of magnitude up to score_max: the
- * storage rounding of the dtype plus f32 rounding of the scores, which exp() turns into a
- * relative error of about eps * |score| in the weights. */
-static double storage_error(fa_dtype dtype)
-{
-    return dtype == FA_DTYPE_F32 ? 0x1p-22 : dtype == FA_DTYPE_F16 ? 0x1p-10 : 0x1p-7;
-}
-
-static double tolerance(fa_dtype dtype, double magnitude, double score_max)
-{
-    return (storage_error(dtype) + 64.0 * 0x1p-24 * (1.0 + score_max)) * (1.0 + magnitude);
-}
-
 static void check_against_oracle(problem *p, int backward)
 {
     const oracle_shape *s = &p->s;
@@ -445,18 +405,6 @@ static void check_against_oracle(problem *p, int backward)
     free(v);
     free(out);
     free(lse);
-}
-
-static fa_context *context(void)
-{
-    static fa_context *ctx;
-    if (!ctx) {
-        if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) != FA_SUCCESS || fa_context_set_num_threads(ctx, 1) != FA_SUCCESS) {
-            fprintf(stderr, "fuzz_attention: no CPU context: %s\n", fa_last_error());
-            abort();
-        }
-    }
-    return ctx;
 }
 
 static void expect_failure(fa_status st, fa_status expected, const char *call, int outputs_untouched)

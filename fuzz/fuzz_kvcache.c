@@ -23,23 +23,12 @@
 #include "flashattn.h"
 #include "oracle.h"
 
+#define FUZZ_TARGET "fuzz_kvcache"
+#include "fuzz_common.h"
+
 #define MAX_SEQS 6
 #define MAX_HEADS_Q 9
 #define EXTRA_ROWS 3
-
-typedef struct reader {
-    const uint8_t *data;
-    size_t size, pos;
-} reader;
-
-/* Next byte of the input, 0 once it is exhausted: every input decodes to some problem. */
-static uint8_t next(reader *r) { return r->pos < r->size ? r->data[r->pos++] : 0; }
-static uint64_t next_u64(reader *r)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v = v << 8 | next(r);
-    return v;
-}
 
 enum flags {
     F_CAUSAL = 1, F_WINDOW = 2, F_RAGGED = 4, F_CU_NEW = 8, F_PAGED = 16, F_SLOTS = 32, F_MODIFIERS = 64,
@@ -89,14 +78,6 @@ typedef struct problem {
     double amplitude, modifier_max;
     uint64_t value_seed;
 } problem;
-
-static uint64_t splitmix(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static size_t esize(const problem *p) { return fa_dtype_size(p->dtype); }
 static size_t elements(const fa_tensor *t) { return (size_t)(t->batch * t->seqlen * t->heads * t->head_dim); }
@@ -507,26 +488,6 @@ static void fail(const char *fmt, ...)
     abort();
 }
 
-static int all_ff(const void *data, size_t bytes)
-{
-    const uint8_t *x = data;
-    for (size_t i = 0; i < bytes; ++i)
-        if (x[i] != 0xff) return 0;
-    return 1;
-}
-
-static fa_context *context(void)
-{
-    static fa_context *ctx;
-    if (!ctx) {
-        if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) != FA_SUCCESS || fa_context_set_num_threads(ctx, 1) != FA_SUCCESS) {
-            fprintf(stderr, "fuzz_kvcache: no CPU context: %s\n", fa_last_error());
-            abort();
-        }
-    }
-    return ctx;
-}
-
 static fa_status call(fa_context *ctx, problem *p)
 {
     memset(p->out.data, 0xff, p->out_bytes); /* 0xff bytes: NaN in every dtype, the canary */
@@ -563,14 +524,6 @@ static void check_cache(const problem *p)
         }
     free(k);
     free(v);
-}
-
-/* Tolerance on a result of magnitude `magnitude` from scores up to score_max (fuzz_attention.c's
- * forward bound): the storage rounding of the dtype plus f32 rounding of the scores. */
-static double tolerance(fa_dtype dtype, double magnitude, double score_max)
-{
-    const double storage = dtype == FA_DTYPE_F32 ? 0x1p-22 : dtype == FA_DTYPE_F16 ? 0x1p-10 : 0x1p-7;
-    return (storage + 64.0 * 0x1p-24 * (1.0 + score_max)) * (1.0 + magnitude);
 }
 
 /* Each sequence alone through the oracle: its keys are cache positions leftpad .. cached - 1, then
