@@ -259,16 +259,17 @@ static void run_tiles(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
 }
 
 /* One (unit, chunk) task: the partial O (unnormalised), m and l of the unit's rows of every kv
- * head over the chunk's keys. */
+ * head over the chunk's keys, into chunk c's slot of the unit's partials (from `first`, laid out
+ * as merge_head reads them). */
 static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int64_t u,
-                       int64_t c, decode_scratch *w, float *partial)
+                       int64_t c, decode_scratch *w, float *first)
 {
     const fa_problem *p = &kp->attn;
     const int64_t d = p->shape.head_dim;
     int64_t b, r0, rows;
     unit_rows(p, plan, u, &b, &r0, &rows);
     if (rows <= 0) return; /* past the sequence's queries: the merge reads nothing of it */
-    const partial_view out = partial_at(p, rows, partial);
+    const partial_view out = partial_at(p, rows, first + (size_t)c * partial_floats(p, rows));
     const int64_t cols = p->shape.heads_kv * rows;
     memset(out.o, 0, (size_t)(cols * d) * sizeof(float));
     for (int64_t x = 0; x < cols; ++x) {
@@ -409,9 +410,8 @@ fa_status fa_cpu_decode(void *state, const fa_kv_problem *kp)
         scratch_carve(scratch + (size_t)me * per_thread, p, &w);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; ++t) {
-            const int64_t u = task_unit[t], c = t - task_first[u];
-            const size_t stride = (unit_partials[u + 1] - unit_partials[u]) / (size_t)(task_first[u + 1] - task_first[u]);
-            chunk_task(kp, s->kernels, &plan, u, c, &w, partials + unit_partials[u] + (size_t)c * stride);
+            const int64_t u = task_unit[t];
+            chunk_task(kp, s->kernels, &plan, u, t - task_first[u], &w, partials + unit_partials[u]);
         }
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < plan.units * p->shape.heads_kv; ++t)
