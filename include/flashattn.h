@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 5
+#define FA_VERSION_MINOR 6
 #define FA_VERSION_PATCH 0
 #define FA_VERSION_NUMBER (FA_VERSION_MAJOR * 10000 + FA_VERSION_MINOR * 100 + FA_VERSION_PATCH)
 
@@ -51,7 +51,16 @@ FA_API const char *fa_version_string(void);       /* "MAJOR.MINOR.PATCH" */
 FA_API unsigned fa_version_number(void);          /* FA_VERSION_NUMBER of the loaded library */
 
 typedef enum fa_backend { FA_BACKEND_AUTO = 0, FA_BACKEND_CPU = 1, FA_BACKEND_CUDA = 2, FA_BACKEND_HIP = 3 } fa_backend;
-typedef enum fa_dtype { FA_DTYPE_F32 = 0, FA_DTYPE_F16 = 1, FA_DTYPE_BF16 = 2 } fa_dtype;
+/* The last three (added in 0.6) are element types of a quantised KV cache's k and v only (see
+ * "Quantised KV caches" below); every other tensor is F32, F16 or BF16. */
+typedef enum fa_dtype {
+    FA_DTYPE_F32 = 0,
+    FA_DTYPE_F16 = 1,
+    FA_DTYPE_BF16 = 2,
+    FA_DTYPE_I8 = 3,       /* int8 codes with an f32 scale per (token, kv head) */
+    FA_DTYPE_FP8_E4M3 = 4, /* OCP FP8 E4M3 ("fn": no infinities) with an f32 descale per (sequence, kv head) */
+    FA_DTYPE_FP8_E5M2 = 5  /* OCP FP8 E5M2 with an f32 descale per (sequence, kv head) */
+} fa_dtype;
 
 FA_API const char *fa_backend_name(fa_backend backend); /* "auto", "cpu", "cuda", "hip" or "unknown" */
 
@@ -152,6 +161,8 @@ typedef struct fa_attention_desc {
      * a smaller size gives a small batch more parallelism, e.g. on a large GPU).
      * Either way a sequence's output does not depend on what else is in the batch. */
     int64_t kv_split_tokens;
+    /* Added in 0.6: the scales of a quantised KV cache (fa_kv_scales below); NULL = none. */
+    const struct fa_kv_scales *kv_scales;
 } fa_attention_desc;
 
 /* struct_size = sizeof, scale 0, no masks, windows -1, no dropout, no varlen, no modifiers. */
@@ -221,7 +232,7 @@ typedef struct fa_kv_cache {
  * cache_seqlens is not modified. Forward only; dropout_p > 0 -> FA_ERROR_NOT_SUPPORTED.
  * lse: [batch, heads_q, seqlen_q] or NULL. desc->seqlens_k must be NULL (the lengths come from
  * cache_seqlens); desc->varlen packs ragged queries (below); a block mask or block positions are
- * FA_ERROR_NOT_SUPPORTED. Every tensor has q's dtype. A length or page check that fails returns
+ * FA_ERROR_NOT_SUPPORTED. Every tensor has q's dtype (a quantised cache's k and v: below). A length or page check that fails returns
  * FA_ERROR_INVALID_VALUE naming the sequence, with nothing written to the cache or the outputs.
  * Results are bit-identical across runs and thread counts, and a sequence's result does not depend
  * on the other sequences of the batch: long caches are split into key chunks by the rule of
@@ -276,6 +287,37 @@ FA_API fa_status fa_workspace_size(fa_context *ctx, const fa_attention_desc *des
  * and accept the call (nothing to capture there); a plugin built before 0.5 returns
  * FA_ERROR_NOT_SUPPORTED. */
 FA_API fa_status fa_context_set_workspace(fa_context *ctx, void *workspace, size_t bytes);
+
+/* ---- quantised KV caches (added in 0.6) --------------------------------------------------------- */
+/* The cache's k and v (fa_kv_cache) may hold codes of FA_DTYPE_I8, FA_DTYPE_FP8_E4M3 or
+ * FA_DTYPE_FP8_E5M2, each its own (k int8 and v fp8 is allowed); q, out, k_new and v_new stay
+ * F32/F16/BF16. New tokens are quantised as they are appended; attention reads the codes, turns
+ * them into f32 in registers and accumulates in f32, so the result is the attention over the
+ * dequantised cache (value = code x scale) to the usual f32 accuracy. The scales come through
+ * desc->kv_scales, in the context's memory:
+ *  - FA_DTYPE_I8: k_scale / v_scale, one f32 per cached (token, kv head), laid out like the cache
+ *    tensor without its last dimension and packed: element (x, s, h) of a cache [X, S, heads_kv, d]
+ *    (contiguous: rows x capacity; paged: pages x page_size, so the block table indexes both) is
+ *    scale[(x * S + s) * heads_kv + h]. An appended token's scale is max|element| / 127 (0 for a
+ *    zero row) and its codes round(element / scale) to nearest even, in [-127, 127]; a row with a
+ *    NaN or infinite element gets scale NaN and codes 0 (attention to it gives NaN, as an unquantised
+ *    cache's NaN does). The scales are written with the codes.
+ *  - FP8: k_descale / v_descale, [batch, heads_kv] f32 per sequence and kv head, finite and positive
+ *    (FlashAttention-3's), NULL = 1. The value is fp8(code) x descale; an appended element x is
+ *    stored as the OCP conversion of the f32 x / descale: round to nearest even, saturating (beyond
+ *    the largest finite, and infinities, become the largest finite of that sign: 448 for E4M3,
+ *    57344 for E5M2), NaN becomes 0x7F. Codes decode exactly as OCP defines them (NaN codes give NaN,
+ *    E5M2's 0x7C/0xFC infinities).
+ * A missing scale, a non-finite or non-positive descale, or scales given for an unquantised cache
+ * are FA_ERROR_INVALID_VALUE naming them, with nothing written. The CPU backend runs every path
+ * (decode split, paged, ragged queries, slots, score modifiers); GPU plugins return
+ * FA_ERROR_NOT_SUPPORTED for quantised caches. */
+typedef struct fa_kv_scales {
+    size_t struct_size;                 /* sizeof(fa_kv_scales), set by fa_kv_scales_init */
+    float *k_scale, *v_scale;           /* FA_DTYPE_I8 k / v: per (token, kv head); else NULL */
+    const float *k_descale, *v_descale; /* FP8 k / v: [batch, heads_kv]; NULL = 1; else NULL */
+} fa_kv_scales;
+FA_API void fa_kv_scales_init(fa_kv_scales *scales);
 
 /* fa_forward_kvcache with the cache rows of slots (NULL: fa_forward_kvcache). */
 FA_API fa_status fa_forward_kvcache_ex(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,

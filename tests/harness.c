@@ -177,6 +177,7 @@ double fa_case_tolerance(fa_dtype dtype)
     case FA_DTYPE_F32: return 1e-4;
     case FA_DTYPE_F16: return 4e-3;
     case FA_DTYPE_BF16: return 3e-2;
+    default: break; /* quantised caches: tests/kv_quant.c */
     }
     return 0.0;
 }
@@ -187,6 +188,9 @@ const char *fa_dtype_label(fa_dtype dtype)
     case FA_DTYPE_F32: return "f32";
     case FA_DTYPE_F16: return "f16";
     case FA_DTYPE_BF16: return "bf16";
+    case FA_DTYPE_I8: return "i8";
+    case FA_DTYPE_FP8_E4M3: return "e4m3";
+    case FA_DTYPE_FP8_E5M2: return "e5m2";
     }
     return "unknown";
 }

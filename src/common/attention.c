@@ -105,6 +105,13 @@ void fa_kv_slots_init(fa_kv_slots *slots)
     slots->struct_size = sizeof *slots;
 }
 
+void fa_kv_scales_init(fa_kv_scales *scales)
+{
+    if (!scales) return;
+    *scales = (fa_kv_scales){0};
+    scales->struct_size = sizeof *scales;
+}
+
 fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
                              const fa_kv_cache *cache, const fa_tensor *k_new, const fa_tensor *v_new, fa_tensor *out,
                              float *lse)

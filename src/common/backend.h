@@ -15,13 +15,13 @@ extern "C" {
 
 /* Bumped whenever fa_problem (problem.h and its sections), fa_host_api or fa_backend_iface change
  * layout. */
-#define FA_BACKEND_ABI_VERSION 7u
+#define FA_BACKEND_ABI_VERSION 8u
 /* The oldest plugin ABI the registry still loads. Plugins of ABIs 4 and 5 read the flat problem of
  * backend_legacy.h: the registry converts each problem for them and answers supports() from their
- * feature bits (registry.c). ABI 4 has no merge_partials either. ABI 6 differs from 7 where
- * fa_kv_problem grew at its end (the cache section's serving fields and split size: the registry
- * refuses those problems for it) and in the table's last two members (absent). Older ones are
- * refused. */
+ * feature bits (registry.c). ABI 4 has no merge_partials either. ABIs 6 and 7 differ from 8 where
+ * fa_kv_problem grew at its end (the cache section's quantisation scales; before 7 its serving
+ * fields and split size: the registry refuses those problems for them), and 6 in the table's last
+ * two members (absent). Older ones are refused. */
 #define FA_BACKEND_ABI_OLDEST 4u
 
 /* fa_backend_iface.features */

@@ -6,6 +6,7 @@
 #ifndef FA_PROBLEM_H
 #define FA_PROBLEM_H
 #include "flashattn.h"
+#include "dtype.h"
 #include "hostdev.h"
 #include "problem_dropout.h"
 #include "problem_mask.h"
@@ -66,7 +67,8 @@ typedef enum fa_op { FA_OP_FORWARD, FA_OP_BACKWARD, FA_OP_FORWARD_KVCACHE } fa_o
 #define FA_NEED_KVCACHE_MODIFIERS 16u /* score modifiers on the KV-cache path */
 #define FA_NEED_KVCACHE 32u           /* the KV-cache path itself */
 #define FA_NEED_KVCACHE_SERVING 64u   /* KV cache: ragged queries, cache slots or left padding */
-#define FA_NEED_ALL 126u
+#define FA_NEED_KVCACHE_QUANT 128u    /* KV cache: int8 or FP8 k / v */
+#define FA_NEED_ALL 254u
 
 /* The sequences of a problem: a packed batch's, else the tensors' batch. */
 FA_HD int64_t fa_kv_sequences(const fa_problem *p) { return p->varlen.batch ? p->varlen.batch : p->shape.batch; }
@@ -76,6 +78,12 @@ FA_HD int64_t fa_kv_sequences(const fa_problem *p) { return p->varlen.batch ? p-
 FA_HD int fa_kv_problem_serving(const fa_kv_problem *kp)
 {
     return kp->attn.varlen.batch || kp->cache.cache_batch_idx || kp->cache.cache_leftpad;
+}
+
+/* Whether a KV-cache problem's cache holds quantised codes (what plugins of ABI 7 do not know). */
+FA_HD int fa_kv_problem_quantised(const fa_kv_problem *kp)
+{
+    return fa_dtype_quantised(kp->attn.k.dtype) || fa_dtype_quantised(kp->attn.v.dtype);
 }
 
 /* 1 when desc's block positions (q_offset, k_offset, seqlen_*_global) differ from the defaults. */
@@ -92,7 +100,8 @@ FA_HD unsigned fa_problem_needs(fa_op op, const fa_problem *p)
     const int modified = fa_modifiers_any(&p->modifiers);
     if (op == FA_OP_FORWARD_KVCACHE)
         return FA_NEED_KVCACHE | (modified ? FA_NEED_KVCACHE_MODIFIERS : 0u) |
-               (fa_kv_problem_serving((const fa_kv_problem *)(const void *)p) ? FA_NEED_KVCACHE_SERVING : 0u);
+               (fa_kv_problem_serving((const fa_kv_problem *)(const void *)p) ? FA_NEED_KVCACHE_SERVING : 0u) |
+               (fa_kv_problem_quantised((const fa_kv_problem *)(const void *)p) ? FA_NEED_KVCACHE_QUANT : 0u);
     return (modified ? FA_NEED_SCORE_MODIFIERS : 0u) | (fa_problem_has_positions(p) ? FA_NEED_POSITIONS : 0u) |
            (p->varlen.batch ? FA_NEED_VARLEN : 0u);
 }
@@ -114,6 +123,10 @@ static inline fa_status fa_require_needs(fa_set_error_fn set_error, const char *
                          "fa_forward_kvcache: the %s backend does not implement ragged queries (desc->varlen), "
                          "cache_batch_idx or cache_leftpad%s", backend,
                          have & FA_NEED_KVCACHE ? " (its plugin predates them: rebuild it)" : "");
+    if (missing & FA_NEED_KVCACHE_QUANT)
+        return set_error(FA_ERROR_NOT_SUPPORTED,
+                         "cache->k, cache->v: the %s backend does not implement quantised caches (int8, FP8) yet",
+                         backend);
     if (missing & (FA_NEED_SCORE_MODIFIERS | FA_NEED_KVCACHE_MODIFIERS))
         return set_error(FA_ERROR_NOT_SUPPORTED,
                          "desc: the %s backend does not implement score modifiers (softcap, alibi_slopes, sinks, "

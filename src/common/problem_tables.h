@@ -23,6 +23,10 @@ typedef struct fa_cache_section {
     const int32_t *cache_batch_idx; /* [batch] contiguous cache row of sequence b; NULL = b */
     const int32_t *cache_leftpad;   /* [batch] leading positions of that row it ignores; NULL = 0 */
     int64_t split_tokens;           /* keys per split-KV chunk, 0 = the default rule (kv_split.h) */
+    /* A quantised cache (the cache tensors' dtypes say which; fa_kv_scales in flashattn.h): int8
+     * scales per (slot, position, kv head), FP8 descales per (sequence, kv head) or NULL = 1. */
+    float *k_scale, *v_scale;
+    const float *k_descale, *v_descale;
 } fa_cache_section;
 
 /* Tokens sequence b appends in this call. */
@@ -56,6 +60,13 @@ FA_HD void fa_cache_locate(const fa_cache_section *c, int64_t b, int64_t pos, in
     }
     *slot_b = c->block_table[b * c->max_pages_per_seq + pos / c->page_size];
     *slot_s = pos % c->page_size;
+}
+
+/* Index of the int8 scale of (slot_b, slot_s, kv head h) in a cache of `positions` positions per
+ * slot (capacity, or page_size) and heads_kv heads. */
+FA_HD int64_t fa_cache_scale_index(int64_t slot_b, int64_t slot_s, int64_t h, int64_t positions, int64_t heads_kv)
+{
+    return (slot_b * positions + slot_s) * heads_kv + h;
 }
 
 /* Query rows of sequence b of a problem whose queries may be packed (vl->batch > 0: rows

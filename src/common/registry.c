@@ -31,8 +31,8 @@ typedef struct plugin_slot {
     fa_status (*legacy_backward)(void *state, const fa_problem *p);
     fa_status (*legacy_forward_kvcache)(void *state, const fa_kv_problem *p);
     fa_status (*legacy_supports)(void *state, fa_op op, const fa_problem *p);
-    const fa_backend_iface *abi6; /* a plugin of ABI 6: its own table (upgraded: with abi6_supports) */
-    fa_status (*abi6_supports)(void *state, fa_op op, const fa_problem *p);
+    const fa_backend_iface *older; /* a plugin of ABI 6 or 7: its own table (upgraded: with older_supports) */
+    fa_status (*older_supports)(void *state, fa_op op, const fa_problem *p);
     char reason[512];              /* as long as fa_last_error() can hold (error.c) */
 } plugin_slot;
 
@@ -62,25 +62,30 @@ static fa_status legacy_forward_kvcache(const plugin_slot *slot, void *state, co
     return slot->legacy->forward_kvcache(state, &v);
 }
 
-/* What a plugin older than ABI 7 cannot be asked: the KV cache's serving forms and an explicit
- * split size (its problems end before those fields, or lack them). */
-static fa_status refuse_newer_kvcache(const char *name, unsigned have, fa_op op, const fa_problem *p)
+/* What a plugin of an older ABI cannot be asked: before ABI 7 the KV cache's serving forms and an
+ * explicit split size (its problems end before those fields, or lack them), before ABI 8 quantised
+ * caches. */
+static fa_status refuse_newer_kvcache(const char *name, uint32_t abi, unsigned have, fa_op op, const fa_problem *p)
 {
     if (op != FA_OP_FORWARD_KVCACHE) return FA_SUCCESS;
     const fa_kv_problem *kp = (const fa_kv_problem *)(const void *)p;
+    if (fa_kv_problem_quantised(kp))
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "cache->k, cache->v: the %s plugin predates quantised caches "
+                                                    "(rebuild it)", name);
+    if (abi >= 7u) return FA_SUCCESS;
     if (fa_kv_problem_serving(kp)) return fa_require_needs(fa_set_error, name, have & ~FA_NEED_KVCACHE_SERVING, op, p);
     if (kp->cache.split_tokens)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->kv_split_tokens: the %s plugin predates it (rebuild it)", name);
     return FA_SUCCESS;
 }
 
-/* A plugin of ABI 6 has today's table up to supports() and reads today's problems, whose KV-cache
- * problem only grew at its end: it runs what it knew, and the rest is refused here, never run with
- * a meaning it does not have. */
-static fa_status abi6_supports(const plugin_slot *slot, void *state, fa_op op, const fa_problem *p)
+/* A plugin of ABI 6 or 7 has today's table up to supports() (7: all of it) and reads today's
+ * problems, whose KV-cache problem only grew at its end: it runs what it knew, and the rest is
+ * refused here, never run with a meaning it does not have. */
+static fa_status older_supports(const plugin_slot *slot, void *state, fa_op op, const fa_problem *p)
 {
-    const fa_status st = refuse_newer_kvcache(slot->abi6->name, FA_NEED_ALL, op, p);
-    return st == FA_SUCCESS ? slot->abi6->supports(state, op, p) : st;
+    const fa_status st = refuse_newer_kvcache(slot->older->name, slot->older->abi_version, FA_NEED_ALL, op, p);
+    return st == FA_SUCCESS ? slot->older->supports(state, op, p) : st;
 }
 
 static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op, const fa_problem *p)
@@ -88,7 +93,7 @@ static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op,
     (void)state;
     const unsigned have = (slot->legacy->features & ~FA_BACKEND_HOST_MEMORY) |
                           (slot->legacy->forward_kvcache ? FA_NEED_KVCACHE : 0u);
-    const fa_status st = refuse_newer_kvcache(slot->legacy->name, have, op, p);
+    const fa_status st = refuse_newer_kvcache(slot->legacy->name, slot->legacy->abi_version, have, op, p);
     return st == FA_SUCCESS ? fa_require_needs(fa_set_error, slot->legacy->name, have, op, p) : st;
 }
 
@@ -107,9 +112,9 @@ static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op,
     {                                                                                             \
         return legacy_supports(&name, state, op, p);                                              \
     }                                                                                             \
-    static fa_status name##_abi6_supports(void *state, fa_op op, const fa_problem *p)             \
+    static fa_status name##_older_supports(void *state, fa_op op, const fa_problem *p)            \
     {                                                                                             \
-        return abi6_supports(&name, state, op, p);                                                \
+        return older_supports(&name, state, op, p);                                               \
     }                                                                                             \
     static plugin_slot name = {.kind = backend_kind,                                              \
                                .file = file_name,                                                 \
@@ -119,7 +124,7 @@ static fa_status legacy_supports(const plugin_slot *slot, void *state, fa_op op,
                                .legacy_backward = name##_backward,                                \
                                .legacy_forward_kvcache = name##_forward_kvcache,                  \
                                .legacy_supports = name##_supports,                                \
-                               .abi6_supports = name##_abi6_supports};                            \
+                               .older_supports = name##_older_supports};                          \
     static void name##_load(void) { load_plugin(&name); }
 
 PLUGIN_SLOT(cuda_slot, FA_BACKEND_CUDA, "libflashattn-cuda.so")
@@ -153,6 +158,7 @@ static const backend_entry *entry_of(fa_backend kind)
  * FA_BACKEND_ABI_OLDEST (fa_host_api has the same layout in all of them). */
 static const fa_host_api host_apis[] = {
     {.abi_version = FA_BACKEND_ABI_VERSION, .set_error = fa_set_error},
+    {.abi_version = 7u, .set_error = fa_set_error},
     {.abi_version = 6u, .set_error = fa_set_error},
     {.abi_version = 5u, .set_error = fa_set_error},
     {.abi_version = 4u, .set_error = fa_set_error},
@@ -299,11 +305,12 @@ static void load_plugin(plugin_slot *slot)
         dlclose(handle);
         return;
     }
-    if (iface->abi_version == 6u) { /* today's table; supports() answers for what it predates */
-        slot->abi6 = iface;
+    if (iface->abi_version == 6u || iface->abi_version == 7u) { /* today's table; supports() answers for what it predates */
+        slot->older = iface;
         slot->upgraded = (fa_backend_iface){0};
-        memcpy(&slot->upgraded, iface, offsetof(fa_backend_iface, set_workspace)); /* its table ends there */
-        slot->upgraded.supports = iface->supports ? slot->abi6_supports : NULL;
+        /* ABI 6's table ends before set_workspace */
+        memcpy(&slot->upgraded, iface, iface->abi_version == 6u ? offsetof(fa_backend_iface, set_workspace) : sizeof *iface);
+        slot->upgraded.supports = iface->supports ? slot->older_supports : NULL;
         iface = &slot->upgraded;
     } else if (iface->abi_version < FA_BACKEND_ABI_VERSION) { /* only its own members are read */
         iface = upgrade(slot, (const fa_backend_iface_v5 *)(const void *)iface);

@@ -27,12 +27,15 @@ int fa_checked_add(int64_t a, int64_t b, int64_t *result)
     return 1;
 }
 
-/* Checks one tensor and returns it with explicit strides. */
-fa_status fa_validate_tensor(const char *name, const fa_tensor *t, fa_tensor *out)
+/* Checks one tensor (of a known dtype, or also a quantised one) and returns it with explicit strides. */
+static fa_status check_tensor(const char *name, const fa_tensor *t, int quantised_ok, fa_tensor *out)
 {
     if (!t) return INVALID("%s: is NULL", name);
     if (!t->data) return INVALID("%s: data is NULL", name);
-    if (!fa_dtype_known(t->dtype)) return INVALID("%s: unknown dtype %d", name, (int)t->dtype);
+    if (fa_dtype_quantised(t->dtype) && !quantised_ok)
+        return INVALID("%s: dtype %d is a KV cache's quantised type (only cache->k and cache->v may hold it)", name,
+                       (int)t->dtype);
+    if (!fa_dtype_known(t->dtype) && !fa_dtype_quantised(t->dtype)) return INVALID("%s: unknown dtype %d", name, (int)t->dtype);
     /* Element access through a misaligned pointer is undefined behaviour (and faults on GPUs). */
     if ((uintptr_t)t->data % fa_dtype_size(t->dtype) != 0)
         return INVALID("%s: data is not aligned to its %zu-byte elements", name, fa_dtype_size(t->dtype));
@@ -57,6 +60,8 @@ fa_status fa_validate_tensor(const char *name, const fa_tensor *t, fa_tensor *ou
     if (!ok) return INVALID("%s: element count overflows 64 bits", name);
     return FA_SUCCESS;
 }
+
+fa_status fa_validate_tensor(const char *name, const fa_tensor *t, fa_tensor *out) { return check_tensor(name, t, 0, out); }
 
 fa_status fa_validate_same_shape(const char *name, const fa_tensor *t, const char *ref_name, const fa_tensor *ref)
 {
@@ -380,6 +385,45 @@ static fa_status check_ragged_cache(const fa_varlen *vl, const fa_tensor *q, con
     return FA_SUCCESS;
 }
 
+/* The scales one quantised cache tensor needs (which: "k" or "v"): int8 a scale array, FP8 an
+ * optional descale, an unquantised one neither. */
+static fa_status check_tensor_scales(const char *which, fa_dtype dtype, const float *scale, const float *descale)
+{
+    if (dtype == FA_DTYPE_I8 && !scale)
+        return INVALID("desc->kv_scales->%s_scale: is NULL, but cache->%s holds int8 codes (one f32 scale per token "
+                       "and kv head)", which, which);
+    if (dtype != FA_DTYPE_I8 && scale)
+        return INVALID("desc->kv_scales->%s_scale: is given, but cache->%s does not hold int8 codes", which, which);
+    if (!fa_dtype_fp8(dtype) && descale)
+        return INVALID("desc->kv_scales->%s_descale: is given, but cache->%s does not hold FP8 codes", which, which);
+    if ((uintptr_t)scale % sizeof(float) != 0)
+        return INVALID("desc->kv_scales->%s_scale: is not aligned to 4-byte floats", which);
+    if ((uintptr_t)descale % sizeof(float) != 0)
+        return INVALID("desc->kv_scales->%s_descale: is not aligned to 4-byte floats", which);
+    return FA_SUCCESS;
+}
+
+/* desc->kv_scales against the cache tensors' dtypes; the descales' values are table checks. */
+static fa_status check_kv_scales(const fa_kv_scales *scales, const fa_kv_cache *cache, fa_kv_problem *kp)
+{
+    fa_kv_scales full;
+    fa_kv_scales_init(&full);
+    if (scales) {
+        fa_status st = fa_sized_struct_read("desc->kv_scales", scales, sizeof full, sizeof full, &full);
+        if (st) return st;
+    }
+    fa_status st = check_tensor_scales("k", cache->k.dtype, full.k_scale, full.k_descale);
+    if (st == FA_SUCCESS) st = check_tensor_scales("v", cache->v.dtype, full.v_scale, full.v_descale);
+    if (st != FA_SUCCESS) return st;
+    if (full.k_scale && full.k_scale == full.v_scale)
+        return INVALID("desc->kv_scales->v_scale: is k_scale (each needs its own array)");
+    kp->cache.k_scale = full.k_scale;
+    kp->cache.v_scale = full.v_scale;
+    kp->cache.k_descale = full.k_descale;
+    kp->cache.v_descale = full.v_descale;
+    return FA_SUCCESS;
+}
+
 /* fa_kv_slots: contiguous caches only; the arrays' values are table checks (table_checks.h). */
 static fa_status check_slots(const fa_kv_slots *slots, const fa_kv_cache *cache, fa_kv_problem *kp)
 {
@@ -407,10 +451,16 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
         (st = fa_validate_same_shape("out", out, "q", q)))
         return st;
     if (!cache) return INVALID("cache: is NULL");
-    if ((st = fa_validate_tensor("cache->k", &cache->k, &p->k)) || (st = fa_validate_tensor("cache->v", &cache->v, &p->v)) ||
-        (st = fa_validate_same_shape("cache->v", &cache->v, "cache->k", &cache->k)))
+    if ((st = check_tensor("cache->k", &cache->k, 1, &p->k)) || (st = check_tensor("cache->v", &cache->v, 1, &p->v)))
         return st;
-    if (cache->k.dtype != q->dtype) return INVALID("cache->k: dtype differs from q");
+    fa_tensor v_as_k = cache->v; /* k and v may differ in dtype only */
+    v_as_k.dtype = cache->k.dtype;
+    if ((st = fa_validate_same_shape("cache->v", &v_as_k, "cache->k", &cache->k))) return st;
+    if (cache->k.dtype != q->dtype && !fa_dtype_quantised(cache->k.dtype))
+        return INVALID("cache->k: dtype differs from q (and is not a quantised type)");
+    if (cache->v.dtype != q->dtype && !fa_dtype_quantised(cache->v.dtype))
+        return INVALID("cache->v: dtype differs from q (and is not a quantised type)");
+    if ((st = check_kv_scales(desc->kv_scales, cache, kp))) return st;
     if (cache->k.head_dim != q->head_dim)
         return INVALID("cache->k: head_dim %lld differs from q's %lld", (long long)cache->k.head_dim,
                        (long long)q->head_dim);
@@ -480,11 +530,23 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
     return FA_SUCCESS;
 }
 
+/* FP8 descales: finite and positive, [sequences, heads_kv]. */
+static fa_status check_descales(const char *which, const float *descale, int64_t sequences, int64_t heads_kv)
+{
+    for (int64_t e = 0; descale && e < sequences * heads_kv; ++e)
+        if (!(descale[e] > 0.0f) || !isfinite(descale[e]))
+            return INVALID("desc->kv_scales->%s_descale[%lld]: %g (sequence %lld, kv head %lld) is not finite and positive",
+                           which, (long long)e, (double)descale[e], (long long)(e / heads_kv), (long long)(e % heads_kv));
+    return FA_SUCCESS;
+}
+
 fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)
 {
     fa_table_fault f;
     const fa_problem *p = &kp->attn;
-    return fa_check_cache_tables(&f, &kp->cache, &p->varlen, fa_kv_sequences(p), p->shape.seqlen_k, p->shape.seqlen_q,
-                                 kp->cache.seqlen_new, p->k.batch) ? FA_SUCCESS
-                                                                                             : table_fault_error(&f);
+    if (!fa_check_cache_tables(&f, &kp->cache, &p->varlen, fa_kv_sequences(p), p->shape.seqlen_k, p->shape.seqlen_q,
+                               kp->cache.seqlen_new, p->k.batch))
+        return table_fault_error(&f);
+    fa_status st = check_descales("k", kp->cache.k_descale, fa_kv_sequences(p), p->shape.heads_kv);
+    return st == FA_SUCCESS ? check_descales("v", kp->cache.v_descale, fa_kv_sequences(p), p->shape.heads_kv) : st;
 }

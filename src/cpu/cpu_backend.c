@@ -135,10 +135,15 @@ static fa_status cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     return fa_modifiers_any(&kp->attn.modifiers) ? fa_cpu_decode_modified(state, kp) : fa_cpu_decode(state, kp);
 }
 
-/* The CPU backend runs every problem the core validates. */
+/* The CPU backend runs every problem the core validates, but score modifiers on a quantised cache
+ * (their path gathers keys in q's dtype, which would round the dequantised values). */
 static fa_status cpu_supports(void *state, fa_op op, const fa_problem *p)
 {
     (void)state;
+    const unsigned needs = fa_problem_needs(op, p);
+    if ((needs & FA_NEED_KVCACHE_QUANT) && (needs & FA_NEED_KVCACHE_MODIFIERS))
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc: the cpu backend does not implement score modifiers (softcap, "
+                                                    "alibi_slopes, sinks, bias) on a quantised cache yet");
     return fa_require_needs(fa_set_error, "cpu", FA_NEED_ALL, op, p);
 }
 

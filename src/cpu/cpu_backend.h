@@ -45,10 +45,13 @@ fa_status fa_cpu_decode(void *state, const fa_kv_problem *p);
  * keys (cpu_kvcache_modifiers.c). */
 fa_status fa_cpu_decode_modified(void *state, const fa_kv_problem *kp);
 /* Where key j of sequence b (cache position cache_leftpad[b] + j) lives in the cache tensors (slot
- * or page, row), row (b, key
- * j, head h) of a cache tensor, and the append of k_new/v_new at cache_seqlens[b]
- * (cpu_kvcache.c). */
+ * or page, row), row (b, key j, head h) of a cache tensor, the append of k_new/v_new at
+ * cache_seqlens[b] (quantising them for an int8 or FP8 cache), and the factor a quantised cache
+ * tensor's codes of (b, key j, kv head h) are multiplied by (its int8 scale or FP8 descale; 1 for
+ * an FP8 cache without descales) (cpu_kvcache.c). */
 void fa_cpu_kvcache_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slot_b, int64_t *slot_s);
 const void *fa_cpu_kvcache_row(const fa_kv_problem *kp, const fa_tensor *cache, int64_t b, int64_t j, int64_t h);
 void fa_cpu_kvcache_append(const fa_kv_problem *kp);
+float fa_cpu_kvcache_scale(const fa_kv_problem *kp, const fa_tensor *cache, const float *scales,
+                           const float *descales, int64_t b, int64_t j, int64_t h);
 #endif

@@ -71,6 +71,7 @@ static int64_t chunk_count(const fa_kv_problem *kp, int64_t b)
 typedef struct decode_scratch {
     int64_t q_unit; /* the unit whose query rows q holds (-1: none yet): a thread's chunks of one unit load them once */
     float *q, *st, *tile_max, *shift, *alpha, *tile_sum, *acc;
+    float *factors; /* a quantised cache's factor per (key of the step, kv head) */
     unsigned char *poisoned;
     fa_key_range *ranges;
 } decode_scratch;
@@ -78,7 +79,7 @@ typedef struct decode_scratch {
 static size_t scratch_bytes(const fa_problem *p)
 {
     const int64_t d = p->shape.head_dim, cols = p->shape.heads_kv * DECODE_ROWS;
-    const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 4 * cols + d + (d & 1));
+    const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 4 * cols + d + (d & 1) + DECODE_KEYS * p->shape.heads_kv);
     return (floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + (size_t)cols + 63) & ~(size_t)63;
 }
 
@@ -94,6 +95,7 @@ static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
     w->alpha = f; f += cols;
     w->tile_sum = f; f += cols;
     w->acc = f; f += d + (d & 1);
+    w->factors = f; f += DECODE_KEYS * p->shape.heads_kv;
     w->ranges = (fa_key_range *)f; /* f is 8-aligned: the float count above is even (cols is) */
     w->poisoned = (unsigned char *)(w->ranges + DECODE_ROWS);
 }
@@ -158,6 +160,21 @@ typedef struct key_tile {
 
 static int64_t tile_key(const key_tile *t, int64_t x) { return t->j0 + fa_decode_key_offset(x, t->key_step, t->quad_step); }
 
+/* A quantised cache tensor's codes enter S^T (or P enters O) as they are; their factors (int8
+ * scale per key and kv head, FP8 descale per kv head) multiply the tile's columns instead, one
+ * multiply per score rather than d per key: S^T[x][hk * rows + r] (or P) times the factor of key x
+ * and kv head hk. An FP8 tensor without descales has factor 1: nothing to do. */
+static void apply_factors(const fa_kv_problem *kp, const fa_tensor *cache, const float *scales, const float *descales,
+                          int64_t b, const key_tile *t, int64_t rows, float *st, float *factors)
+{
+    if (!fa_dtype_quantised(cache->dtype) || (fa_dtype_fp8(cache->dtype) && !descales)) return;
+    const int64_t hkv = kp->attn.shape.heads_kv, cols = hkv * rows;
+    for (int64_t x = 0; x < t->n; ++x)
+        for (int64_t hk = 0; hk < hkv; ++hk) factors[x * hkv + hk] = fa_cpu_kvcache_scale(kp, cache, scales, descales, b, tile_key(t, x), hk);
+    for (int64_t x = 0; x < t->n; ++x)
+        for (int64_t c = 0; c < cols; ++c) st[x * cols + c] *= factors[x * hkv + c / rows];
+}
+
 /* One online-softmax step of the unit's rows of every kv head on the tile's keys. The scores of
  * all kv heads form one transposed tile S^T[x][hk * rows + r], so that the softmax vectors are
  * full (a GQA group has few rows per kv head); the scale is applied inside the exponential. K and
@@ -182,6 +199,7 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
         kern->decode_scores(n, hkv, rows, d, fa_row_ptr(k, sb, ss, 0), k->dtype, t->key_step * k->stride_seq,
                             t->quad_step * k->stride_seq, k->stride_head, w->q, rows * d, st, cols);
     }
+    apply_factors(kp, k, kp->cache.k_scale, kp->cache.k_descale, b, t, rows, st, w->factors);
     int seen_by_all = 1;
     for (int64_t r = 0; r < rows && seen_by_all; ++r) seen_by_all = w->ranges[r].lo <= j0 && w->ranges[r].hi > tile_key(t, n - 1);
     /* Masked scores become -inf. A NaN score a row sees (NaN in its query or in the key) is not left
@@ -214,6 +232,7 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
                         w->tile_sum);
     for (int64_t c = 0; any_poisoned && c < cols; ++c)
         if (w->poisoned[c]) out.l[c] = NAN;
+    apply_factors(kp, v, kp->cache.v_scale, kp->cache.v_descale, b, t, rows, st, w->factors);
     if (seen_by_all && t->key_step != 1) { /* O = alpha O + P V, every kv head */
         int64_t sb, ss;
         fa_cpu_kvcache_slot(kp, b, j0, &sb, &ss);

@@ -93,6 +93,8 @@ void fa_cpu_store_bias_row(const fa_bias *bias, int64_t b, int64_t h, int64_t i,
     case FA_DTYPE_BF16:
         for (int64_t c = 0; c < n; ++c) ((uint16_t *)row)[j0 + c] = fa_f32_to_bf16(src[c]);
         break;
+    default: /* a bias is never quantised (validation) */
+        break;
     }
 }
 

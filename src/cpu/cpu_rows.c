@@ -20,6 +20,8 @@ void fa_cpu_load_rows(const fa_tensor *t, int64_t b, int64_t s0, int64_t h, int6
         case FA_DTYPE_BF16:
             for (int64_t c = 0; c < d; ++c) out[c] = fa_bf16_to_f32(((const uint16_t *)src)[c]);
             break;
+        default: /* quantised cache codes are read by the decode kernels with their scales */
+            break;
         }
     }
 }
@@ -131,6 +133,8 @@ void fa_cpu_store_rows(const fa_tensor *t, const fa_cpu_kernels *kern, int64_t b
             break;
         case FA_DTYPE_BF16:
             narrow_bf16(in, dst, d);
+            break;
+        default: /* outputs are never quantised (validation) */
             break;
         }
     }

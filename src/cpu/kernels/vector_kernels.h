@@ -28,6 +28,7 @@
 
 #include "../../common/dtype.h"
 #include "../../common/half.h"
+#include "../../common/quant_codes.h"
 #include "exp_poly.h"
 #include "tanh_poly.h"
 #endif
@@ -598,11 +599,22 @@ static void KNAME(f32_to_f16)(const float *src, uint16_t *dst, int64_t n)
 
 /* ---- decode: S^T = K Q^T and O = alpha O + P V straight from the cache (kernels.h) ---- */
 
-/* W elements of a cache row from element p, widened in registers; dt is a compile-time constant. */
+/* W elements of a cache row from element p, widened in registers; dt is a compile-time constant.
+ * Quantised codes become their exact values (quant_codes.h), without their scales: int8 as
+ * integers; FP8 through binary16, whose conversion every ISA here has: an E5M2 code is the top byte
+ * of the binary16 of its value, and an E4M3 code's exponent and mantissa bits, moved to binary16's,
+ * give value / 2^8 (subnormals included: binary16's subnormals are E4M3's, scaled), so one multiply
+ * finishes it; E4M3's NaN codes (S.1111.111) come out as +-480, which no finite code is. */
 FA_INLINE VEC KNAME(cache_load)(const void *row, int64_t p, const int dt)
 {
     if (dt == FA_DTYPE_F16) return VLOAD_F16((const uint16_t *)row + p);
     if (dt == FA_DTYPE_BF16) return VLOAD_BF16((const uint16_t *)row + p);
+    if (dt == FA_DTYPE_I8) return VLOAD_I8((const int8_t *)row + p);
+    if (dt == FA_DTYPE_FP8_E5M2) return VLOAD_E5M2((const uint8_t *)row + p);
+    if (dt == FA_DTYPE_FP8_E4M3) {
+        const VEC x = VMUL(VLOAD_E4M3_OVER_256((const uint8_t *)row + p), VSET1(256.0f));
+        return VSELECT_EQ(VABS(x), VSET1(480.0f), VSET1(NAN), x);
+    }
     return VLOAD((const float *)row + p);
 }
 
@@ -610,13 +622,28 @@ FA_INLINE float KNAME(cache_element)(const void *row, int64_t p, const int dt)
 {
     if (dt == FA_DTYPE_F16) return fa_f16_to_f32(((const uint16_t *)row)[p]);
     if (dt == FA_DTYPE_BF16) return fa_bf16_to_f32(((const uint16_t *)row)[p]);
+    if (dt == FA_DTYPE_I8) return (float)((const int8_t *)row)[p];
+    if (dt == FA_DTYPE_FP8_E5M2) return fa_fp8_e5m2_to_f32(((const uint8_t *)row)[p]);
+    if (dt == FA_DTYPE_FP8_E4M3) return fa_fp8_e4m3_to_f32(((const uint8_t *)row)[p]);
     return ((const float *)row)[p];
 }
 
 FA_INLINE const void *KNAME(cache_row)(const void *base, int64_t offset, const int dt)
 {
-    return (const char *)base + offset * (dt == FA_DTYPE_F32 ? 4 : 2);
+    return (const char *)base + offset * (int64_t)fa_dtype_size((fa_dtype)dt);
 }
+
+/* Every cache dtype's instance of a decode kernel body: FA_CACHE_DTYPES(OF) expands OF(dt) once per
+ * dtype, dt a constant in each. */
+#define FA_CACHE_DTYPES(OF, dtype)                                                              \
+    do {                                                                                         \
+        if (dtype == FA_DTYPE_F16) OF(FA_DTYPE_F16);                                             \
+        else if (dtype == FA_DTYPE_BF16) OF(FA_DTYPE_BF16);                                      \
+        else if (dtype == FA_DTYPE_I8) OF(FA_DTYPE_I8);                                          \
+        else if (dtype == FA_DTYPE_FP8_E4M3) OF(FA_DTYPE_FP8_E4M3);                              \
+        else if (dtype == FA_DTYPE_FP8_E5M2) OF(FA_DTYPE_FP8_E5M2);                              \
+        else OF(FA_DTYPE_F32);                                                                   \
+    } while (0)
 
 /* ---- bias_cols: a row-major bias added to a key-major score tile (kernels.h) ---- */
 
@@ -714,7 +741,7 @@ static void KNAME(bias_cols)(float *x, int64_t ld, int64_t rows, int64_t cols, f
  * them (bench/results/decode-cpu.md); the prefetches only took miss buffers from them. */
 FA_INLINE int64_t KNAME(prefetch_keys_ahead)(int64_t heads, int64_t d, int64_t ld_key, int64_t ld_quad, const int dt)
 {
-    const int64_t row = d * (dt == FA_DTYPE_F32 ? 4 : 2), bytes = heads * row;
+    const int64_t row = d * (int64_t)fa_dtype_size((fa_dtype)dt), bytes = heads * row;
     if (DECODE_PREFETCH_BYTES == 0 || row >= DECODE_PREFETCH_ROW_BYTES || ld_quad != 4 * ld_key) return 0;
     return bytes >= DECODE_PREFETCH_BYTES ? 1 : DECODE_PREFETCH_BYTES / bytes;
 }
@@ -726,7 +753,7 @@ FA_INLINE int64_t KNAME(prefetch_keys_ahead)(int64_t heads, int64_t d, int64_t l
 FA_INLINE void KNAME(prefetch_keys)(const void *base, int64_t x, int64_t count, int64_t heads, int64_t d,
                                     int64_t ld_key, int64_t ld_quad, int64_t ld_head, const int dt)
 {
-    const int64_t es = dt == FA_DTYPE_F32 ? 4 : 2;
+    const int64_t es = (int64_t)fa_dtype_size((fa_dtype)dt);
     for (int64_t key = x; key < x + count; ++key)
         for (int64_t h = 0; h < heads; ++h) {
             const int64_t offset = fa_decode_key_offset(key, ld_key, ld_quad) + h * ld_head;
@@ -805,9 +832,7 @@ static void KNAME(decode_scores)(int64_t n, int64_t heads, int64_t rows, int64_t
                                  float *st, int64_t ldst)
 {
 #define FA_SCORES_OF(dt) KNAME(scores_of)(n, heads, rows, d, k, dt, ld_key, ld_quad, ld_head, q, ldq_head, st, ldst)
-    if (dtype == FA_DTYPE_F16) FA_SCORES_OF(FA_DTYPE_F16);
-    else if (dtype == FA_DTYPE_BF16) FA_SCORES_OF(FA_DTYPE_BF16);
-    else FA_SCORES_OF(FA_DTYPE_F32);
+    FA_CACHE_DTYPES(FA_SCORES_OF, dtype);
 #undef FA_SCORES_OF
 }
 
@@ -898,9 +923,7 @@ static void KNAME(decode_values)(int64_t n, int64_t heads, int64_t rows, int64_t
                                  int64_t ldo_head, const float *alpha)
 {
 #define FA_VALUES_OF(dt) KNAME(values_of)(n, heads, rows, d, p, ldp, v, dt, ld_key, ld_quad, ld_head, o, ldo_head, alpha)
-    if (dtype == FA_DTYPE_F16) FA_VALUES_OF(FA_DTYPE_F16);
-    else if (dtype == FA_DTYPE_BF16) FA_VALUES_OF(FA_DTYPE_BF16);
-    else FA_VALUES_OF(FA_DTYPE_F32);
+    FA_CACHE_DTYPES(FA_VALUES_OF, dtype);
 #undef FA_VALUES_OF
 }
 

@@ -5,6 +5,7 @@
 #include <arm_neon.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../kernels.h"
 
@@ -39,12 +40,27 @@
 #define VZERO_BELOW(y, x, lo) vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), vcltq_f32(x, lo)))
 #define VLOAD_F16(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
 #define VSTORE_F16(p, v) vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(v))) /* FPCR rounding: nearest even */
+/* Quantised cache codes (vector_kernels.h, cache_load): 4 bytes. */
+#define VLOAD_I8(p) vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(neon_load_u32(p)))))))
+#define VLOAD_BYTES_U16(p) vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(neon_load_u32(p)))))
+#define VLOAD_E5M2(p) vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(VLOAD_BYTES_U16(p), 8)))
+#define VLOAD_E4M3_OVER_256(p)                                                                                     \
+    vcvt_f32_f16(vreinterpret_f16_u16(vorr_u16(vshl_n_u16(vand_u16(VLOAD_BYTES_U16(p), vdup_n_u16(0x7f)), 7),    \
+                                               vshl_n_u16(vand_u16(VLOAD_BYTES_U16(p), vdup_n_u16(0x80)), 8))))
 #define VLOAD_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))
 #define VHSUM(v) vaddvq_f32(v)
 #define NT_NR 4
 /* Lane i = the sum of the lanes of acc[i]: pairwise adds of neighbours, twice. */
 #define VSUM_TRANSPOSED(acc) vpaddq_f32(vpaddq_f32((acc)[0], (acc)[1]), vpaddq_f32((acc)[2], (acc)[3]))
 #define PV_CB 4 /* 16 accumulators, 4 V vectors and a broadcast: 21 of the 32 q registers */
+
+/* Four bytes of a quantised cache row (any alignment). */
+static inline uint32_t neon_load_u32(const void *p)
+{
+    uint32_t u;
+    memcpy(&u, p, sizeof u);
+    return u;
+}
 
 static inline float32x4_t neon_load_first(const float *p, int n)
 {

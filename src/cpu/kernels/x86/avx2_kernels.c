@@ -50,6 +50,13 @@
 #define VZERO_BELOW(y, x, lo) _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y)
 #define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define VSTORE_F16(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT))
+/* Quantised cache codes (vector_kernels.h, cache_load): 8 bytes. */
+#define VLOAD_BYTES_U16(p) _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p)))
+#define VLOAD_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define VLOAD_E5M2(p) _mm256_cvtph_ps(_mm_slli_epi16(VLOAD_BYTES_U16(p), 8))
+#define VLOAD_E4M3_OVER_256(p)                                                                                   \
+    _mm256_cvtph_ps(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(VLOAD_BYTES_U16(p), _mm_set1_epi16(0x7f)), 7),  \
+                                 _mm_slli_epi16(_mm_and_si128(VLOAD_BYTES_U16(p), _mm_set1_epi16(0x80)), 8)))
 #define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VHSUM(v) avx2_hsum(v)
 #define NT_NR 2 /* 8 accumulators, 2 + 1 operands: 11 of the 16 ymm registers */

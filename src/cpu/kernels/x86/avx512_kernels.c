@@ -54,6 +54,11 @@
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define VSTORE_F16(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT))
 #define VLOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+/* Quantised cache codes (vector_kernels.h, cache_load): 16 bytes widened with AVX2's integer ops. */
+#define VLOAD_BYTES_U16(p) _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p)))
+#define VLOAD_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define VLOAD_E5M2(p) _mm512_cvtph_ps(_mm256_slli_epi16(VLOAD_BYTES_U16(p), 8))
+#define VLOAD_E4M3_OVER_256(p) _mm512_cvtph_ps(avx_e4m3_as_f16(VLOAD_BYTES_U16(p)))
 #define VHSUM(v) _mm512_reduce_add_ps(v)
 #define NT_NR 4
 #define VSUM_TRANSPOSED(acc) avx512_transpose_sum(acc)
@@ -78,6 +83,14 @@ static inline __m512 avx512_transpose_sum(const __m512 *a)
 }
 
 #include "avx_transpose.h"
+
+/* E4M3 codes (one per 16-bit lane) as binary16 bits of value / 2^8: sign to bit 15, exponent and
+ * mantissa shifted up by 7. */
+static inline __m256i avx_e4m3_as_f16(__m256i u)
+{
+    return _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x7f)), 7),
+                           _mm256_slli_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x80)), 8));
+}
 /* 8 keys of 16 rows of 16-bit values, rows l and l + 8 side by side in the two 128-bit lanes of a
  * ymm register: an 8 x 8 transpose of 16-bit elements in each lane (unpacks of 16, 32, 64 bits),
  * then each key's 16 values widened at once (half the shuffles of widening first). */
