@@ -5,7 +5,7 @@
  * problem run with FLASHATTN_CPU_ISA=ref. ISAs this CPU lacks are skipped.
  *   test_checkasm [--function=PATTERN] [--isa=NAME] [--seed=N] [--bench]
  * --function: only the kernels whose name matches the glob (gemm, gemm_nt, gemm_max, gemm_scores,
- * gemm_max_bf16, gemm_ds, decode_scores, decode_values, col_max, exp_cols, softcap_cols,
+ * gemm_max_bf16, gemm_ds, decode_scores, decode_values (and every quantised cache code), col_max, exp_cols, softcap_cols,
  * alibi_cols, bias_cols, transpose, f16_to_f32, bf16_to_f32, f32_to_f16, fma_chains,
  * whole_problems, override); --seed: the random inputs
  * (printed, default 12345); --bench: after the checks, each kernel's time per call on the
@@ -45,6 +45,7 @@ static const struct { const char *name; CMUnitTestFunction run; } kernel_tests[]
     {"gemm_ds", test_gemm_ds},
     {"decode_scores", test_decode_scores},
     {"decode_values", test_decode_values},
+    {"decode_codes", test_decode_codes},
     {"col_max", test_col_max},
     {"exp_cols", test_exp_cols},
     {"softcap_cols", test_softcap_cols},

@@ -17,6 +17,7 @@
 
 #include "common/dtype.h"
 #include "common/half.h"
+#include "common/quant_codes.h"
 #include "cpu/kernels/kernels.h"
 #include "flashattn.h"
 #include "test_util.h" /* test_dtype_size */
@@ -36,6 +37,7 @@ void test_gemm_max_bf16(void **state);
 void test_gemm_ds(void **state);          /* checkasm_backward.c */
 void test_decode_scores(void **state);    /* checkasm_decode.c */
 void test_decode_values(void **state);
+void test_decode_codes(void **state);
 void test_col_max(void **state);          /* checkasm_softmax.c */
 void test_exp_cols(void **state);
 void test_softcap_cols(void **state);

@@ -1,7 +1,22 @@
 /* checkasm: the decode kernels (decode_scores, decode_values) that read a KV cache in place. */
 #include "checkasm.h"
 
-/* A decode cache of `count` elements of dtype (values in [-1, 1], exactly representable). */
+/* The largest magnitude of cache_fill's values of dtype: the kernels' rounding grows with it. */
+static float cache_bound(fa_dtype dtype) { return dtype == FA_DTYPE_I8 ? 127.0f : fa_dtype_fp8(dtype) ? 16.0f : 1.0f; }
+
+/* An FP8 code of dtype whose value is finite with magnitude below 16, any such code alike (every
+ * exponent, subnormals and zeros of both signs included). */
+static uint8_t fp8_code(fa_dtype dtype)
+{
+    for (;;) {
+        const uint8_t c = (uint8_t)(uniform(0, 256));
+        const float v = dtype == FA_DTYPE_FP8_E4M3 ? fa_fp8_e4m3_to_f32(c) : fa_fp8_e5m2_to_f32(c);
+        if (fabsf(v) < 16.0f) return c; /* false for NaN and inf */
+    }
+}
+
+/* A decode cache of `count` elements of dtype: values in [-1, 1], exactly representable; int8
+ * codes in [-127, 127]; FP8 codes of fp8_code. */
 static void *cache_fill(int64_t count, fa_dtype dtype)
 {
     void *data = malloc((size_t)count * fa_dtype_size(dtype));
@@ -10,6 +25,8 @@ static void *cache_fill(int64_t count, fa_dtype dtype)
         const float v = uniform(-1, 1);
         if (dtype == FA_DTYPE_F32) ((float *)data)[x] = v;
         else if (dtype == FA_DTYPE_F16) ((uint16_t *)data)[x] = fa_f32_to_f16(v);
+        else if (dtype == FA_DTYPE_I8) ((int8_t *)data)[x] = (int8_t)lrintf(127.0f * v);
+        else if (fa_dtype_fp8(dtype)) ((uint8_t *)data)[x] = fp8_code(dtype);
         else ((uint16_t *)data)[x] = (uint16_t)(fa_f32_bits(v) >> 16);
     }
     return data;
@@ -36,7 +53,7 @@ static decode_shape decode_trial(int trial)
     s.heads = heads[(trial / 3) % 4];
     s.rows = rows[(trial * 7 + 1) % 8];
     s.d = dims[(trial * 5 + 2) % 9];
-    s.dtype = (fa_dtype)(trial % 3);
+    s.dtype = (fa_dtype)(trial % 6); /* every cache dtype, the quantised ones included */
     s.ld_head = s.d + (trial / 2) % 3;
     const int64_t row = s.heads * s.ld_head + trial % 5;
     s.ld_key = trial % 2 ? (s.n + 3) / 4 * row + trial % 7 : row;
@@ -70,7 +87,7 @@ void test_decode_scores(void **state)
                 if (got[x] != 1234.5f) fail_msg("decode_scores %s: wrote outside S^T at %lld", isa->isa, (long long)x);
                 continue;
             }
-            const float tol = 4e-7f * (float)(s.d + 2); /* d roundings in either order, |sum| <= d */
+            const float tol = 4e-7f * (float)(s.d + 2) * cache_bound(s.dtype); /* d roundings in either order, |sum| <= d * bound */
             if (!(fabsf(got[x] - want[x]) <= tol))
                 fail_msg("decode_scores %s n=%lld heads=%lld rows=%lld d=%lld dtype=%d: S^T[%lld] = %.9g, ref %.9g",
                          isa->isa, (long long)s.n, (long long)s.heads, (long long)s.rows, (long long)s.d, (int)s.dtype,
@@ -103,7 +120,7 @@ void test_decode_values(void **state)
                 if (got[x] != 1234.5f) fail_msg("decode_values %s: wrote outside O at %lld", isa->isa, (long long)x);
                 continue;
             }
-            const float tol = 4e-7f * (float)(s.n + 2); /* n + 1 roundings, |O| <= n + 1 */
+            const float tol = 4e-7f * (float)(s.n + 2) * cache_bound(s.dtype); /* n + 1 roundings, |O| <= (n + 1) * bound */
             if (!(fabsf(got[x] - want[x]) <= tol))
                 fail_msg("decode_values %s n=%lld heads=%lld rows=%lld d=%lld dtype=%d scale=%d: O[%lld] = %.9g, ref %.9g",
                          isa->isa, (long long)s.n, (long long)s.heads, (long long)s.rows, (long long)s.d, (int)s.dtype,
@@ -111,4 +128,31 @@ void test_decode_values(void **state)
         }
         free(v); free(pr); free(alpha); free(want); free(got);
     }
+}
+
+/* Every code of each quantised cache dtype through decode_values with one key, P = 1 and O = 0:
+ * O is then the ISA's decoded row, which must be the exact value of each code (quant_codes.h),
+ * NaN for NaN codes and the infinities of E5M2 included. Rows of 256 codes sit at every offset of
+ * a vector (a code's lane and its neighbours differ per offset). */
+void test_decode_codes(void **state)
+{
+    const fa_cpu_kernels *isa = isa_or_skip(state);
+    static const fa_dtype dtypes[] = {FA_DTYPE_I8, FA_DTYPE_FP8_E4M3, FA_DTYPE_FP8_E5M2};
+    uint8_t row[256 + 16];
+    float o[256], one = 1.0f;
+    for (int t = 0; t < 3; ++t)
+        for (int offset = 0; offset < 16; ++offset) {
+            for (int c = 0; c < 256; ++c) row[offset + c] = (uint8_t)(c + 7 * offset);
+            memset(o, 0, sizeof o);
+            isa->decode_values(1, 1, 1, 256, &one, 1, row + offset, dtypes[t], 256, 1024, 256, o, 256, NULL);
+            for (int c = 0; c < 256; ++c) {
+                const uint8_t code = row[offset + c];
+                const float want = dtypes[t] == FA_DTYPE_I8 ? (float)(int8_t)code
+                                   : dtypes[t] == FA_DTYPE_FP8_E4M3 ? fa_fp8_e4m3_to_f32(code) : fa_fp8_e5m2_to_f32(code);
+                const int same = want != want ? o[c] != o[c] : o[c] == want; /* O starts at +0: a -0 code gives +0 */
+                if (!same)
+                    fail_msg("decode_values %s dtype=%d: code 0x%02x at element %d decodes to %.9g, not %.9g", isa->isa,
+                             (int)dtypes[t], code, c, o[c], want);
+            }
+        }
 }
