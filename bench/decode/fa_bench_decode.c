@@ -10,12 +10,17 @@
  *    tokens and 2 prefill chunks of 512 tokens on 4k contexts in one ragged call, against the two
  *    padded calls it replaces (the decodes, the prefills), and the decodes' read bandwidth;
  *  - the batch-invariant split against the batch-dependent split of 0.4 (chunks from batch x row
- *    tiles: 128 tasks) on the same decode shapes, batch 1..64: what invariance costs.
+ *    tiles: 128 tasks) on the same decode shapes, batch 1..64: what invariance costs;
+ *  - quantised caches (--only quant; not in the default run): the same decode (q f16, 4k/16k/32k
+ *    keys) over an f16 cache and over int8 (per-token scales), FP8 E4M3 and FP8 E5M2 caches
+ *    (per-sequence descales), all in one interleaved run with the array sum: step time, time
+ *    against the f16 cache, bytes read per step (K+V codes + int8 scales) and their rate as a
+ *    fraction of the array sum's.
  * Each comparison runs its variants in interleaved rounds and keeps each one's best round (the
  * median of its calls in that round), so that drift and other load on the machine hit all of them
  * alike; only the ratios mean much.
  * Usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5]
- *                        [--only decode|varlen|serving|split]
+ *                        [--only decode|varlen|serving|split|quant]
  *                        [--clock wall|cpu] */
 #include <math.h>
 #include <stdint.h>
@@ -178,6 +183,133 @@ static void bench_decode(fa_context *ctx, fa_dtype dtype, int64_t keys, sum_arg 
     free(kn);
     free(vn);
     free(a.lse);
+}
+
+/* ---- quantised caches --------------------------------------------------------------------------- */
+/* count valid codes of a quantised cache dtype: int8 uniform in [-127, 127]; FP8 of magnitude 2^-3..2^3
+ * (E4M3 exponent field 4..10, E5M2 12..18, random sign and mantissa): no NaN, infinity or subnormal. */
+static void *alloc_codes(size_t count, fa_dtype dtype)
+{
+    uint8_t *p = malloc(count);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", count);
+        exit(1);
+    }
+    uint64_t s = 0xD1B54A32D192ED03ull ^ count ^ (uint64_t)dtype;
+    for (size_t i = 0; i < count; ++i) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        const unsigned sign = (unsigned)(s >> 63) << 7;
+        if (dtype == FA_DTYPE_I8) {
+            const int8_t c = (int8_t)((int)((s >> 32) % 255u) - 127);
+            memcpy(p + i, &c, 1);
+        } else if (dtype == FA_DTYPE_FP8_E4M3) {
+            p[i] = (uint8_t)(sign | (4 + (s >> 40) % 7) << 3 | (s & 7));
+        } else {
+            p[i] = (uint8_t)(sign | (12 + (s >> 40) % 7) << 2 | (s & 3));
+        }
+    }
+    return p;
+}
+
+static const char *cache_dtype_name(fa_dtype dtype)
+{
+    switch (dtype) {
+    case FA_DTYPE_F32: return "f32";
+    case FA_DTYPE_F16: return "f16";
+    case FA_DTYPE_BF16: return "bf16";
+    case FA_DTYPE_I8: return "int8";
+    case FA_DTYPE_FP8_E4M3: return "e4m3";
+    case FA_DTYPE_FP8_E5M2: return "e5m2";
+    }
+    return "?";
+}
+
+/* The decode step of bench_decode (q, out, k_new, v_new f16) over an f16 cache and int8, E4M3 and
+ * E5M2 caches of the same shape, timed in one interleaved run with the array sum. int8 scales are
+ * ~1/127 per (token, kv head) (values up to ~1); FP8 descales 1/16 per kv head. */
+static void bench_quant(fa_context *ctx, int64_t keys, sum_arg *sum, int rounds, double min_time)
+{
+    enum { VARIANTS = 4 };
+    static const fa_dtype dtypes[VARIANTS] = {FA_DTYPE_F16, FA_DTYPE_I8, FA_DTYPE_FP8_E4M3, FA_DTYPE_FP8_E5M2};
+    const int64_t hq = 32, hk = 8, d = 128;
+    const size_t elements = (size_t)(keys * hk * d), rows = (size_t)(keys * hk);
+    static int32_t cached[1];
+    cached[0] = (int32_t)(keys - 1); /* + the appended token = keys */
+    void *q = alloc_values((size_t)(hq * d), FA_DTYPE_F16), *kn = alloc_values((size_t)(hk * d), FA_DTYPE_F16);
+    void *vn = alloc_values((size_t)(hk * d), FA_DTYPE_F16);
+    float *k_scale = malloc(rows * sizeof(float)), *v_scale = malloc(rows * sizeof(float));
+    float descale[8];
+    if (!k_scale || !v_scale) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    for (size_t r = 0; r < rows; ++r) {
+        k_scale[r] = (0.5f + 0.5f * (float)(r % 97) / 96.0f) / 127.0f;
+        v_scale[r] = (0.5f + 0.5f * (float)((r * 31) % 89) / 88.0f) / 127.0f;
+    }
+    for (int h = 0; h < 8; ++h) descale[h] = 1.0f / 16.0f;
+    fa_kv_scales scales[VARIANTS];
+    decode_arg a[VARIANTS];
+    void *kc[VARIANTS], *vc[VARIANTS];
+    double bytes[VARIANTS];
+    for (int x = 0; x < VARIANTS; ++x) {
+        const fa_dtype dt = dtypes[x];
+        memset(&a[x], 0, sizeof a[x]);
+        a[x].ctx = ctx;
+        fa_attention_desc_init(&a[x].desc);
+        a[x].desc.causal = 1;
+        fa_kv_scales_init(&scales[x]);
+        if (dt == FA_DTYPE_F16) {
+            kc[x] = alloc_values(elements, dt);
+            vc[x] = alloc_values(elements, dt);
+            bytes[x] = 2.0 * (double)elements * 2.0;
+        } else {
+            kc[x] = alloc_codes(elements, dt);
+            vc[x] = alloc_codes(elements, dt);
+            bytes[x] = 2.0 * (double)elements;
+            if (dt == FA_DTYPE_I8) {
+                scales[x].k_scale = k_scale;
+                scales[x].v_scale = v_scale;
+                bytes[x] += 2.0 * (double)rows * sizeof(float);
+            } else {
+                scales[x].k_descale = descale;
+                scales[x].v_descale = descale;
+            }
+            a[x].desc.kv_scales = &scales[x];
+        }
+        a[x].lse = malloc((size_t)hq * sizeof(float));
+        a[x].q = (fa_tensor){q, FA_DTYPE_F16, 1, 1, hq, d, 0, 0, 0};
+        a[x].out = (fa_tensor){alloc_values((size_t)(hq * d), FA_DTYPE_F16), FA_DTYPE_F16, 1, 1, hq, d, 0, 0, 0};
+        a[x].k_new = (fa_tensor){kn, FA_DTYPE_F16, 1, 1, hk, d, 0, 0, 0};
+        a[x].v_new = (fa_tensor){vn, FA_DTYPE_F16, 1, 1, hk, d, 0, 0, 0};
+        a[x].cache.k = (fa_tensor){kc[x], dt, 1, keys, hk, d, 0, 0, 0};
+        a[x].cache.v = (fa_tensor){vc[x], dt, 1, keys, hk, d, 0, 0, 0};
+        a[x].cache.cache_seqlens = cached;
+    }
+    const bench_fn fns[VARIANTS + 1] = {array_sum, decode_step, decode_step, decode_step, decode_step};
+    void *args[VARIANTS + 1] = {sum, &a[0], &a[1], &a[2], &a[3]};
+    double best[VARIANTS + 1];
+    time_rounds(rounds, VARIANTS + 1, fns, args, (VARIANTS + 1) * min_time, best);
+    const double bandwidth = (double)(sum->n * sizeof(float)) / best[0] / 1e9;
+    printf("quant   cache %6lld keys, q f16, heads 32/8, d 128: array sum %.2f GB/s\n", (long long)keys, bandwidth);
+    for (int x = 0; x < VARIANTS; ++x) {
+        const double t = best[x + 1], rate = bytes[x] / t / 1e9;
+        printf("        %-4s  %8.3f ms  vs f16 %5.3f  read %7.2f MB/step  %6.2f GB/s  of array sum %.2f\n",
+               cache_dtype_name(dtypes[x]), t * 1e3, t / best[1], bytes[x] / 1e6, rate, rate / bandwidth);
+    }
+    for (int x = 0; x < VARIANTS; ++x) {
+        free(kc[x]);
+        free(vc[x]);
+        free(a[x].out.data);
+        free(a[x].lse);
+    }
+    free(q);
+    free(kn);
+    free(vn);
+    free(k_scale);
+    free(v_scale);
 }
 
 /* ---- serving step ------------------------------------------------------------------------------- */
@@ -410,7 +542,7 @@ static void bench_varlen(fa_context *ctx, int sequences, int rounds, double min_
 
 int main(int argc, char **argv)
 {
-    int threads = 2, quick = 0, decode = 1, varlen = 1, serving = 1, split = 1, rounds = 5;
+    int threads = 2, quick = 0, decode = 1, varlen = 1, serving = 1, split = 1, quant = 0, rounds = 5;
     double min_time = 0.5;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -424,10 +556,12 @@ int main(int argc, char **argv)
             varlen = !strcmp(argv[i], "varlen");
             serving = !strcmp(argv[i], "serving");
             split = !strcmp(argv[i], "split");
+            quant = !strcmp(argv[i], "quant");
         }
         else {
             puts("usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5]\n"
-                 "                       [--only decode|varlen|serving|split]\n"
+                 "                       [--only decode|varlen|serving|split|quant]  (quant: int8/FP8 caches\n"
+                 "                       against f16; only with --only)\n"
                  "                       [--clock wall|cpu]  (cpu: process CPU time / threads, for a loaded machine)\n"
                  "  --min-time: seconds per variant of each comparison, spread over the rounds");
             return strcmp(argv[i], "--help") ? 1 : 0;
@@ -445,7 +579,7 @@ int main(int argc, char **argv)
     }
     /* 128 MiB (512 MiB without --quick) of floats: far beyond the last-level cache */
     sum_arg sum = {NULL, (size_t)1 << (quick ? 25 : 27), threads, 0.0};
-    float *x = decode || serving ? alloc_values(sum.n, FA_DTYPE_F32) : NULL;
+    float *x = decode || serving || quant ? alloc_values(sum.n, FA_DTYPE_F32) : NULL;
     sum.x = x;
     if (decode) {
         static const int64_t cache_lengths[] = {4096, 16384, 32768};
@@ -457,6 +591,10 @@ int main(int argc, char **argv)
     if (varlen) bench_varlen(ctx, quick ? 3 : 8, rounds, min_time);
     if (serving) bench_serving(ctx, quick, &sum, rounds, min_time);
     if (split) bench_split(ctx, quick, rounds, min_time);
+    if (quant) {
+        static const int64_t cache_lengths[] = {4096, 16384, 32768};
+        for (int i = 0; i < (quick ? 1 : 3); ++i) bench_quant(ctx, cache_lengths[i], &sum, rounds, min_time);
+    }
     free(x);
     fa_context_destroy(ctx);
     return 0;
