@@ -161,8 +161,10 @@ typedef struct fa_attention_desc {
      * a smaller size gives a small batch more parallelism, e.g. on a large GPU).
      * Either way a sequence's output does not depend on what else is in the batch. */
     int64_t kv_split_tokens;
-    /* Added in 0.6: the scales of a quantised KV cache (fa_kv_scales below); NULL = none. */
+    /* Added in 0.6: the scales of a quantised KV cache (fa_kv_scales below), and rotary position
+     * embeddings applied by the KV-cache calls (fa_rotary below); NULL = none. */
     const struct fa_kv_scales *kv_scales;
+    const struct fa_rotary *rotary;
 } fa_attention_desc;
 
 /* struct_size = sizeof, scale 0, no masks, windows -1, no dropout, no varlen, no modifiers. */
@@ -309,15 +311,53 @@ FA_API fa_status fa_context_set_workspace(fa_context *ctx, void *workspace, size
  *    57344 for E5M2), NaN becomes 0x7F. Codes decode exactly as OCP defines them (NaN codes give NaN,
  *    E5M2's 0x7C/0xFC infinities).
  * A missing scale, a non-finite or non-positive descale, or scales given for an unquantised cache
- * are FA_ERROR_INVALID_VALUE naming them, with nothing written. The CPU backend runs every path
- * (decode split, paged, ragged queries, slots, score modifiers); GPU plugins return
- * FA_ERROR_NOT_SUPPORTED for quantised caches. */
+ * are FA_ERROR_INVALID_VALUE naming them, with nothing written. The CPU backend runs them on every
+ * path of the KV-cache calls (split, paged, ragged queries, slots, rotary) except score modifiers
+ * (FA_ERROR_NOT_SUPPORTED); GPU plugins return FA_ERROR_NOT_SUPPORTED for quantised caches. */
 typedef struct fa_kv_scales {
     size_t struct_size;                 /* sizeof(fa_kv_scales), set by fa_kv_scales_init */
     float *k_scale, *v_scale;           /* FA_DTYPE_I8 k / v: per (token, kv head); else NULL */
     const float *k_descale, *v_descale; /* FP8 k / v: [batch, heads_kv]; NULL = 1; else NULL */
 } fa_kv_scales;
 FA_API void fa_kv_scales_init(fa_kv_scales *scales);
+
+/* ---- rotary position embeddings on append (added in 0.6) ------------------------------------------ */
+/* With desc->rotary, fa_forward_kvcache(_ex) and fa_kvcache_append rotate the new keys before they
+ * are stored (and quantised), and fa_forward_kvcache(_ex) rotates the queries, as FlashAttention-2's
+ * flash_attn_with_kvcache does (rotary_cos, rotary_sin, rotary_interleaved). A token's position is
+ * its key index in its sequence (cache position minus cache_leftpad): new token t of sequence b is
+ * at cache_seqlens[b] - leftpad + t. Query i of sequence b (of its q_b queries, with k_b keys after
+ * the append) is at k_b - q_b + i when desc->causal or a window is set (its aligned key), else at
+ * cache_seqlens[b] - leftpad (every query at the first new position, FlashAttention-2's rule).
+ * Dims d < rotary_dim are rotated in pairs with angle index f < rotary_dim / 2:
+ *  - interleaved = 0 (GPT-NeoX, halves): (x[f], x[f + rotary_dim / 2]);
+ *  - interleaved = 1 (GPT-J): (x[2f], x[2f + 1]);
+ * each pair (a, b) becomes (a cos - b sin, b cos + a sin) with cos = cos[pos * ldc + f] and
+ * sin = sin[pos * ldc + f], ldc = rotary_dim / 2, computed in f32 and rounded to the tensor's dtype
+ * (the query's; the cache's, or quantised for a quantised cache). Dims past rotary_dim are unchanged.
+ * The tables are f32 [max_position, rotary_dim / 2] in the context's memory. A position at or past
+ * max_position is FA_ERROR_INVALID_VALUE naming the sequence, with nothing written (checked like the
+ * cache lengths: on GPU backends by the next fa_synchronize). Every path of the KV-cache calls on
+ * the CPU except score modifiers (FA_ERROR_NOT_SUPPORTED); GPU plugins: FA_ERROR_NOT_SUPPORTED. */
+typedef struct fa_rotary {
+    size_t struct_size;     /* sizeof(fa_rotary), set by fa_rotary_init */
+    const float *cos, *sin; /* [max_position, rotary_dim / 2] f32 */
+    int64_t max_position;   /* rows of cos and sin */
+    int64_t rotary_dim;     /* even, 2 <= rotary_dim <= head_dim */
+    int interleaved;        /* 0: GPT-NeoX halves; 1: GPT-J pairs */
+} fa_rotary;
+FA_API void fa_rotary_init(fa_rotary *rotary);
+
+/* Writes k_new/v_new into the cache at cache_seqlens[b] .. + new - 1 (through the block table when
+ * paged; cache rows and left padding of slots), rotating the keys with desc->rotary and quantising
+ * for a quantised cache (desc->kv_scales), exactly as fa_forward_kvcache(_ex) appends, without
+ * attention: for prefill-written caches. k_new/v_new are [batch, seqlen_new, heads_kv, d] of F32,
+ * F16 or BF16 (the cache's dtype when it is not quantised); with desc->varlen they are packed
+ * [1, total_new, ...] by desc->varlen->cu_seqlens_k (varlen->batch sequences; cu_seqlens_q must be
+ * NULL: there are no queries). Only desc->varlen, kv_scales and rotary are read. cache_seqlens is
+ * not modified; checks as fa_forward_kvcache's (nothing written on failure). */
+FA_API fa_status fa_kvcache_append(fa_context *ctx, const fa_attention_desc *desc, const fa_kv_cache *cache,
+                                   const fa_kv_slots *slots, const fa_tensor *k_new, const fa_tensor *v_new);
 
 /* fa_forward_kvcache with the cache rows of slots (NULL: fa_forward_kvcache). */
 FA_API fa_status fa_forward_kvcache_ex(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,

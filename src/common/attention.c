@@ -112,6 +112,27 @@ void fa_kv_scales_init(fa_kv_scales *scales)
     scales->struct_size = sizeof *scales;
 }
 
+void fa_rotary_init(fa_rotary *rotary)
+{
+    if (!rotary) return;
+    *rotary = (fa_rotary){0};
+    rotary->struct_size = sizeof *rotary;
+}
+
+fa_status fa_kvcache_append(fa_context *ctx, const fa_attention_desc *desc, const fa_kv_cache *cache,
+                            const fa_kv_slots *slots, const fa_tensor *k_new, const fa_tensor *v_new)
+{
+    attention_call call;
+    fa_kv_problem p;
+    fa_status st = call_begin(ctx, desc, &call);
+    if (st == FA_SUCCESS) st = fa_validate_kvcache_append(&call.desc, cache, slots, k_new, v_new, &p);
+    if (st == FA_SUCCESS) st = check_supported(call.iface, call.state, FA_OP_FORWARD_KVCACHE, &p.attn);
+    if (st == FA_SUCCESS && !call.iface->kvcache_append)
+        st = fa_set_error(FA_ERROR_NOT_SUPPORTED, "fa_kvcache_append: the %s backend does not implement it yet%s",
+                          call.iface->name, call.iface->abi_version < 8u ? " (its plugin predates it: rebuild it)" : "");
+    return st == FA_SUCCESS ? call.iface->kvcache_append(call.state, &p) : st;
+}
+
 fa_status fa_forward_kvcache(fa_context *ctx, const fa_attention_desc *desc, const fa_tensor *q,
                              const fa_kv_cache *cache, const fa_tensor *k_new, const fa_tensor *v_new, fa_tensor *out,
                              float *lse)

@@ -19,9 +19,9 @@ extern "C" {
 /* The oldest plugin ABI the registry still loads. Plugins of ABIs 4 and 5 read the flat problem of
  * backend_legacy.h: the registry converts each problem for them and answers supports() from their
  * feature bits (registry.c). ABI 4 has no merge_partials either. ABIs 6 and 7 differ from 8 where
- * fa_kv_problem grew at its end (the cache section's quantisation scales; before 7 its serving
- * fields and split size: the registry refuses those problems for them), and 6 in the table's last
- * two members (absent). Older ones are refused. */
+ * fa_kv_problem grew at its end (the cache section's quantisation scales and rotary tables; before
+ * 7 its serving fields and split size: the registry refuses those problems for them) and in the
+ * table's last member (7; 6: its last three), absent. Older ones are refused. */
 #define FA_BACKEND_ABI_OLDEST 4u
 
 /* fa_backend_iface.features */
@@ -68,6 +68,9 @@ typedef struct fa_backend_iface {
      * a device workspace (host memory). */
     fa_status (*set_workspace)(void *state, void *ptr, size_t bytes);
     fa_status (*kvcache_workspace)(void *state, const fa_kv_problem *p, size_t *bytes);
+    /* ABI 8: fa_kvcache_append, the append of forward_kvcache without attention (p's attn.q and
+     * attn.out have data NULL, seqlen_q 0); NULL = not supported there. */
+    fa_status (*kvcache_append)(void *state, const fa_kv_problem *p);
 } fa_backend_iface;
 
 /* A plugin exports one C symbol of this type, named FA_PLUGIN_ENTRY_NAME. It returns NULL when

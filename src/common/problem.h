@@ -68,7 +68,8 @@ typedef enum fa_op { FA_OP_FORWARD, FA_OP_BACKWARD, FA_OP_FORWARD_KVCACHE } fa_o
 #define FA_NEED_KVCACHE 32u           /* the KV-cache path itself */
 #define FA_NEED_KVCACHE_SERVING 64u   /* KV cache: ragged queries, cache slots or left padding */
 #define FA_NEED_KVCACHE_QUANT 128u    /* KV cache: int8 or FP8 k / v */
-#define FA_NEED_ALL 254u
+#define FA_NEED_KVCACHE_ROTARY 256u   /* KV cache: rotary embeddings on append */
+#define FA_NEED_ALL 510u
 
 /* The sequences of a problem: a packed batch's, else the tensors' batch. */
 FA_HD int64_t fa_kv_sequences(const fa_problem *p) { return p->varlen.batch ? p->varlen.batch : p->shape.batch; }
@@ -80,7 +81,8 @@ FA_HD int fa_kv_problem_serving(const fa_kv_problem *kp)
     return kp->attn.varlen.batch || kp->cache.cache_batch_idx || kp->cache.cache_leftpad;
 }
 
-/* Whether a KV-cache problem's cache holds quantised codes (what plugins of ABI 7 do not know). */
+/* Whether a KV-cache problem's cache holds quantised codes, or it rotates (what plugins of ABI 7
+ * do not know). */
 FA_HD int fa_kv_problem_quantised(const fa_kv_problem *kp)
 {
     return fa_dtype_quantised(kp->attn.k.dtype) || fa_dtype_quantised(kp->attn.v.dtype);
@@ -101,7 +103,8 @@ FA_HD unsigned fa_problem_needs(fa_op op, const fa_problem *p)
     if (op == FA_OP_FORWARD_KVCACHE)
         return FA_NEED_KVCACHE | (modified ? FA_NEED_KVCACHE_MODIFIERS : 0u) |
                (fa_kv_problem_serving((const fa_kv_problem *)(const void *)p) ? FA_NEED_KVCACHE_SERVING : 0u) |
-               (fa_kv_problem_quantised((const fa_kv_problem *)(const void *)p) ? FA_NEED_KVCACHE_QUANT : 0u);
+               (fa_kv_problem_quantised((const fa_kv_problem *)(const void *)p) ? FA_NEED_KVCACHE_QUANT : 0u) |
+               (((const fa_kv_problem *)(const void *)p)->cache.rotary_cos ? FA_NEED_KVCACHE_ROTARY : 0u);
     return (modified ? FA_NEED_SCORE_MODIFIERS : 0u) | (fa_problem_has_positions(p) ? FA_NEED_POSITIONS : 0u) |
            (p->varlen.batch ? FA_NEED_VARLEN : 0u);
 }
@@ -126,6 +129,9 @@ static inline fa_status fa_require_needs(fa_set_error_fn set_error, const char *
     if (missing & FA_NEED_KVCACHE_QUANT)
         return set_error(FA_ERROR_NOT_SUPPORTED,
                          "cache->k, cache->v: the %s backend does not implement quantised caches (int8, FP8) yet",
+                         backend);
+    if (missing & FA_NEED_KVCACHE_ROTARY)
+        return set_error(FA_ERROR_NOT_SUPPORTED, "desc->rotary: the %s backend does not implement rotary embeddings yet",
                          backend);
     if (missing & (FA_NEED_SCORE_MODIFIERS | FA_NEED_KVCACHE_MODIFIERS))
         return set_error(FA_ERROR_NOT_SUPPORTED,

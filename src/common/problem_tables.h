@@ -27,6 +27,12 @@ typedef struct fa_cache_section {
      * scales per (slot, position, kv head), FP8 descales per (sequence, kv head) or NULL = 1. */
     float *k_scale, *v_scale;
     const float *k_descale, *v_descale;
+    /* Rotary embeddings of the new keys and the queries (fa_rotary; rotary.h): cos/sin NULL = none.
+     * rotary_queries_in_order: query i takes position cached + i (causal or a window), else every
+     * query the first new position. */
+    const float *rotary_cos, *rotary_sin;
+    int64_t rotary_max_position, rotary_dim;
+    int32_t rotary_interleaved, rotary_queries_in_order;
 } fa_cache_section;
 
 /* Tokens sequence b appends in this call. */

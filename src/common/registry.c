@@ -64,7 +64,7 @@ static fa_status legacy_forward_kvcache(const plugin_slot *slot, void *state, co
 
 /* What a plugin of an older ABI cannot be asked: before ABI 7 the KV cache's serving forms and an
  * explicit split size (its problems end before those fields, or lack them), before ABI 8 quantised
- * caches. */
+ * caches and rotary embeddings. */
 static fa_status refuse_newer_kvcache(const char *name, uint32_t abi, unsigned have, fa_op op, const fa_problem *p)
 {
     if (op != FA_OP_FORWARD_KVCACHE) return FA_SUCCESS;
@@ -72,6 +72,9 @@ static fa_status refuse_newer_kvcache(const char *name, uint32_t abi, unsigned h
     if (fa_kv_problem_quantised(kp))
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "cache->k, cache->v: the %s plugin predates quantised caches "
                                                     "(rebuild it)", name);
+    if (kp->cache.rotary_cos)
+        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->rotary: the %s plugin predates rotary embeddings (rebuild it)",
+                            name);
     if (abi >= 7u) return FA_SUCCESS;
     if (fa_kv_problem_serving(kp)) return fa_require_needs(fa_set_error, name, have & ~FA_NEED_KVCACHE_SERVING, op, p);
     if (kp->cache.split_tokens)
@@ -79,7 +82,7 @@ static fa_status refuse_newer_kvcache(const char *name, uint32_t abi, unsigned h
     return FA_SUCCESS;
 }
 
-/* A plugin of ABI 6 or 7 has today's table up to supports() (7: all of it) and reads today's
+/* A plugin of ABI 6 or 7 has today's table up to supports() (7: up to kvcache_workspace) and reads today's
  * problems, whose KV-cache problem only grew at its end: it runs what it knew, and the rest is
  * refused here, never run with a meaning it does not have. */
 static fa_status older_supports(const plugin_slot *slot, void *state, fa_op op, const fa_problem *p)
@@ -308,8 +311,9 @@ static void load_plugin(plugin_slot *slot)
     if (iface->abi_version == 6u || iface->abi_version == 7u) { /* today's table; supports() answers for what it predates */
         slot->older = iface;
         slot->upgraded = (fa_backend_iface){0};
-        /* ABI 6's table ends before set_workspace */
-        memcpy(&slot->upgraded, iface, iface->abi_version == 6u ? offsetof(fa_backend_iface, set_workspace) : sizeof *iface);
+        /* ABI 6's table ends before set_workspace, ABI 7's before kvcache_append */
+        memcpy(&slot->upgraded, iface,
+               iface->abi_version == 6u ? offsetof(fa_backend_iface, set_workspace) : offsetof(fa_backend_iface, kvcache_append));
         slot->upgraded.supports = iface->supports ? slot->older_supports : NULL;
         iface = &slot->upgraded;
     } else if (iface->abi_version < FA_BACKEND_ABI_VERSION) { /* only its own members are read */

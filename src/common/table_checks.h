@@ -29,7 +29,8 @@ typedef enum fa_table_fault_code {
     FA_TABLE_KV_SLOT,           /* cache_batch_idx[sequence] = value outside [0, limit) */
     FA_TABLE_KV_LEFTPAD,        /* cache_leftpad[sequence] = value outside [0, limit = cache_seqlens] */
     FA_TABLE_ALIBI_SLOPE,       /* alibi_slopes[index] is not finite: value = the float's bits */
-    FA_TABLE_SINK               /* sinks[index] is NaN or +inf: value = the float's bits */
+    FA_TABLE_SINK,              /* sinks[index] is NaN or +inf: value = the float's bits */
+    FA_TABLE_ROTARY_POSITION    /* the sequence reaches rotary position value, past max_position (limit) */
 } fa_table_fault_code;
 
 /* The first fault of a check (code FA_TABLE_OK: none). Plain integers, so that a device can write
@@ -122,6 +123,25 @@ FA_HD int fa_check_cache_tables(fa_table_fault *f, const fa_cache_section *c, co
     return 1;
 }
 
+/* Every rotary position a KV-cache call uses (rotary.h: its new tokens', its queries') below the
+ * tables' max_position; seqlen_q: padded queries per sequence (0: none, an append). */
+FA_HD int fa_check_rotary_positions(fa_table_fault *f, const fa_cache_section *c, const fa_varlen *vl, int64_t batch,
+                                    int64_t seqlen_q)
+{
+    for (int64_t b = 0; c->rotary_cos && b < batch; ++b) {
+        const int64_t first = c->cache_seqlens[b] - fa_cache_leftpad(c, b), fresh = fa_cache_new_tokens(c, b);
+        const int64_t queries = fa_sequence_queries(vl, seqlen_q, b);
+        int64_t last = fresh > 0 ? first + fresh - 1 : -1;
+        if (queries > 0) {
+            const int64_t query_last = first + (c->rotary_queries_in_order ? queries - 1 : 0);
+            if (query_last > last) last = query_last;
+        }
+        if (last >= c->rotary_max_position)
+            return fa_table_fail(f, FA_TABLE_ROTARY_POSITION, 0, b, b, last, c->rotary_max_position, 0);
+    }
+    return 1;
+}
+
 /* Every ALiBi slope finite (batches: the sequences, read when the slopes are per sequence), no
  * sink NaN or +inf (-inf = no sink). */
 FA_HD int fa_check_modifier_values(fa_table_fault *f, const fa_modifier_section *m, int64_t batches, int64_t heads_q)
@@ -188,6 +208,10 @@ static inline void fa_table_fault_message(const fa_table_fault *f, char *buf, si
     case FA_TABLE_SINK:
         snprintf(buf, size, "desc->sinks[%lld]: %g is NaN or +inf (-inf = no sink)", x,
                  (double)fa_table_float_of_bits(f->value));
+        return;
+    case FA_TABLE_ROTARY_POSITION:
+        snprintf(buf, size, "desc->rotary->max_position: sequence %lld reaches rotary position %lld, past the tables' "
+                 "%lld positions", b, value, limit);
         return;
     }
     snprintf(buf, size, "unknown table fault %d", (int)f->code);

@@ -440,39 +440,55 @@ static fa_status check_slots(const fa_kv_slots *slots, const fa_kv_cache *cache,
     return FA_SUCCESS;
 }
 
-fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q, const fa_kv_cache *cache,
-                              const fa_kv_slots *slots, const fa_tensor *k_new, const fa_tensor *v_new,
-                              const fa_tensor *out, float *lse, fa_kv_problem *kp)
+/* desc->rotary: its shape rules (the positions are table checks). */
+static fa_status check_rotary(const fa_rotary *rotary, int64_t head_dim, fa_kv_problem *kp)
 {
-    memset(kp, 0, sizeof *kp);
+    if (!rotary) return FA_SUCCESS;
+    fa_rotary full;
+    fa_rotary_init(&full);
+    fa_status st = fa_sized_struct_read("desc->rotary", rotary, sizeof full, sizeof full, &full);
+    if (st) return st;
+    if (!full.cos || !full.sin) return INVALID("desc->rotary->%s: is NULL", full.cos ? "sin" : "cos");
+    if ((uintptr_t)full.cos % sizeof(float) != 0 || (uintptr_t)full.sin % sizeof(float) != 0)
+        return INVALID("desc->rotary->%s: is not aligned to 4-byte floats",
+                       (uintptr_t)full.cos % sizeof(float) ? "cos" : "sin");
+    if (full.rotary_dim < 2 || full.rotary_dim % 2 || full.rotary_dim > head_dim)
+        return INVALID("desc->rotary->rotary_dim: %lld must be even and in [2, head_dim %lld]",
+                       (long long)full.rotary_dim, (long long)head_dim);
+    int64_t entries;
+    if (full.max_position <= 0 || !fa_checked_mul(full.max_position, full.rotary_dim, &entries) || entries > INT64_MAX / 8)
+        return INVALID("desc->rotary->max_position: %lld must be positive (and the tables' size fit 64 bits)",
+                       (long long)full.max_position);
+    if (full.interleaved != 0 && full.interleaved != 1)
+        return INVALID("desc->rotary->interleaved: %d must be 0 (GPT-NeoX) or 1 (GPT-J)", full.interleaved);
+    kp->cache.rotary_cos = full.cos;
+    kp->cache.rotary_sin = full.sin;
+    kp->cache.rotary_max_position = full.max_position;
+    kp->cache.rotary_dim = full.rotary_dim;
+    kp->cache.rotary_interleaved = full.interleaved;
+    return FA_SUCCESS;
+}
+
+/* The cache of a KV-cache call with `batch` sequences: its tensors (quantised or of `dtype`),
+ * scales, slots and pages; sets the cache section and p's heads_kv, head_dim, seqlen_k (capacity). */
+static fa_status check_cache(const fa_attention_desc *desc, const fa_kv_cache *cache, const fa_kv_slots *slots,
+                             int64_t batch, fa_dtype dtype, fa_kv_problem *kp)
+{
     fa_problem *p = &kp->attn;
     fa_status st;
-    if ((st = fa_validate_tensor("q", q, &p->q)) || (st = fa_validate_tensor("out", out, &p->out)) ||
-        (st = fa_validate_same_shape("out", out, "q", q)))
-        return st;
     if (!cache) return INVALID("cache: is NULL");
     if ((st = check_tensor("cache->k", &cache->k, 1, &p->k)) || (st = check_tensor("cache->v", &cache->v, 1, &p->v)))
         return st;
     fa_tensor v_as_k = cache->v; /* k and v may differ in dtype only */
     v_as_k.dtype = cache->k.dtype;
     if ((st = fa_validate_same_shape("cache->v", &v_as_k, "cache->k", &cache->k))) return st;
-    if (cache->k.dtype != q->dtype && !fa_dtype_quantised(cache->k.dtype))
+    if (cache->k.dtype != dtype && !fa_dtype_quantised(cache->k.dtype))
         return INVALID("cache->k: dtype differs from q (and is not a quantised type)");
-    if (cache->v.dtype != q->dtype && !fa_dtype_quantised(cache->v.dtype))
+    if (cache->v.dtype != dtype && !fa_dtype_quantised(cache->v.dtype))
         return INVALID("cache->v: dtype differs from q (and is not a quantised type)");
     if ((st = check_kv_scales(desc->kv_scales, cache, kp))) return st;
-    if (cache->k.head_dim != q->head_dim)
-        return INVALID("cache->k: head_dim %lld differs from q's %lld", (long long)cache->k.head_dim,
-                       (long long)q->head_dim);
-    if (q->heads % cache->k.heads != 0)
-        return INVALID("cache->k: heads %lld does not divide q's heads %lld", (long long)cache->k.heads,
-                       (long long)q->heads);
     if (!cache->cache_seqlens) return INVALID("cache->cache_seqlens: is NULL");
     if ((st = check_slots(slots, cache, kp))) return st;
-    /* Sequences: varlen->batch of packed queries, else q's batch. */
-    const int64_t batch = desc->varlen ? desc->varlen->batch : q->batch;
-    if (desc->varlen && desc->varlen->batch <= 0)
-        return INVALID("desc->varlen->batch: %lld is not positive", (long long)desc->varlen->batch);
     if (cache->block_table) {
         if (cache->max_pages_per_seq <= 0)
             return INVALID("cache->max_pages_per_seq: %lld is not positive", (long long)cache->max_pages_per_seq);
@@ -492,19 +508,59 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
                            "cache_batch_idx)", (long long)cache->k.batch, (long long)batch);
         p->shape.seqlen_k = cache->k.seqlen;
     }
+    kp->cache.cache_seqlens = cache->cache_seqlens;
+    p->shape.heads_kv = cache->k.heads;
+    return check_rotary(desc->rotary, cache->k.head_dim, kp);
+}
+
+/* k_new and v_new (both or neither): [batch, seqlen_new, heads_kv, head_dim] of `dtype`, or of
+ * F32/F16/BF16 when the cache tensor they go to is quantised. */
+static fa_status check_new_tokens(const fa_tensor *k_new, const fa_tensor *v_new, int64_t batch, const fa_kv_cache *cache,
+                                  fa_dtype dtype, fa_kv_problem *kp)
+{
+    fa_status st;
     if ((k_new == NULL) != (v_new == NULL)) return INVALID("k_new, v_new: give both or neither");
-    if (k_new) {
-        if ((st = fa_validate_tensor("k_new", k_new, &kp->k_new)) || (st = fa_validate_tensor("v_new", v_new, &kp->v_new)) ||
-            (st = fa_validate_same_shape("v_new", v_new, "k_new", k_new)))
-            return st;
-        if (k_new->batch != q->batch || k_new->heads != cache->k.heads || k_new->head_dim != q->head_dim)
-            return INVALID("k_new: shape [%lld, %lld, %lld, %lld] must be [batch %lld, seqlen_new, heads_kv %lld, %lld]",
-                           (long long)k_new->batch, (long long)k_new->seqlen, (long long)k_new->heads,
-                           (long long)k_new->head_dim, (long long)q->batch, (long long)cache->k.heads,
-                           (long long)q->head_dim);
-        if (k_new->dtype != q->dtype) return INVALID("k_new: dtype differs from q");
-        kp->cache.seqlen_new = k_new->seqlen;
-    }
+    if (!k_new) return FA_SUCCESS;
+    if ((st = fa_validate_tensor("k_new", k_new, &kp->k_new)) || (st = fa_validate_tensor("v_new", v_new, &kp->v_new)))
+        return st;
+    fa_tensor v_as_k = *v_new; /* k_new and v_new may differ in dtype only (towards quantised caches) */
+    v_as_k.dtype = k_new->dtype;
+    if ((st = fa_validate_same_shape("v_new", &v_as_k, "k_new", k_new))) return st;
+    if (k_new->batch != batch || k_new->heads != cache->k.heads || k_new->head_dim != cache->k.head_dim)
+        return INVALID("k_new: shape [%lld, %lld, %lld, %lld] must be [batch %lld, seqlen_new, heads_kv %lld, %lld]",
+                       (long long)k_new->batch, (long long)k_new->seqlen, (long long)k_new->heads,
+                       (long long)k_new->head_dim, (long long)batch, (long long)cache->k.heads,
+                       (long long)cache->k.head_dim);
+    if (k_new->dtype != dtype && !fa_dtype_quantised(cache->k.dtype))
+        return INVALID("k_new: dtype differs from %s", fa_dtype_quantised(cache->v.dtype) ? "cache->k" : "q");
+    if (v_new->dtype != dtype && !fa_dtype_quantised(cache->v.dtype))
+        return INVALID("v_new: dtype differs from %s", fa_dtype_quantised(cache->k.dtype) ? "cache->v" : "q");
+    kp->cache.seqlen_new = k_new->seqlen;
+    return FA_SUCCESS;
+}
+
+fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q, const fa_kv_cache *cache,
+                              const fa_kv_slots *slots, const fa_tensor *k_new, const fa_tensor *v_new,
+                              const fa_tensor *out, float *lse, fa_kv_problem *kp)
+{
+    memset(kp, 0, sizeof *kp);
+    fa_problem *p = &kp->attn;
+    fa_status st;
+    if ((st = fa_validate_tensor("q", q, &p->q)) || (st = fa_validate_tensor("out", out, &p->out)) ||
+        (st = fa_validate_same_shape("out", out, "q", q)))
+        return st;
+    /* Sequences: varlen->batch of packed queries, else q's batch. */
+    const int64_t batch = desc->varlen ? desc->varlen->batch : q->batch;
+    if (desc->varlen && desc->varlen->batch <= 0)
+        return INVALID("desc->varlen->batch: %lld is not positive", (long long)desc->varlen->batch);
+    if ((st = check_cache(desc, cache, slots, batch, q->dtype, kp))) return st;
+    if (cache->k.head_dim != q->head_dim)
+        return INVALID("cache->k: head_dim %lld differs from q's %lld", (long long)cache->k.head_dim,
+                       (long long)q->head_dim);
+    if (q->heads % cache->k.heads != 0)
+        return INVALID("cache->k: heads %lld does not divide q's heads %lld", (long long)cache->k.heads,
+                       (long long)q->heads);
+    if ((st = check_new_tokens(k_new, v_new, q->batch, cache, q->dtype, kp))) return st;
     if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL for the KV cache (use cache->cache_seqlens)");
     if (desc->q_offset || desc->k_offset || desc->seqlen_q_global || desc->seqlen_k_global)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->q_offset, k_offset, seqlen_*_global: the KV-cache path "
@@ -517,8 +573,8 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
     if (desc->kv_split_tokens < 0)
         return INVALID("desc->kv_split_tokens: %lld is negative (0 = the library's split)", (long long)desc->kv_split_tokens);
     set_sizes(p, q, cache->k.heads, p->shape.seqlen_k, lse);
-    kp->cache.cache_seqlens = cache->cache_seqlens;
     kp->cache.split_tokens = desc->kv_split_tokens;
+    kp->cache.rotary_queries_in_order = desc->causal || desc->window_left >= 0 || desc->window_right >= 0;
     if (!desc->varlen) return check_desc(desc, p);
     fa_attention_desc ragged = *desc;
     fa_varlen grid;
@@ -527,6 +583,44 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
     if ((st = check_desc(&ragged, p))) return st;
     p->varlen.cu_seqlens_k = kp->cache.cu_seqlens_new; /* the keys are the cache's: only k_new is packed */
     p->varlen.max_seqlen_k = kp->cache.max_seqlen_new;
+    return FA_SUCCESS;
+}
+
+fa_status fa_validate_kvcache_append(const fa_attention_desc *desc, const fa_kv_cache *cache, const fa_kv_slots *slots,
+                                     const fa_tensor *k_new, const fa_tensor *v_new, fa_kv_problem *kp)
+{
+    memset(kp, 0, sizeof *kp);
+    fa_problem *p = &kp->attn;
+    fa_status st;
+    if (!k_new || !v_new) return INVALID("%s: is NULL (the tokens to append)", k_new ? "v_new" : "k_new");
+    const fa_varlen *vl = desc->varlen;
+    if (vl) {
+        if (vl->batch <= 0) return INVALID("desc->varlen->batch: %lld is not positive", (long long)vl->batch);
+        if (vl->cu_seqlens_q)
+            return INVALID("desc->varlen->cu_seqlens_q: must be NULL for fa_kvcache_append (no queries; "
+                           "cu_seqlens_k packs k_new)");
+        if (!vl->cu_seqlens_k) return INVALID("desc->varlen->cu_seqlens_k: is NULL (it packs k_new)");
+        if (vl->max_seqlen_k < 0) return INVALID("desc->varlen->max_seqlen_k: %lld is negative", (long long)vl->max_seqlen_k);
+        if (k_new->batch != 1)
+            return INVALID("k_new: batch %lld must be 1 with desc->varlen (new tokens are packed along seqlen)",
+                           (long long)k_new->batch);
+    }
+    const int64_t batch = vl ? vl->batch : k_new->batch;
+    /* The dtype of an unquantised cache tensor, which its new tokens must have (else any). */
+    fa_dtype dtype = k_new->dtype;
+    if (cache && !fa_dtype_quantised(cache->k.dtype)) dtype = cache->k.dtype;
+    else if (cache && !fa_dtype_quantised(cache->v.dtype)) dtype = cache->v.dtype;
+    if ((st = check_cache(desc, cache, slots, batch, dtype, kp))) return st;
+    if ((st = check_new_tokens(k_new, v_new, vl ? 1 : batch, cache, dtype, kp))) return st;
+    p->shape.batch = batch;
+    p->shape.heads_q = cache->k.heads;
+    p->shape.head_dim = cache->k.head_dim;
+    p->shape.dtype = k_new->dtype;
+    p->shape.scale = 1.0f;
+    if (vl) {
+        kp->cache.cu_seqlens_new = vl->cu_seqlens_k;
+        kp->cache.max_seqlen_new = vl->max_seqlen_k;
+    }
     return FA_SUCCESS;
 }
 
@@ -546,6 +640,8 @@ fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)
     const fa_problem *p = &kp->attn;
     if (!fa_check_cache_tables(&f, &kp->cache, &p->varlen, fa_kv_sequences(p), p->shape.seqlen_k, p->shape.seqlen_q,
                                kp->cache.seqlen_new, p->k.batch))
+        return table_fault_error(&f);
+    if (!fa_check_rotary_positions(&f, &kp->cache, &p->varlen, fa_kv_sequences(p), p->shape.seqlen_q))
         return table_fault_error(&f);
     fa_status st = check_descales("k", kp->cache.k_descale, fa_kv_sequences(p), p->shape.heads_kv);
     return st == FA_SUCCESS ? check_descales("v", kp->cache.v_descale, fa_kv_sequences(p), p->shape.heads_kv) : st;

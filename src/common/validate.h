@@ -23,6 +23,10 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
                               fa_kv_problem *kp);
 /* The cache's tables (host memory only): lengths not negative, cached + new within each sequence's
  * capacity or pages, every page index it uses in range. */
+/* fa_kvcache_append's arguments: the cache's and the new tokens' rules of fa_validate_kvcache, into a
+ * problem without queries (attn.q, attn.out data NULL, seqlen_q 0, heads_q = heads_kv). */
+fa_status fa_validate_kvcache_append(const fa_attention_desc *desc, const fa_kv_cache *cache, const fa_kv_slots *slots,
+                                     const fa_tensor *k_new, const fa_tensor *v_new, fa_kv_problem *kp);
 fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp);
 
 /* One tensor: non-NULL, aligned, positive dimensions, offsets within 64 bits; *out gets it with

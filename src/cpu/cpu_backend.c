@@ -130,20 +130,27 @@ static fa_status cpu_backward(void *state, const fa_problem *p)
     return p->varlen.batch ? fa_cpu_varlen_run(state, p, 1) : fa_cpu_backward_dense(state, p);
 }
 
+static fa_status cpu_kvcache_append(void *state, const fa_kv_problem *kp)
+{
+    (void)state;
+    return fa_cpu_kvcache_append(kp);
+}
+
 static fa_status cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
 {
     return fa_modifiers_any(&kp->attn.modifiers) ? fa_cpu_decode_modified(state, kp) : fa_cpu_decode(state, kp);
 }
 
-/* The CPU backend runs every problem the core validates, but score modifiers on a quantised cache
- * (their path gathers keys in q's dtype, which would round the dequantised values). */
+/* The CPU backend runs every problem the core validates, but score modifiers on a quantised or
+ * rotated cache (their path gathers keys as they are in q's dtype). */
 static fa_status cpu_supports(void *state, fa_op op, const fa_problem *p)
 {
     (void)state;
     const unsigned needs = fa_problem_needs(op, p);
-    if ((needs & FA_NEED_KVCACHE_QUANT) && (needs & FA_NEED_KVCACHE_MODIFIERS))
+    if ((needs & (FA_NEED_KVCACHE_QUANT | FA_NEED_KVCACHE_ROTARY)) && (needs & FA_NEED_KVCACHE_MODIFIERS))
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc: the cpu backend does not implement score modifiers (softcap, "
-                                                    "alibi_slopes, sinks, bias) on a quantised cache yet");
+                                                    "alibi_slopes, sinks, bias) with %s yet",
+                            needs & FA_NEED_KVCACHE_QUANT ? "a quantised cache" : "rotary embeddings (desc->rotary)");
     return fa_require_needs(fa_set_error, "cpu", FA_NEED_ALL, op, p);
 }
 
@@ -167,6 +174,7 @@ static const fa_backend_iface cpu_iface = {
     .backward = cpu_backward,
     .features = FA_BACKEND_HOST_MEMORY,
     .forward_kvcache = cpu_forward_kvcache,
+    .kvcache_append = cpu_kvcache_append,
     .supports = cpu_supports,
 };
 

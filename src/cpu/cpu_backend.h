@@ -51,7 +51,9 @@ fa_status fa_cpu_decode_modified(void *state, const fa_kv_problem *kp);
  * an FP8 cache without descales) (cpu_kvcache.c). */
 void fa_cpu_kvcache_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slot_b, int64_t *slot_s);
 const void *fa_cpu_kvcache_row(const fa_kv_problem *kp, const fa_tensor *cache, int64_t b, int64_t j, int64_t h);
-void fa_cpu_kvcache_append(const fa_kv_problem *kp);
+fa_status fa_cpu_kvcache_append(const fa_kv_problem *kp); /* fails (out of memory) before writing anything */
+/* Query i of sequence b (row: its f32 values) rotated to its position and rounded to q's dtype. */
+void fa_cpu_rotate_query(const fa_kv_problem *kp, int64_t b, int64_t i, float *row);
 float fa_cpu_kvcache_scale(const fa_kv_problem *kp, const fa_tensor *cache, const float *scales,
                            const float *descales, int64_t b, int64_t j, int64_t h);
 #endif

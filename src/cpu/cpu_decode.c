@@ -71,7 +71,6 @@ static int64_t chunk_count(const fa_kv_problem *kp, int64_t b)
 typedef struct decode_scratch {
     int64_t q_unit; /* the unit whose query rows q holds (-1: none yet): a thread's chunks of one unit load them once */
     float *q, *st, *tile_max, *shift, *alpha, *tile_sum, *acc;
-    float *factors; /* a quantised cache's factor per (key of the step, kv head) */
     unsigned char *poisoned;
     fa_key_range *ranges;
 } decode_scratch;
@@ -79,7 +78,7 @@ typedef struct decode_scratch {
 static size_t scratch_bytes(const fa_problem *p)
 {
     const int64_t d = p->shape.head_dim, cols = p->shape.heads_kv * DECODE_ROWS;
-    const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 4 * cols + d + (d & 1) + DECODE_KEYS * p->shape.heads_kv);
+    const size_t floats = (size_t)(cols * d + DECODE_KEYS * cols + 4 * cols + d + (d & 1));
     return (floats * sizeof(float) + DECODE_ROWS * sizeof(fa_key_range) + (size_t)cols + 63) & ~(size_t)63;
 }
 
@@ -95,7 +94,6 @@ static void scratch_carve(char *base, const fa_problem *p, decode_scratch *w)
     w->alpha = f; f += cols;
     w->tile_sum = f; f += cols;
     w->acc = f; f += d + (d & 1);
-    w->factors = f; f += DECODE_KEYS * p->shape.heads_kv;
     w->ranges = (fa_key_range *)f; /* f is 8-aligned: the float count above is even (cols is) */
     w->poisoned = (unsigned char *)(w->ranges + DECODE_ROWS);
 }
@@ -160,19 +158,32 @@ typedef struct key_tile {
 
 static int64_t tile_key(const key_tile *t, int64_t x) { return t->j0 + fa_decode_key_offset(x, t->key_step, t->quad_step); }
 
-/* A quantised cache tensor's codes enter S^T (or P enters O) as they are; their factors (int8
- * scale per key and kv head, FP8 descale per kv head) multiply the tile's columns instead, one
- * multiply per score rather than d per key: S^T[x][hk * rows + r] (or P) times the factor of key x
- * and kv head hk. An FP8 tensor without descales has factor 1: nothing to do. */
-static void apply_factors(const fa_kv_problem *kp, const fa_tensor *cache, const float *scales, const float *descales,
-                          int64_t b, const key_tile *t, int64_t rows, float *st, float *factors)
+/* A quantised cache tensor's codes enter S^T (or P enters O) as they are. An int8 tensor's scales
+ * (per key and kv head) then multiply the tile's columns, one multiply per score rather than d per
+ * key: S^T[x][hk * rows + r] (or P) times the scale of key x and kv head hk, whose kv heads' scales
+ * lie side by side. An FP8 tensor's descales (per kv head) are folded into the query rows (K) and
+ * the merged output (V) instead: nothing per tile. */
+static void apply_scales(const fa_kv_problem *kp, const fa_tensor *cache, const float *scales, int64_t b,
+                         const key_tile *t, int64_t rows, float *st)
 {
-    if (!fa_dtype_quantised(cache->dtype) || (fa_dtype_fp8(cache->dtype) && !descales)) return;
+    if (cache->dtype != FA_DTYPE_I8) return;
     const int64_t hkv = kp->attn.shape.heads_kv, cols = hkv * rows;
-    for (int64_t x = 0; x < t->n; ++x)
-        for (int64_t hk = 0; hk < hkv; ++hk) factors[x * hkv + hk] = fa_cpu_kvcache_scale(kp, cache, scales, descales, b, tile_key(t, x), hk);
-    for (int64_t x = 0; x < t->n; ++x)
-        for (int64_t c = 0; c < cols; ++c) st[x * cols + c] *= factors[x * hkv + c / rows];
+    for (int64_t x = 0; x < t->n; ++x) {
+        int64_t sb, ss;
+        fa_cpu_kvcache_slot(kp, b, tile_key(t, x), &sb, &ss);
+        const float *key_scales = scales + fa_cache_scale_index(sb, ss, 0, cache->seqlen, hkv);
+        float *col = st + x * cols;
+        for (int64_t hk = 0; hk < hkv; ++hk) {
+            const float scale = key_scales[hk];
+            for (int64_t r = 0; r < rows; ++r) col[hk * rows + r] *= scale;
+        }
+    }
+}
+
+/* The FP8 descale of sequence b's kv head hk for a cache tensor (1 for any other tensor). */
+static float fp8_descale(const fa_tensor *cache, const float *descales, int64_t b, int64_t hk)
+{
+    return fa_dtype_fp8(cache->dtype) && descales ? descales[b * cache->heads + hk] : 1.0f;
 }
 
 /* One online-softmax step of the unit's rows of every kv head on the tile's keys. The scores of
@@ -199,7 +210,7 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
         kern->decode_scores(n, hkv, rows, d, fa_row_ptr(k, sb, ss, 0), k->dtype, t->key_step * k->stride_seq,
                             t->quad_step * k->stride_seq, k->stride_head, w->q, rows * d, st, cols);
     }
-    apply_factors(kp, k, kp->cache.k_scale, kp->cache.k_descale, b, t, rows, st, w->factors);
+    apply_scales(kp, k, kp->cache.k_scale, b, t, rows, st);
     int seen_by_all = 1;
     for (int64_t r = 0; r < rows && seen_by_all; ++r) seen_by_all = w->ranges[r].lo <= j0 && w->ranges[r].hi > tile_key(t, n - 1);
     /* Masked scores become -inf. A NaN score a row sees (NaN in its query or in the key) is not left
@@ -232,7 +243,7 @@ static void tile_step(const fa_kv_problem *kp, const fa_cpu_kernels *kern, int64
                         w->tile_sum);
     for (int64_t c = 0; any_poisoned && c < cols; ++c)
         if (w->poisoned[c]) out.l[c] = NAN;
-    apply_factors(kp, v, kp->cache.v_scale, kp->cache.v_descale, b, t, rows, st, w->factors);
+    apply_scales(kp, v, kp->cache.v_scale, b, t, rows, st);
     if (seen_by_all && t->key_step != 1) { /* O = alpha O + P V, every kv head */
         int64_t sb, ss;
         fa_cpu_kvcache_slot(kp, b, j0, &sb, &ss);
@@ -319,7 +330,12 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
             int64_t i, h, qb, qi;
             tile_row(plan, hk, r0 + r, &i, &h);
             fa_sequence_query_row(&p->varlen, b, i, &qb, &qi);
-            fa_cpu_load_rows(&p->q, qb, qi, h, 1, w->q + (hk * rows + r) * d, d);
+            float *row = w->q + (hk * rows + r) * d;
+            fa_cpu_load_rows(&p->q, qb, qi, h, 1, row, d);
+            if (kp->cache.rotary_cos) fa_cpu_rotate_query(kp, b, i, row);
+            const float descale = fp8_descale(&p->k, kp->cache.k_descale, b, hk);
+            if (descale != 1.0f)
+                for (int64_t e = 0; e < d; ++e) row[e] *= descale;
         }
     w->q_unit = u;
     const int64_t stream = kp->cache.block_table || all_hi - all_lo < 4 * DECODE_STREAM_MIN ? 0 : (all_hi - all_lo) / 4;
@@ -366,7 +382,7 @@ static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
             sum = fa_merge_accumulate(sum, weight, in.l[col]);
             for (int64_t x = 0; x < d; ++x) acc[x] = fa_merge_accumulate(acc[x], weight, in.o[col * d + x]);
         }
-        const float factor = fa_merge_factor(&row, sum);
+        const float factor = fa_merge_factor(&row, sum) * fp8_descale(&p->v, kp->cache.v_descale, b, hk);
         for (int64_t x = 0; x < d; ++x) acc[x] *= factor;
         int64_t i, h, qb, qi;
         tile_row(plan, hk, r0 + r, &i, &h);
@@ -417,7 +433,14 @@ fa_status fa_cpu_decode(void *state, const fa_kv_problem *kp)
     }
     for (int64_t u = 0; u < plan.units; ++u)
         for (int64_t t = task_first[u]; t < task_first[u + 1]; ++t) task_unit[t] = u;
-    fa_cpu_kvcache_append(kp);
+    if (fa_cpu_kvcache_append(kp) != FA_SUCCESS) {
+        fa_host_scratch_free(task_first);
+        fa_host_scratch_free(unit_partials);
+        fa_host_scratch_free(task_unit);
+        fa_host_scratch_free(partials);
+        fa_host_scratch_free(scratch);
+        return FA_ERROR_OUT_OF_MEMORY;
+    }
 #pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP

@@ -103,7 +103,9 @@ fa_status fa_cpu_decode_modified(void *state, const fa_kv_problem *kp)
         st = fa_cpu_forward_dense(state, &s);
     }
     if (st == FA_SUCCESS) { /* every sequence done: now the cache and the caller's outputs */
-        fa_cpu_kvcache_append(kp);
+        st = fa_cpu_kvcache_append(kp);
+    }
+    if (st == FA_SUCCESS) {
         const size_t row_bytes = (size_t)d * es;
         for (int64_t b = 0; b < batch; ++b)
             for (int64_t i = 0, queries = sequence_queries(p, b); i < queries; ++i) {

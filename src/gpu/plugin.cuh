@@ -488,7 +488,7 @@ static fa_status tc_wide_forward(fa_gpu_state *s, const fa_problem *p, fa_gpu_ke
     return launch_warps(s, kernel, grid, FA_TC_WIDE_WARPS, (size_t)fa_tc_wide_smem_bytes(width), &k, "wide-tile forward launch");
 }
 
-/* Every feature but quantised caches; head_dim up to FA_GPU_MAX_HEAD_DIM, and batch and heads that fit a grid row. */
+/* Every feature but quantised caches and rotary embeddings; head_dim up to FA_GPU_MAX_HEAD_DIM, and batch and heads that fit a grid row. */
 static fa_status gpu_supports(void *state, fa_op op, const fa_problem *p)
 {
     (void)state;
@@ -498,7 +498,7 @@ static fa_status gpu_supports(void *state, fa_op op, const fa_problem *p)
     if (p->shape.heads_q > 65535 || p->shape.heads_kv > 65535 || p->shape.batch > 65535 || p->varlen.batch > 65535)
         return FA_ERR(FA_ERROR_NOT_SUPPORTED, "batch/heads: the %s backend launches one grid row per head and batch (at most 65535 each)",
                       FA_GPU_VENDOR);
-    return fa_require_needs(g_host->set_error, FA_GPU_VENDOR, FA_NEED_ALL & ~FA_NEED_KVCACHE_QUANT, op, p);
+    return fa_require_needs(g_host->set_error, FA_GPU_VENDOR, FA_NEED_ALL & ~(FA_NEED_KVCACHE_QUANT | FA_NEED_KVCACHE_ROTARY), op, p);
 }
 
 static fa_status gpu_forward(void *state, const fa_problem *p)
