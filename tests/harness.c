@@ -177,7 +177,7 @@ double fa_case_tolerance(fa_dtype dtype)
     case FA_DTYPE_F32: return 1e-4;
     case FA_DTYPE_F16: return 4e-3;
     case FA_DTYPE_BF16: return 3e-2;
-    default: break; /* quantised caches: tests/kv_quant.c */
+    default: break; /* quantised caches: tests/core/test_kvcache_quant.c */
     }
     return 0.0;
 }

@@ -161,8 +161,8 @@ static int64_t tile_key(const key_tile *t, int64_t x) { return t->j0 + fa_decode
 /* A quantised cache tensor's codes enter S^T (or P enters O) as they are. An int8 tensor's scales
  * (per key and kv head) then multiply the tile's columns, one multiply per score rather than d per
  * key: S^T[x][hk * rows + r] (or P) times the scale of key x and kv head hk, whose kv heads' scales
- * lie side by side. An FP8 tensor's descales (per kv head) are folded into the query rows (K) and
- * the merged output (V) instead: nothing per tile. */
+ * lie side by side. An FP8 tensor's descales (per kv head; E4M3's times 2^8, kernels.h) are folded
+ * into the query rows (K) and the merged output (V) instead: nothing per tile. */
 static void apply_scales(const fa_kv_problem *kp, const fa_tensor *cache, const float *scales, int64_t b,
                          const key_tile *t, int64_t rows, float *st)
 {
@@ -180,10 +180,12 @@ static void apply_scales(const fa_kv_problem *kp, const fa_tensor *cache, const 
     }
 }
 
-/* The FP8 descale of sequence b's kv head hk for a cache tensor (1 for any other tensor). */
-static float fp8_descale(const fa_tensor *cache, const float *descales, int64_t b, int64_t hk)
+/* The factor of an FP8 cache tensor's kernel values for sequence b's kv head hk: its descale, and
+ * for E4M3 the 2^8 the kernels leave out (kernels.h); 1 for any other tensor. */
+static float fp8_factor(const fa_tensor *cache, const float *descales, int64_t b, int64_t hk)
 {
-    return fa_dtype_fp8(cache->dtype) && descales ? descales[b * cache->heads + hk] : 1.0f;
+    const float descale = fa_dtype_fp8(cache->dtype) && descales ? descales[b * cache->heads + hk] : 1.0f;
+    return cache->dtype == FA_DTYPE_FP8_E4M3 ? descale * 0x1p8f : descale;
 }
 
 /* One online-softmax step of the unit's rows of every kv head on the tile's keys. The scores of
@@ -333,9 +335,9 @@ static void chunk_task(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
             float *row = w->q + (hk * rows + r) * d;
             fa_cpu_load_rows(&p->q, qb, qi, h, 1, row, d);
             if (kp->cache.rotary_cos) fa_cpu_rotate_query(kp, b, i, row);
-            const float descale = fp8_descale(&p->k, kp->cache.k_descale, b, hk);
-            if (descale != 1.0f)
-                for (int64_t e = 0; e < d; ++e) row[e] *= descale;
+            const float factor = fp8_factor(&p->k, kp->cache.k_descale, b, hk);
+            if (factor != 1.0f)
+                for (int64_t e = 0; e < d; ++e) row[e] *= factor;
         }
     w->q_unit = u;
     const int64_t stream = kp->cache.block_table || all_hi - all_lo < 4 * DECODE_STREAM_MIN ? 0 : (all_hi - all_lo) / 4;
@@ -382,7 +384,7 @@ static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
             sum = fa_merge_accumulate(sum, weight, in.l[col]);
             for (int64_t x = 0; x < d; ++x) acc[x] = fa_merge_accumulate(acc[x], weight, in.o[col * d + x]);
         }
-        const float factor = fa_merge_factor(&row, sum) * fp8_descale(&p->v, kp->cache.v_descale, b, hk);
+        const float factor = fa_merge_factor(&row, sum) * fp8_factor(&p->v, kp->cache.v_descale, b, hk);
         for (int64_t x = 0; x < d; ++x) acc[x] *= factor;
         int64_t i, h, qb, qi;
         tile_row(plan, hk, r0 + r, &i, &h);

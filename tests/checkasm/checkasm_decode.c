@@ -131,7 +131,8 @@ void test_decode_values(void **state)
 }
 
 /* Every code of each quantised cache dtype through decode_values with one key, P = 1 and O = 0:
- * O is then the ISA's decoded row, which must be the exact value of each code (quant_codes.h),
+ * O is then the ISA's decoded row, which must be the exact value of each code (quant_codes.h; an
+ * E4M3 code's / 2^8, kernels.h),
  * NaN for NaN codes and the infinities of E5M2 included. Rows of 256 codes sit at every offset of
  * a vector (a code's lane and its neighbours differ per offset). */
 void test_decode_codes(void **state)
@@ -148,7 +149,8 @@ void test_decode_codes(void **state)
             for (int c = 0; c < 256; ++c) {
                 const uint8_t code = row[offset + c];
                 const float want = dtypes[t] == FA_DTYPE_I8 ? (float)(int8_t)code
-                                   : dtypes[t] == FA_DTYPE_FP8_E4M3 ? fa_fp8_e4m3_to_f32(code) : fa_fp8_e5m2_to_f32(code);
+                                   : dtypes[t] == FA_DTYPE_FP8_E4M3 ? fa_fp8_e4m3_to_f32(code) * 0x1p-8f /* kernels.h */
+                                                                     : fa_fp8_e5m2_to_f32(code);
                 const int same = want != want ? o[c] != o[c] : o[c] == want; /* O starts at +0: a -0 code gives +0 */
                 if (!same)
                     fail_msg("decode_values %s dtype=%d: code 0x%02x at element %d decodes to %.9g, not %.9g", isa->isa,

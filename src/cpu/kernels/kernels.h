@@ -87,7 +87,9 @@
  *             the cache: st[x*ldst + h*rows + r] = sum over p < d of K(x,h)[p] * q[h*ldq_head + r*d + p]
  *             for keys x < n, kv heads h < heads, rows r < rows, where K(x,h) is the row at element
  *             offset fa_decode_key_offset(x, ld_key, ld_quad) + h*ld_head of k, of `dtype`
- *             (f16/bf16 widened in registers, no copy). Keys come in quads: key x is key x % 4 of
+ *             (f16/bf16 widened in registers, no copy; quantised codes without their scales: int8
+ *             codes as integers, E5M2 codes as their values, E4M3 codes as their values / 2^8,
+ *             which saves a multiply per vector: the caller folds 2^8 into its factors). Keys come in quads: key x is key x % 4 of
  *             quad x / 4. ld_quad = 4 * ld_key is a plain run of keys; ld_key = a far distance and
  *             ld_quad = one key's stride reads four separate runs side by side, four streams
  *             running front to back, which a core's prefetchers follow far better than one run

@@ -600,21 +600,19 @@ static void KNAME(f32_to_f16)(const float *src, uint16_t *dst, int64_t n)
 /* ---- decode: S^T = K Q^T and O = alpha O + P V straight from the cache (kernels.h) ---- */
 
 /* W elements of a cache row from element p, widened in registers; dt is a compile-time constant.
- * Quantised codes become their exact values (quant_codes.h), without their scales: int8 as
- * integers; FP8 through binary16, whose conversion every ISA here has: an E5M2 code is the top byte
- * of the binary16 of its value, and an E4M3 code's exponent and mantissa bits, moved to binary16's,
- * give value / 2^8 (subnormals included: binary16's subnormals are E4M3's, scaled), so one multiply
- * finishes it; E4M3's NaN codes (S.1111.111) come out as +-480, which no finite code is. */
+ * Quantised codes become their values as kernels.h states (quant_codes.h), without their scales:
+ * int8 as integers; FP8 through binary16, whose conversion every ISA here has: an E5M2 code is the
+ * top byte of the binary16 of its value, and an E4M3 code's sign, exponent and mantissa bits moved
+ * to binary16's give value / 2^8 (subnormals included: binary16's subnormals are E4M3's, scaled),
+ * with its NaN codes (S.1111.111) set to a binary16 NaN by an integer compare (VLOAD_E4M3_OVER_256
+ * of each ISA); the caller folds the 2^8 into its factors. */
 FA_INLINE VEC KNAME(cache_load)(const void *row, int64_t p, const int dt)
 {
     if (dt == FA_DTYPE_F16) return VLOAD_F16((const uint16_t *)row + p);
     if (dt == FA_DTYPE_BF16) return VLOAD_BF16((const uint16_t *)row + p);
     if (dt == FA_DTYPE_I8) return VLOAD_I8((const int8_t *)row + p);
     if (dt == FA_DTYPE_FP8_E5M2) return VLOAD_E5M2((const uint8_t *)row + p);
-    if (dt == FA_DTYPE_FP8_E4M3) {
-        const VEC x = VMUL(VLOAD_E4M3_OVER_256((const uint8_t *)row + p), VSET1(256.0f));
-        return VSELECT_EQ(VABS(x), VSET1(480.0f), VSET1(NAN), x);
-    }
+    if (dt == FA_DTYPE_FP8_E4M3) return VLOAD_E4M3_OVER_256((const uint8_t *)row + p);
     return VLOAD((const float *)row + p);
 }
 
@@ -624,7 +622,7 @@ FA_INLINE float KNAME(cache_element)(const void *row, int64_t p, const int dt)
     if (dt == FA_DTYPE_BF16) return fa_bf16_to_f32(((const uint16_t *)row)[p]);
     if (dt == FA_DTYPE_I8) return (float)((const int8_t *)row)[p];
     if (dt == FA_DTYPE_FP8_E5M2) return fa_fp8_e5m2_to_f32(((const uint8_t *)row)[p]);
-    if (dt == FA_DTYPE_FP8_E4M3) return fa_fp8_e4m3_to_f32(((const uint8_t *)row)[p]);
+    if (dt == FA_DTYPE_FP8_E4M3) return fa_fp8_e4m3_to_f32(((const uint8_t *)row)[p]) * 0x1p-8f;
     return ((const float *)row)[p];
 }
 

@@ -44,15 +44,21 @@
 #define VLOAD_I8(p) vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(neon_load_u32(p)))))))
 #define VLOAD_BYTES_U16(p) vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(neon_load_u32(p)))))
 #define VLOAD_E5M2(p) vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(VLOAD_BYTES_U16(p), 8)))
-#define VLOAD_E4M3_OVER_256(p)                                                                                     \
-    vcvt_f32_f16(vreinterpret_f16_u16(vorr_u16(vshl_n_u16(vand_u16(VLOAD_BYTES_U16(p), vdup_n_u16(0x7f)), 7),    \
-                                               vshl_n_u16(vand_u16(VLOAD_BYTES_U16(p), vdup_n_u16(0x80)), 8))))
+#define VLOAD_E4M3_OVER_256(p) vcvt_f32_f16(vreinterpret_f16_u16(neon_e4m3_as_f16(VLOAD_BYTES_U16(p))))
 #define VLOAD_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))
 #define VHSUM(v) vaddvq_f32(v)
 #define NT_NR 4
 /* Lane i = the sum of the lanes of acc[i]: pairwise adds of neighbours, twice. */
 #define VSUM_TRANSPOSED(acc) vpaddq_f32(vpaddq_f32((acc)[0], (acc)[1]), vpaddq_f32((acc)[2], (acc)[3]))
 #define PV_CB 4 /* 16 accumulators, 4 V vectors and a broadcast: 21 of the 32 q registers */
+
+/* E4M3 codes (one per 16-bit lane) as binary16 bits of value / 2^8 (avx512_kernels.c says how). */
+static inline uint16x4_t neon_e4m3_as_f16(uint16x4_t u)
+{
+    const uint16x4_t bits = vand_u16(vreinterpret_u16_s16(vshr_n_s16(vreinterpret_s16_u16(vshl_n_u16(u, 8)), 1)),
+                                     vdup_n_u16(0xbfff));
+    return vorr_u16(bits, vceq_u16(vand_u16(u, vdup_n_u16(0x7f)), vdup_n_u16(0x7f)));
+}
 
 /* Four bytes of a quantised cache row (any alignment). */
 static inline uint32_t neon_load_u32(const void *p)

@@ -207,13 +207,14 @@ static double ref_fma_chains(int64_t iterations, float *sink)
     return 2.0 * CHAINS * (double)iterations;
 }
 
-/* Element e of a cache row of the given dtype, as f32 (exact; quantised codes without their scale). */
+/* Element e of a cache row of the given dtype, as f32 (exact; quantised codes without their scale,
+ * E4M3 codes' values / 2^8 as kernels.h states). */
 static float ref_cache_element(const void *row, int64_t e, fa_dtype dtype)
 {
     if (dtype == FA_DTYPE_F16) return fa_f16_to_f32(((const uint16_t *)row)[e]);
     if (dtype == FA_DTYPE_BF16) return fa_bf16_to_f32(((const uint16_t *)row)[e]);
     if (dtype == FA_DTYPE_I8) return (float)((const int8_t *)row)[e];
-    if (dtype == FA_DTYPE_FP8_E4M3) return fa_fp8_e4m3_to_f32(((const uint8_t *)row)[e]);
+    if (dtype == FA_DTYPE_FP8_E4M3) return fa_fp8_e4m3_to_f32(((const uint8_t *)row)[e]) * 0x1p-8f; /* kernels.h */
     if (dtype == FA_DTYPE_FP8_E5M2) return fa_fp8_e5m2_to_f32(((const uint8_t *)row)[e]);
     return ((const float *)row)[e];
 }

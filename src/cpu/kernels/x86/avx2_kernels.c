@@ -54,9 +54,7 @@
 #define VLOAD_BYTES_U16(p) _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p)))
 #define VLOAD_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #define VLOAD_E5M2(p) _mm256_cvtph_ps(_mm_slli_epi16(VLOAD_BYTES_U16(p), 8))
-#define VLOAD_E4M3_OVER_256(p)                                                                                   \
-    _mm256_cvtph_ps(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(VLOAD_BYTES_U16(p), _mm_set1_epi16(0x7f)), 7),  \
-                                 _mm_slli_epi16(_mm_and_si128(VLOAD_BYTES_U16(p), _mm_set1_epi16(0x80)), 8)))
+#define VLOAD_E4M3_OVER_256(p) _mm256_cvtph_ps(avx2_e4m3_as_f16(VLOAD_BYTES_U16(p)))
 #define VLOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VHSUM(v) avx2_hsum(v)
 #define NT_NR 2 /* 8 accumulators, 2 + 1 operands: 11 of the 16 ymm registers */
@@ -100,6 +98,14 @@ static const int32_t avx2_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0
 
 #include "avx_transpose.h"
 #define VLOAD_TRANSPOSED(row, i, dt, t) fa_avx_load_transposed8(row, i, dt, t)
+/* E4M3 codes (one per 16-bit lane) as binary16 bits of value / 2^8 (avx512_kernels.c says how). */
+static inline __m128i avx2_e4m3_as_f16(__m128i u)
+{
+    const __m128i bits = _mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(u, 8), 1), _mm_set1_epi16((short)0xbfff));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(u, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
+    return _mm_or_si128(bits, nan);
+}
+
 #include "../vector_kernels.h"
 
 const fa_cpu_kernels fa_cpu_kernels_avx2 = FA_VECTOR_KERNEL_TABLE("avx2");

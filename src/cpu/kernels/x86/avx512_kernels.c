@@ -84,12 +84,14 @@ static inline __m512 avx512_transpose_sum(const __m512 *a)
 
 #include "avx_transpose.h"
 
-/* E4M3 codes (one per 16-bit lane) as binary16 bits of value / 2^8: sign to bit 15, exponent and
- * mantissa shifted up by 7. */
+/* E4M3 codes (one per 16-bit lane) as binary16 bits of value / 2^8: the code in the high byte,
+ * shifted right by one arithmetically, puts the sign at bit 15 (and a copy at 14, cleared) and the
+ * exponent and mantissa at binary16's; a NaN code's lane becomes all ones, a binary16 NaN. */
 static inline __m256i avx_e4m3_as_f16(__m256i u)
 {
-    return _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x7f)), 7),
-                           _mm256_slli_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x80)), 8));
+    const __m256i bits = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(u, 8), 1), _mm256_set1_epi16((short)0xbfff));
+    const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7f));
+    return _mm256_or_si256(bits, nan);
 }
 /* 8 keys of 16 rows of 16-bit values, rows l and l + 8 side by side in the two 128-bit lanes of a
  * ymm register: an 8 x 8 transpose of 16-bit elements in each lane (unpacks of 16, 32, 64 bits),
