@@ -176,6 +176,15 @@ static fa_status not_in_an_older_table(void *state, const fa_merge_problem *p)
     abort();
 }
 
+/* Stands in for kvcache_append, past the end of an ABI 7 table. */
+static fa_status not_in_an_abi7_table(void *state, const fa_kv_problem *p)
+{
+    (void)state;
+    (void)p;
+    fprintf(stderr, "fake test plugin: the registry called a member an ABI 7 table does not have\n");
+    abort();
+}
+
 static const fa_backend_iface working_iface = {
     .abi_version = FA_BACKEND_ABI_VERSION,
     .kind = FA_BACKEND_CUDA,
@@ -233,11 +242,17 @@ __attribute__((visibility("default"))) const fa_backend_iface *FAKE_ENTRY(const 
 {
     const char *mode = getenv("FA_FAKE_PLUGIN_MODE");
     if (!mode) mode = "";
-    const int previous = strcmp(mode, "abi_previous") == 0;
-    const unsigned built_for = previous ? FA_BACKEND_ABI_OLDEST : FA_BACKEND_ABI_VERSION;
+    const int previous = strcmp(mode, "abi_previous") == 0, abi7 = strcmp(mode, "abi_7") == 0;
+    const unsigned built_for = previous ? FA_BACKEND_ABI_OLDEST : abi7 ? 7u : FA_BACKEND_ABI_VERSION;
     if (!h || h->abi_version != built_for || !h->set_error) return NULL;
     host = h;
     if (previous) return (const fa_backend_iface *)(const void *)&previous_iface;
+    if (abi7) { /* today's table as ABI 7 built it: the registry must not read kvcache_append */
+        returned = working_iface;
+        returned.abi_version = 7u;
+        returned.kvcache_append = not_in_an_abi7_table;
+        return &returned;
+    }
     const int no_supports = strcmp(mode, "no_supports") == 0;
     returned = strcmp(mode, "working") == 0 || no_supports ? working_iface : no_devices_iface;
     if (strcmp(mode, "refuse") == 0) return NULL;

@@ -208,6 +208,46 @@ static void test_failing_calls_leave_context_usable(void **state)
     fa_context_destroy(ctx);
 }
 
+/* A plugin of ABI 7 loads and runs what it knew, but the core refuses it what ABI 8 added to the
+ * KV-cache problem (quantised caches, rotary embeddings) and never reads its missing
+ * kvcache_append (the fake aborts if it is called). */
+static void test_abi7_plugin_refuses_newer_kvcache(void **state)
+{
+    (void)state;
+    fa_context *ctx = NULL;
+    assert_int_equal(fa_context_create(FA_BACKEND_CUDA, 0, &ctx), FA_SUCCESS);
+    device_tensor q, k, v, out;
+    make_tensor(ctx, &q, SEQ_Q, HEADS_Q, 1000);
+    make_tensor(ctx, &k, SEQ_K, HEADS_KV, 2000);
+    make_tensor(ctx, &v, SEQ_K, HEADS_KV, 3000);
+    make_tensor(ctx, &out, SEQ_Q, HEADS_Q, -1);
+    int32_t *lens = NULL;
+    assert_int_equal(fa_malloc(ctx, BATCH * sizeof(int32_t), (void **)&lens), FA_SUCCESS);
+    fa_kv_cache cache = {k.t, v.t, NULL, 0, lens};
+    cache.k.dtype = FA_DTYPE_FP8_E4M3; /* a quantised cache: any bytes will do, nothing runs */
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+    assert_int_equal(fa_forward_kvcache(ctx, &desc, &q.t, &cache, NULL, NULL, &out.t, NULL), FA_ERROR_NOT_SUPPORTED);
+    assert_non_null(strstr(fa_last_error(), "the fake plugin predates quantised caches (rebuild it)"));
+
+    cache.k.dtype = k.t.dtype;
+    fa_rotary rotary;
+    fa_rotary_init(&rotary);
+    rotary.cos = rotary.sin = (const float *)(const void *)out.t.data; /* any device floats: never read */
+    rotary.max_position = 4;
+    rotary.rotary_dim = 2;
+    desc.rotary = &rotary;
+    assert_int_equal(fa_forward_kvcache(ctx, &desc, &q.t, &cache, NULL, NULL, &out.t, NULL), FA_ERROR_NOT_SUPPORTED);
+    assert_non_null(strstr(fa_last_error(), "the fake plugin predates rotary embeddings (rebuild it)"));
+
+    desc.rotary = NULL; /* the append itself: refused by its supports() (no KV-cache path), never called */
+    assert_int_equal(fa_kvcache_append(ctx, &desc, &cache, NULL, &k.t, &v.t), FA_ERROR_NOT_SUPPORTED);
+    device_tensor *all[] = {&q, &k, &v, &out};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) assert_int_equal(fa_free(ctx, all[i]->t.data), FA_SUCCESS);
+    assert_int_equal(fa_free(ctx, lens), FA_SUCCESS);
+    fa_context_destroy(ctx);
+}
+
 /* ---- plugin folders made by the test ---------------------------------------------------------- */
 
 static void remove_temp_dir(void)
@@ -243,7 +283,7 @@ static int make_plugin_dir(int with_garbage)
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: %s not_found|dlopen_fails|no_entry|refuse|abi_older|abi_newer|abi_previous|wrong_kind|no_supports|no_devices|working\n",
+        fprintf(stderr, "usage: %s not_found|dlopen_fails|no_entry|refuse|abi_older|abi_newer|abi_previous|abi_7|wrong_kind|no_supports|no_devices|working\n",
                 argv[0]);
         return 2;
     }
@@ -259,6 +299,10 @@ int main(int argc, char **argv)
     }
     snprintf(plugin_path, sizeof plugin_path, "%s/libflashattn-cuda.so", dir);
 
+    if (strcmp(branch, "abi_7") == 0) {
+        const struct CMUnitTest tests[] = {cmocka_unit_test(test_abi7_plugin_refuses_newer_kvcache)};
+        return cmocka_run_group_tests_name("abi_7", tests, NULL, NULL);
+    }
     if (strcmp(branch, "working") == 0 || strcmp(branch, "abi_previous") == 0) {
         const struct CMUnitTest tests[] = {cmocka_unit_test(test_failing_calls_leave_context_usable)};
         return cmocka_run_group_tests_name("working", tests, NULL, NULL);
