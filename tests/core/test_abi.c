@@ -115,6 +115,33 @@ static void test_layout_0_3_runs_without_positions(void **state)
     fa_context_destroy(p.ctx);
 }
 
+/* A 0.5 client (desc ending at kv_split_tokens) in a block of exactly that size on the KV-cache
+ * path, which reads the 0.6 fields (kv_scales, rotary) of a current desc: never read from it, they
+ * take their defaults (the run equals the current layout's). */
+static void test_layout_0_5_runs_kvcache_without_new_fields(void **state)
+{
+    (void)state;
+    static problem p;
+    fa_attention_desc now;
+    float expected[N];
+    reference_run(&p, &now, expected);
+    int32_t cached[1] = {SEQ};
+    const fa_kv_cache cache = {p.tk, p.tv, NULL, 0, cached};
+    assert_int_equal(fa_forward_kvcache(p.ctx, &now, &p.tq, &cache, NULL, NULL, &p.tout, p.lse), FA_SUCCESS);
+    memcpy(expected, p.out, sizeof expected);
+    const size_t size_0_5 = offsetof(fa_attention_desc, kv_scales);
+    unsigned char *old = malloc(size_0_5); /* ASan sees any read of the 0.6 fields */
+    assert_non_null(old);
+    memcpy(old, &now, size_0_5);
+    memcpy(old, &size_0_5, sizeof size_0_5);
+    memset(p.out, 0, sizeof p.out);
+    assert_int_equal(fa_forward_kvcache(p.ctx, (const fa_attention_desc *)old, &p.tq, &cache, NULL, NULL, &p.tout, p.lse),
+                     FA_SUCCESS);
+    assert_memory_equal(p.out, expected, sizeof expected);
+    free(old);
+    fa_context_destroy(p.ctx);
+}
+
 static void test_newer_layout(void **state)
 {
     (void)state;
@@ -167,6 +194,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_old_layout_runs_with_defaults),
         cmocka_unit_test(test_layout_0_3_runs_without_positions),
+        cmocka_unit_test(test_layout_0_5_runs_kvcache_without_new_fields),
         cmocka_unit_test(test_newer_layout),
         cmocka_unit_test(test_too_small),
     };
