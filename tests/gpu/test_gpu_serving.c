@@ -248,3 +248,54 @@ void test_gpu_serving_bad_tables(void **state)
     assert_int_equal(fa_synchronize(ctx), FA_SUCCESS);
     kv_scene_free(&s);
 }
+
+/* What the GPU plugins do not run yet is refused by name before anything is launched: a quantised
+ * cache, rotary embeddings, fa_kvcache_append. The cache keeps every byte. */
+void test_gpu_serving_not_yet(void **state)
+{
+    fa_context *ctx = context_or_skip(state);
+    const kv_layout l = {FA_DTYPE_F16, 4, 2, 16, 64, 0};
+    const kv_seq seqs[2] = {{20, 1, 1, 1}, {7, 1, 1, 2}};
+    kv_scene g;
+    kv_scene_build(&g, ctx, &l, seqs, 2);
+    const size_t cache_bytes = g.cache_elems * 2;
+    unsigned char *before = malloc(cache_bytes), *after = malloc(cache_bytes);
+    assert_true(before && after);
+    assert_int_equal(fa_memcpy_d2h(ctx, before, g.k_cache, cache_bytes), FA_SUCCESS);
+    const fa_tensor q = {g.q, FA_DTYPE_F16, 2, 1, l.heads_q, l.head_dim, 0, 0, 0};
+    fa_tensor out = q;
+    out.data = g.out;
+    const fa_tensor k_new = {g.k_new, FA_DTYPE_F16, 2, 1, l.heads_kv, l.head_dim, 0, 0, 0};
+    fa_tensor v_new = k_new;
+    v_new.data = g.v_new;
+    fa_kv_cache cache = {{g.k_cache, FA_DTYPE_F16, 2, l.capacity, l.heads_kv, l.head_dim, 0, 0, 0},
+                         {g.v_cache, FA_DTYPE_F16, 2, l.capacity, l.heads_kv, l.head_dim, 0, 0, 0}, NULL, 0, g.cached_dev};
+    fa_attention_desc desc;
+    fa_attention_desc_init(&desc);
+
+    fa_kv_cache quantised = cache;
+    quantised.k.dtype = FA_DTYPE_FP8_E5M2; /* the f16 bytes read as twice as many codes: never read */
+    quantised.k.seqlen = l.capacity * 2;
+    quantised.v.dtype = FA_DTYPE_FP8_E5M2;
+    quantised.v.seqlen = l.capacity * 2;
+    assert_int_equal(fa_forward_kvcache(ctx, &desc, &q, &quantised, &k_new, &v_new, &out, NULL), FA_ERROR_NOT_SUPPORTED);
+    assert_non_null(strstr(fa_last_error(), "does not implement quantised caches"));
+
+    fa_rotary rotary;
+    fa_rotary_init(&rotary);
+    rotary.cos = rotary.sin = (const float *)g.out; /* device floats: never read */
+    rotary.max_position = 64;
+    rotary.rotary_dim = l.head_dim;
+    desc.rotary = &rotary;
+    assert_int_equal(fa_forward_kvcache(ctx, &desc, &q, &cache, &k_new, &v_new, &out, NULL), FA_ERROR_NOT_SUPPORTED);
+    assert_non_null(strstr(fa_last_error(), "desc->rotary: the"));
+
+    desc.rotary = NULL;
+    assert_int_equal(fa_kvcache_append(ctx, &desc, &cache, NULL, &k_new, &v_new), FA_ERROR_NOT_SUPPORTED);
+    assert_non_null(strstr(fa_last_error(), "fa_kvcache_append: the"));
+    assert_int_equal(fa_synchronize(ctx), FA_SUCCESS);
+    assert_int_equal(fa_memcpy_d2h(ctx, after, g.k_cache, cache_bytes), FA_SUCCESS);
+    assert_memory_equal(before, after, cache_bytes);
+    free(before), free(after);
+    kv_scene_free(&g);
+}
