@@ -24,7 +24,7 @@ __all__ = [
     "forward", "backward", "forward_varlen", "backward_varlen", "forward_kvcache", "merge_partials", "dropout_mask",
     "tiling_for", "backends", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
     "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_kvpacked_func", "quantize_kv", "kvcache_append",
     "Error", "InvalidValueError", "InvalidTypeError", "NotSupportedError", "OutOfMemoryError",
     "BackendUnavailableError", "BackendFailureError", "BackendStatus", "Tiling", "Gradients", "__version__",
 ]
@@ -287,7 +287,8 @@ def forward_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None, block
                        sinks, bias, _ragged(q, k, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new))
     out, lse = _native.forward_kvcache(q, k_cache, v_cache, k, v, None, None, True, cache_seqlens,
                                        _host_table(block_table, device), cache_batch_idx, cache_leftpad,
-                                       _count(kv_split_tokens, "kv_split_tokens"), *options, _backend_number(backend),
+                                       _count(kv_split_tokens, "kv_split_tokens"), None, None, *options,
+                                       _backend_number(backend),
                                        stream)
     convert = converter_for(q)
     return wrap(convert, out, device), wrap(convert, lse, device)
@@ -351,7 +352,8 @@ def backends():
 
 # The PyTorch functions, imported only when used, so the package works without PyTorch.
 _TORCH_FUNCTIONS = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_qkvpacked_func",
-                    "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func")
+                    "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
+                    "quantize_kv", "kvcache_append")
 
 
 def __getattr__(name):

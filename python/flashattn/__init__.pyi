@@ -108,4 +108,16 @@ def flash_attn_with_kvcache(q: Any, k_cache: Any, v_cache: Any, k: Optional[Any]
                             alibi_slopes: Optional[Any] = ..., num_splits: int = ...,
                             return_softmax_lse: bool = ..., *, cu_seqlens_q: Optional[Any] = ...,
                             max_seqlen_q: Optional[int] = ..., cu_seqlens_k_new: Optional[Any] = ...,
-                            kv_split_tokens: Optional[int] = ...) -> Union[Any, Tuple[Any, Any]]: ...
+                            kv_split_tokens: Optional[int] = ..., k_scale: Optional[Any] = ...,
+                            v_scale: Optional[Any] = ..., k_descale: Optional[Any] = ...,
+                            v_descale: Optional[Any] = ...) -> Union[Any, Tuple[Any, Any]]: ...
+# Returns (codes, scale): int8 codes with float32 scale x.shape[:-1], or float8 codes with float32 descale
+# [heads_kv] ([batch, heads_kv] with per_batch).
+def quantize_kv(x: Any, dtype: Any, *, per_batch: bool = ...) -> Tuple[Any, Any]: ...
+# fa_kvcache_append: appends k, v to the caches in place (rotary, quantisation) without attention.
+def kvcache_append(k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Union[int, Sequence[int], Any], *,
+                   block_table: Optional[Any] = ..., cache_batch_idx: Optional[Any] = ...,
+                   cache_leftpad: Optional[Any] = ..., rotary_cos: Optional[Any] = ..., rotary_sin: Optional[Any] = ...,
+                   rotary_interleaved: bool = ..., k_scale: Optional[Any] = ..., v_scale: Optional[Any] = ...,
+                   k_descale: Optional[Any] = ..., v_descale: Optional[Any] = ...,
+                   cu_seqlens_k_new: Optional[Any] = ...) -> None: ...

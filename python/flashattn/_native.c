@@ -47,6 +47,8 @@ typedef struct DLManagedTensorVersioned {
 
 enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLROCM = 10, kDLCUDAManaged = 13 };
 enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
+/* DLPack 1.1's FP8 type codes (PyTorch >= 2.6 exports float8_e4m3fn / float8_e5m2 as these). */
+enum { kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12 };
 
 /* flashattn._errors classes, looked up once at import. */
 static PyObject *error_classes[6]; /* indexed by fa_status */
@@ -178,25 +180,37 @@ static int take_input(PyObject *obj, const char *name, PyObject *stream, dl_inpu
 
 static const char *dtype_name(DLDataType t, char *buf, size_t size)
 {
+    if (t.lanes == 1 && t.bits == 8 && t.code == kDLFloat8_e4m3fn) return "float8_e4m3fn";
+    if (t.lanes == 1 && t.bits == 8 && t.code == kDLFloat8_e5m2) return "float8_e5m2";
     const char *kind = t.code == kDLFloat ? "float" : t.code == kDLBfloat ? "bfloat" : t.code == kDLInt ? "int"
                      : t.code == kDLUInt ? "uint" : t.code == kDLBool ? "bool" : "code";
     snprintf(buf, size, "%s%u%s", kind, (unsigned)t.bits, t.lanes != 1 ? "xN" : "");
     return buf;
 }
 
-static int to_fa_dtype(const DLTensor *t, const char *name, fa_dtype *out)
+/* With cache set (a KV cache's k or v) the quantised element types are accepted too: int8
+ * (FA_DTYPE_I8) and DLPack's float8_e4m3fn / float8_e5m2. */
+static int to_fa_dtype_as(const DLTensor *t, const char *name, int cache, fa_dtype *out)
 {
     DLDataType d = t->dtype;
     if (d.lanes == 1 && d.code == kDLFloat && d.bits == 32) *out = FA_DTYPE_F32;
     else if (d.lanes == 1 && d.code == kDLFloat && d.bits == 16) *out = FA_DTYPE_F16;
     else if (d.lanes == 1 && d.code == kDLBfloat && d.bits == 16) *out = FA_DTYPE_BF16;
+    else if (cache && d.lanes == 1 && d.code == kDLInt && d.bits == 8) *out = FA_DTYPE_I8;
+    else if (cache && d.lanes == 1 && d.code == kDLFloat8_e4m3fn && d.bits == 8) *out = FA_DTYPE_FP8_E4M3;
+    else if (cache && d.lanes == 1 && d.code == kDLFloat8_e5m2 && d.bits == 8) *out = FA_DTYPE_FP8_E5M2;
     else {
         char buf[32];
-        raise_type("%s: dtype %s is not supported (float32, float16 or bfloat16)", name, dtype_name(d, buf, sizeof buf));
+        raise_type(cache ? "%s: dtype %s is not supported (float32, float16, bfloat16, int8, float8_e4m3fn or "
+                           "float8_e5m2)"
+                         : "%s: dtype %s is not supported (float32, float16 or bfloat16)",
+                   name, dtype_name(d, buf, sizeof buf));
         return -1;
     }
     return 0;
 }
+
+static int to_fa_dtype(const DLTensor *t, const char *name, fa_dtype *out) { return to_fa_dtype_as(t, name, 0, out); }
 
 static fa_backend backend_of_device(int32_t device_type)
 {
@@ -212,14 +226,14 @@ static fa_backend backend_of_device(int32_t device_type)
  * [total_tokens, heads, head_dim], read as batch 1. Size-1 dimensions take their packed stride
  * (their stride never matters and frameworks report any value); zero or negative strides are
  * refused here, because the C API reads all-zero strides as "packed". */
-static int to_fa_tensor(const DLTensor *t, const char *name, int packed, fa_tensor *out)
+static int to_fa_tensor_as(const DLTensor *t, const char *name, int packed, int cache, fa_tensor *out)
 {
     const int ndim = packed ? 3 : 4;
     if (t->ndim != ndim)
         return raise_value(packed ? "%s: has %d dimensions, expected 3 [total_tokens, heads, head_dim] (packed batch)"
                                   : "%s: has %d dimensions, expected 4 [batch, seqlen, heads, head_dim]",
                            name, (int)t->ndim), -1;
-    if (to_fa_dtype(t, name, &out->dtype) < 0) return -1;
+    if (to_fa_dtype_as(t, name, cache, &out->dtype) < 0) return -1;
     static const char *dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
     /* The 4-d view: a packed tensor gains a leading batch of 1. */
     int64_t shape[4], given_strides[4], packed_strides[4], strides[4];
@@ -249,6 +263,11 @@ static int to_fa_tensor(const DLTensor *t, const char *name, int packed, fa_tens
     out->stride_seq = strides[1];
     out->stride_head = strides[2];
     return 0;
+}
+
+static int to_fa_tensor(const DLTensor *t, const char *name, int packed, fa_tensor *out)
+{
+    return to_fa_tensor_as(t, name, packed, 0, out);
 }
 
 static int same_device(const DLTensor *t, const DLTensor *ref, const char *name)
@@ -524,7 +543,8 @@ static int parse_options(PyObject *const *args, options *o)
 static const char *shape_text(const DLTensor *t, char *buf, size_t size);
 
 /* ---- one attention call ---------------------------------------------------------------------- */
-#define MAX_TENSORS 20 /* forward_kvcache: 7 tensors, 3 modifiers, 6 tables (lengths, pages, slots, offsets) */
+#define MAX_TENSORS 26 /* forward_kvcache: 7 tensors, 3 modifiers, 6 tables (lengths, pages, slots, offsets),
+                          4 scales, 2 rotary tables */
 #define MAX_TEMPS 8    /* int32 tables copied from Python ints: at most 5 in one call (forward_kvcache) */
 typedef struct {
     dl_input fixed_inputs[MAX_TENSORS];
@@ -584,11 +604,30 @@ static int bind_tensor(call *c, PyObject *obj, const char *name, fa_tensor *t)
 }
 
 /* A 4-d tensor (a KV cache: [batch or pages, capacity or page_size, heads_kv, head_dim]) whatever
- * the call's layout, which may be written to when writable is set. */
-static int bind_tensor4(call *c, PyObject *obj, const char *name, int writable, fa_tensor *t)
+ * the call's layout, which may be written to when writable is set. code >= 0: the fa_dtype of a
+ * quantised cache (FA_DTYPE_I8 or FP8) that may come as raw uint8 bytes, for frameworks whose DLPack
+ * export has no float8 type; a tensor of that type itself is accepted too. */
+static int bind_cache_tensor(call *c, PyObject *obj, const char *name, int writable, long code, fa_tensor *t)
 {
     const DLTensor *dl = bind_input(c, obj, name);
-    if (!dl || to_fa_tensor(dl, name, 0, t) < 0) return -1;
+    if (!dl) return -1;
+    DLTensor view = *dl;
+    if (code >= 0) {
+        static const uint8_t dl_codes[6] = {0, 0, 0, kDLInt, kDLFloat8_e4m3fn, kDLFloat8_e5m2};
+        if (code < FA_DTYPE_I8 || code > FA_DTYPE_FP8_E5M2)
+            return raise_value("%s: dtype code %ld is not a quantised cache's (3 int8, 4 float8_e4m3fn, 5 float8_e5m2)",
+                               name, code), -1;
+        const DLDataType want = {dl_codes[code], 8, 1};
+        const int raw = dl->dtype.code == kDLUInt && dl->dtype.bits == 8 && dl->dtype.lanes == 1;
+        const int same = dl->dtype.code == want.code && dl->dtype.bits == 8 && dl->dtype.lanes == 1;
+        if (!raw && !same) {
+            char buf[32], wbuf[32];
+            return raise_type("%s: dtype %s given as the bytes of %s (uint8 or that dtype expected)", name,
+                              dtype_name(dl->dtype, buf, sizeof buf), dtype_name(want, wbuf, sizeof wbuf)), -1;
+        }
+        view.dtype = want;
+    }
+    if (to_fa_tensor_as(&view, name, 0, 1, t) < 0) return -1;
     if (writable && c->inputs[c->n_inputs - 1].read_only) return raise_value("%s: is read-only", name), -1;
     return 0;
 }
@@ -1081,8 +1120,113 @@ fail:
     return NULL;
 }
 
+/* ---- quantised caches and rotary embeddings (fa_kv_scales, fa_rotary) ---------------------------- */
+/* kv_quant: None or (k_dtype, v_dtype, k_scale, v_scale, k_descale, v_descale): the caches' fa_dtype
+ * codes (-1: the tensor's own DLPack dtype; 3, 4, 5: int8, float8_e4m3fn, float8_e5m2, and the tensor
+ * may be its raw uint8 bytes) and the scales of fa_kv_scales, each None or a packed float32 tensor on
+ * q's device: k_scale / v_scale shaped like their cache without its last dimension (written on
+ * append), k_descale / v_descale [batch, heads_kv]. rotary: None or (cos, sin, interleaved), float32
+ * [max_position, rotary_dim / 2] tables on q's device. */
+typedef struct {
+    long k_code, v_code;
+    fa_kv_scales scales;
+    fa_rotary rotary;
+} kv_extras;
+
+static int parse_cache_codes(PyObject *quant, kv_extras *x)
+{
+    x->k_code = x->v_code = -1;
+    if (quant == Py_None) return 0;
+    if (!PyTuple_Check(quant) || PyTuple_GET_SIZE(quant) != 6)
+        return raise_value("kv_quant: must be None or (k_dtype, v_dtype, k_scale, v_scale, k_descale, v_descale)"), -1;
+    x->k_code = PyLong_AsLong(PyTuple_GET_ITEM(quant, 0));
+    x->v_code = PyLong_AsLong(PyTuple_GET_ITEM(quant, 1));
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static const char *dims_text(int ndim, const int64_t *shape, char *buf, size_t size)
+{
+    size_t used = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < ndim && used < size; ++i)
+        used += (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (used < size) snprintf(buf + used, size - used, "]");
+    return buf;
+}
+
+/* A packed float32 tensor of exactly this shape on q's device (writable when asked): a bare pointer
+ * for the C API. */
+static int bind_f32_exact(call *c, PyObject *obj, const char *name, int ndim, const int64_t *shape, int writable,
+                          float **out)
+{
+    const DLTensor *t = bind_input(c, obj, name);
+    if (!t) return -1;
+    if (!shape_is(t, ndim, shape)) {
+        char want[96], got[96];
+        return raise_value("%s: expected shape %s, got %s", name, dims_text(ndim, shape, want, sizeof want),
+                           shape_text(t, got, sizeof got)), -1;
+    }
+    if (check_f32_packed(t, name, ndim, shape) < 0) return -1;
+    if (writable && c->inputs[c->n_inputs - 1].read_only) return raise_value("%s: is read-only", name), -1;
+    *out = (float *)((char *)t->data + t->byte_offset);
+    return 0;
+}
+
+/* The scales and the rotary tables, once the caches are bound; batch = the number of sequences. */
+static int bind_kv_extras(call *c, PyObject *quant, PyObject *rotary, const fa_kv_cache *cache, int64_t batch,
+                          int append, kv_extras *x)
+{
+    fa_kv_scales_init(&x->scales);
+    fa_rotary_init(&x->rotary);
+    if (quant != Py_None) {
+        const fa_tensor *caches[2] = {&cache->k, &cache->v};
+        static const char *scale_names[2] = {"k_scale", "v_scale"}, *descale_names[2] = {"k_descale", "v_descale"};
+        float **scales[2] = {&x->scales.k_scale, &x->scales.v_scale};
+        float *descales[2] = {NULL, NULL};
+        int any = 0;
+        for (int i = 0; i < 2; ++i) {
+            PyObject *scale = PyTuple_GET_ITEM(quant, 2 + i), *descale = PyTuple_GET_ITEM(quant, 4 + i);
+            if (scale != Py_None) {
+                const int64_t shape[3] = {caches[i]->batch, caches[i]->seqlen, caches[i]->heads};
+                if (bind_f32_exact(c, scale, scale_names[i], 3, shape, append, scales[i]) < 0) return -1;
+                any = 1;
+            }
+            if (descale != Py_None) {
+                const int64_t shape[2] = {batch, caches[i]->heads};
+                if (bind_f32_exact(c, descale, descale_names[i], 2, shape, 0, &descales[i]) < 0) return -1;
+                any = 1;
+            }
+        }
+        x->scales.k_descale = descales[0];
+        x->scales.v_descale = descales[1];
+        if (any) c->opts.desc.kv_scales = &x->scales;
+    }
+    if (rotary != Py_None) {
+        if (!PyTuple_Check(rotary) || PyTuple_GET_SIZE(rotary) != 3)
+            return raise_value("rotary: must be None or (cos, sin, interleaved)"), -1;
+        int interleaved = PyObject_IsTrue(PyTuple_GET_ITEM(rotary, 2));
+        if (interleaved < 0) return -1;
+        const DLTensor *cos = bind_input(c, PyTuple_GET_ITEM(rotary, 0), "rotary_cos");
+        if (!cos) return -1;
+        char got[96];
+        if (cos->ndim != 2)
+            return raise_value("rotary_cos: has shape %s, expected 2 dimensions [max_position, rotary_dim / 2]",
+                               shape_text(cos, got, sizeof got)), -1;
+        const int64_t shape[2] = {cos->shape[0], cos->shape[1]};
+        if (check_f32_packed(cos, "rotary_cos", 2, shape) < 0) return -1;
+        float *sin = NULL;
+        if (bind_f32_exact(c, PyTuple_GET_ITEM(rotary, 1), "rotary_sin", 2, shape, 0, &sin) < 0) return -1;
+        x->rotary.cos = (const float *)((const char *)cos->data + cos->byte_offset);
+        x->rotary.sin = sin;
+        x->rotary.max_position = shape[0];
+        x->rotary.rotary_dim = 2 * shape[1];
+        x->rotary.interleaved = interleaved;
+        c->opts.desc.rotary = &x->rotary;
+    }
+    return 0;
+}
+
 /* forward_kvcache(q, k_cache, v_cache, k, v, out, lse, want_lse, cache_seqlens, block_table, cache_batch_idx,
- * cache_leftpad, kv_split_tokens, *options, backend, stream) -> (out | None, lse | None). k, v: None or
+ * cache_leftpad, kv_split_tokens, kv_quant, rotary, *options, backend, stream) -> (out | None, lse | None). k, v: None or
  * the tokens to append (in place, into the caches). cache_seqlens: an int32 [batch] tensor, a
  * sequence of ints or an int for every sequence. block_table: None (contiguous caches) or int32
  * [batch, max_pages_per_seq]. cache_batch_idx, cache_leftpad: None or int32 [batch] tables (a
@@ -1090,10 +1234,11 @@ fail:
  * kv_split_tokens: desc->kv_split_tokens (0 = the library's rule). Ragged queries come as the
  * options' varlen (cu_seqlens_q, cu_seqlens_k or None, max_seqlen_q, max_seqlen_k): q, out, k and
  * v are then packed [total, heads, head_dim], lse [heads_q, total_q], and batch is the number of
- * sequences, len(cu_seqlens_q) - 1; cu_seqlens_k packs k and v (None: packed like q). */
+ * sequences, len(cu_seqlens_q) - 1; cu_seqlens_k packs k and v (None: packed like q). kv_quant, rotary:
+ * the caches' dtypes and scales and the rotary tables (bind_kv_extras). */
 static PyObject *py_forward_kvcache(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    enum { N_LEADING_ARGS = 13 };
+    enum { N_LEADING_ARGS = 15 };
     if (nargs != N_LEADING_ARGS + N_OPTION_ARGS + 2)
         return PyErr_Format(PyExc_TypeError, "forward_kvcache: takes %d arguments", N_LEADING_ARGS + N_OPTION_ARGS + 2);
     PyObject *const *option_args = args + N_LEADING_ARGS;
@@ -1103,16 +1248,19 @@ static PyObject *py_forward_kvcache(PyObject *self, PyObject *const *args, Py_ss
     memset(&cache, 0, sizeof cache);
     fa_kv_slots slots;
     fa_kv_slots_init(&slots);
+    kv_extras extras;
     float *lse = NULL;
     int made_index[2] = {-1, -1};
     const int append = args[3] != Py_None || args[4] != Py_None;
     long long split = PyLong_AsLongLong(args[12]);
     if (split == -1 && PyErr_Occurred()) return NULL; /* a negative size is the C API's to report */
+    if (parse_cache_codes(args[13], &extras) < 0) return NULL;
     if (begin_call_as(&c, args[0], &q, option_args, option_args[N_OPTION_ARGS], option_args[N_OPTION_ARGS + 1],
                       "cu_seqlens_k_new", 1) < 0)
         goto fail;
     c.opts.desc.kv_split_tokens = split;
-    if (bind_tensor4(&c, args[1], "k_cache", append, &cache.k) < 0 || bind_tensor4(&c, args[2], "v_cache", append, &cache.v) < 0)
+    if (bind_cache_tensor(&c, args[1], "k_cache", append, extras.k_code, &cache.k) < 0 ||
+        bind_cache_tensor(&c, args[2], "v_cache", append, extras.v_code, &cache.v) < 0)
         goto fail;
     if (append && (args[3] == Py_None || args[4] == Py_None)) {
         raise_value("%s: is None; give k and v together", args[3] == Py_None ? "k" : "v");
@@ -1149,6 +1297,7 @@ static PyObject *py_forward_kvcache(PyObject *self, PyObject *const *args, Py_ss
     if (args[11] != Py_None &&
         bind_int32_table(&c, args[11], "cache_leftpad", 1, slot_shape, 1, &slots.cache_leftpad) < 0)
         goto fail;
+    if (bind_kv_extras(&c, args[13], args[14], &cache, batch, append, &extras) < 0) goto fail;
     set_extent(&c, &q, capacity);
     c.extent[3] = capacity; /* a bias is [batch, heads_q, seqlen_q or max_seqlen_q, capacity] */
     if (bind_modifiers(&c, option_args) < 0) goto fail;
@@ -1165,6 +1314,76 @@ static PyObject *py_forward_kvcache(PyObject *self, PyObject *const *args, Py_ss
     RUN_API_CALL(&c, st, fa_forward_kvcache_ex(c.ctx, &c.opts.desc, &q, &cache, with_slots ? &slots : NULL, k_arg,
                                                v_arg, &out, lse));
     return finish_call(&c, st, made_index, 2);
+fail:
+    release_call(&c);
+    return NULL;
+}
+
+/* kvcache_append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
+ * cu_seqlens_k_new, kv_quant, rotary, backend, stream) -> None: fa_kvcache_append. k, v: [batch,
+ * seqlen_new, heads_kv, head_dim], or packed [total_new, heads_kv, head_dim] by cu_seqlens_k_new
+ * (int32 [batch + 1]); the other arguments as forward_kvcache's. */
+static PyObject *py_kvcache_append(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 13) return PyErr_Format(PyExc_TypeError, "kvcache_append: takes 13 arguments");
+    call c;
+    fa_tensor k_new, v_new;
+    fa_kv_cache cache;
+    memset(&cache, 0, sizeof cache);
+    fa_kv_slots slots;
+    fa_kv_slots_init(&slots);
+    kv_extras extras;
+    if (parse_cache_codes(args[9], &extras) < 0) return NULL;
+    init_call(&c, args[12]);
+    fa_attention_desc_init(&c.opts.desc);
+    c.packed = args[8] != Py_None;
+    if (bind_tensor(&c, args[2], "k", &k_new) < 0 || select_backend(&c, "k", args[11]) < 0) goto fail;
+    if (bind_tensor(&c, args[3], "v", &v_new) < 0) goto fail;
+    int64_t batch = k_new.batch;
+    if (c.packed) {
+        int64_t n = -1;
+        if (bind_int32_table(&c, args[8], "cu_seqlens_k_new", 1, &n, 0, &c.opts.varlen.cu_seqlens_k) < 0) goto fail;
+        if (n < 1) {
+            raise_value("cu_seqlens_k_new: is empty; it holds batch + 1 offsets, the first 0");
+            goto fail;
+        }
+        batch = c.opts.varlen.batch = n - 1;
+        c.opts.varlen.max_seqlen_k = k_new.seqlen; /* no sequence appends more than all the rows */
+        c.opts.desc.varlen = &c.opts.varlen;
+    }
+    if (bind_cache_tensor(&c, args[0], "k_cache", 1, extras.k_code, &cache.k) < 0 ||
+        bind_cache_tensor(&c, args[1], "v_cache", 1, extras.v_code, &cache.v) < 0)
+        goto fail;
+    int64_t seqlens_shape[1] = {batch};
+    if (args[4] == Py_None) {
+        raise_value("cache_seqlens: is None (give the number of tokens already in each sequence's cache)");
+        goto fail;
+    }
+    if (bind_int32_table(&c, args[4], "cache_seqlens", 1, seqlens_shape, 1, &cache.cache_seqlens) < 0) goto fail;
+    if (args[5] != Py_None) {
+        int64_t table_shape[2] = {batch, -1};
+        if (bind_int32_table(&c, args[5], "block_table", 2, table_shape, 0, &cache.block_table) < 0) goto fail;
+        cache.max_pages_per_seq = table_shape[1];
+    }
+    const int with_slots = args[6] != Py_None || args[7] != Py_None;
+    int64_t slot_shape[1] = {batch};
+    if (args[6] != Py_None &&
+        bind_int32_table(&c, args[6], "cache_batch_idx", 1, slot_shape, 0, &slots.cache_batch_idx) < 0)
+        goto fail;
+    slot_shape[0] = batch;
+    if (args[7] != Py_None && bind_int32_table(&c, args[7], "cache_leftpad", 1, slot_shape, 1, &slots.cache_leftpad) < 0)
+        goto fail;
+    if (bind_kv_extras(&c, args[9], args[10], &cache, batch, 1, &extras) < 0) goto fail;
+    fa_status st;
+    RUN_API_CALL(&c, st, fa_kvcache_append(c.ctx, &c.opts.desc, &cache, with_slots ? &slots : NULL, &k_new, &v_new));
+    /* The tables copied here are freed by release_call: wait for the kernels first (finish_call's rule). */
+    if (st == FA_SUCCESS && c.n_temps && c.backend != FA_BACKEND_CPU) st = fa_synchronize(c.ctx);
+    if (st != FA_SUCCESS) {
+        raise_last_error(st);
+        goto fail;
+    }
+    release_call(&c);
+    Py_RETURN_NONE;
 fail:
     release_call(&c);
     return NULL;
@@ -1341,7 +1560,11 @@ static PyMethodDef methods[] = {
      "-> (dq, dk, dv, dsinks, dbias) capsules or None"},
     {"forward_kvcache", (PyCFunction)(void (*)(void))py_forward_kvcache, METH_FASTCALL,
      "forward_kvcache(q, k_cache, v_cache, k, v, out, lse, want_lse, cache_seqlens, block_table, cache_batch_idx, "
-     "cache_leftpad, kv_split_tokens, <options as forward>, backend, stream) -> (out capsule | None, lse capsule | None)"},
+     "cache_leftpad, kv_split_tokens, kv_quant, rotary, <options as forward>, backend, stream) "
+     "-> (out capsule | None, lse capsule | None)"},
+    {"kvcache_append", (PyCFunction)(void (*)(void))py_kvcache_append, METH_FASTCALL,
+     "kvcache_append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_batch_idx, cache_leftpad, "
+     "cu_seqlens_k_new, kv_quant, rotary, backend, stream) -> None"},
     {"merge_partials", (PyCFunction)(void (*)(void))py_merge_partials, METH_FASTCALL,
      "merge_partials(outs, lses, out, lse_out, want_lse, backend, stream) -> (out capsule | None, lse capsule | None)"},
     {"export", py_export, METH_VARARGS, "export(output, versioned): the output as a DLPack capsule, once"},

@@ -24,6 +24,46 @@ def _capsule(t: Optional[Tensor]):
     return None if t is None else torch.utils.dlpack.to_dlpack(t)
 
 
+# The fa_dtype codes of a quantised cache's element types (flashattn.h: FA_DTYPE_I8, FA_DTYPE_FP8_E4M3,
+# FA_DTYPE_FP8_E5M2), passed to the binding with the cache tensors.
+_FP8_CODES = {torch.float8_e4m3fn: 4, torch.float8_e5m2: 5}
+_QUANT_CODES = {torch.int8: 3, **_FP8_CODES}
+_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def _float8_dlpack() -> bool:
+    """Whether this torch exports float8 tensors through DLPack (DLPack 1.1's float8 codes, torch >= 2.6);
+    where it does not, a float8 cache goes as its uint8 bytes with the dtype code beside it."""
+    try:
+        torch.utils.dlpack.to_dlpack(torch.empty(1, dtype=torch.float8_e4m3fn))
+        return True
+    except Exception:  # BufferError, RuntimeError, TypeError: whatever this torch raises for an unknown dtype
+        return False
+
+
+_FLOAT8_DLPACK = _float8_dlpack()
+
+
+def _cache_capsule(t: Tensor):
+    if t.dtype in _FP8_CODES and not _FLOAT8_DLPACK:
+        t = t.view(torch.uint8)
+    return _capsule(t)
+
+
+def _kv_quant(k_cache, v_cache, k_scale, v_scale, k_descale, v_descale):
+    """_native's kv_quant argument: None for an unquantised cache without scales, else (k dtype code, v
+    dtype code, k_scale, v_scale, k_descale, v_descale) with -1 for a cache that is not quantised."""
+    if (k_cache.dtype not in _QUANT_CODES and v_cache.dtype not in _QUANT_CODES and k_scale is None
+            and v_scale is None and k_descale is None and v_descale is None):
+        return None
+    return (_QUANT_CODES.get(k_cache.dtype, -1), _QUANT_CODES.get(v_cache.dtype, -1), _capsule(k_scale),
+            _capsule(v_scale), _capsule(k_descale), _capsule(v_descale))
+
+
+def _rotary(rotary_cos, rotary_sin, rotary_interleaved):
+    return None if rotary_cos is None else (_capsule(rotary_cos), _capsule(rotary_sin), bool(rotary_interleaved))
+
+
 def _options(dropout_p, softmax_scale, causal, window_left, window_right, seed, offset, softcap, bias, alibi_slopes,
              sinks, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, block_mask=None, block_q=1,
              block_k=1):
@@ -335,16 +375,21 @@ def _forward_kvcache_body(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Option
                           alibi_slopes: Optional[Tensor], want_lse: bool, cu_seqlens_q: Optional[Tensor] = None,
                           cu_seqlens_k_new: Optional[Tensor] = None, max_seqlen_q: int = 0, max_seqlen_k_new: int = 0,
                           cache_batch_idx: Optional[Tensor] = None, cache_leftpad: Optional[Tensor] = None,
-                          kv_split_tokens: int = 0) -> Tuple[Tensor, Tensor]:
+                          kv_split_tokens: int = 0, k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None,
+                          k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
+                          rotary_cos: Optional[Tensor] = None, rotary_sin: Optional[Tensor] = None,
+                          rotary_interleaved: bool = False) -> Tuple[Tensor, Tensor]:
     # The arguments from cu_seqlens_q on default to a plain call: calls of the op written before they
     # existed still work.
     packed = cu_seqlens_q is not None
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, packed) if want_lse else (0,), dtype=torch.float32, device=q.device)
-    _native.forward_kvcache(_capsule(q), _capsule(k_cache), _capsule(v_cache), _capsule(k), _capsule(v),
+    _native.forward_kvcache(_capsule(q), _cache_capsule(k_cache), _cache_capsule(v_cache), _capsule(k), _capsule(v),
                             _capsule(out), _capsule(lse) if want_lse else None, False,
                             _capsule(cache_seqlens) if cache_seqlens is not None else cache_seqlens_int,
                             _capsule(block_table), _capsule(cache_batch_idx), _capsule(cache_leftpad), kv_split_tokens,
+                            _kv_quant(k_cache, v_cache, k_scale, v_scale, k_descale, v_descale),
+                            _rotary(rotary_cos, rotary_sin, rotary_interleaved),
                             *_kvcache_options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                                               cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, max_seqlen_k_new),
                             0, torch_stream(q))
@@ -362,21 +407,50 @@ def _kvcache_options(softmax_scale, causal, window_left, window_right, softcap, 
 
 
 _forward_kvcache = torch.library.custom_op("flashattn::forward_kvcache", _forward_kvcache_body,
-                                           mutates_args=("k_cache", "v_cache"))
+                                           mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
 
 
 @_forward_kvcache.register_fake
 def _forward_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, block_table, softmax_scale,
                           causal, window_left, window_right, softcap, alibi_slopes, want_lse, cu_seqlens_q=None,
                           cu_seqlens_k_new=None, max_seqlen_q=0, max_seqlen_k_new=0, cache_batch_idx=None,
-                          cache_leftpad=None, kv_split_tokens=0):
+                          cache_leftpad=None, kv_split_tokens=0, k_scale=None, v_scale=None, k_descale=None,
+                          v_descale=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
     lse_shape = _lse_shape(q, cu_seqlens_q is not None) if want_lse else (0,)
     return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-def _not_yet(name, value, default=None):
-    if value is not default:
-        raise NotSupportedError("%s: not supported yet by flash_attn_with_kvcache (leave it %r)" % (name, default), 2)
+def _rotary_tables(rotary_cos, rotary_sin):
+    """rotary_cos and rotary_sin as the C API reads them: float32, contiguous (FlashAttention-2 allows
+    them in q's dtype); both or neither."""
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise InvalidValueError("%s: is None; give rotary_cos and rotary_sin together"
+                                % ("rotary_cos" if rotary_cos is None else "rotary_sin"), 1)
+    if rotary_cos is None:
+        return None, None
+    tables = []
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise InvalidTypeError("%s: must be a float tensor [max_position, rotary_dim / 2] (got %s)"
+                                   % (name, t.dtype if isinstance(t, Tensor) else type(t).__name__), 1)
+        if t.dim() != 2:
+            raise InvalidValueError("%s: has shape %s, expected 2 dimensions [max_position, rotary_dim / 2]"
+                                    % (name, list(t.shape)), 1)
+        tables.append(t.detach().to(torch.float32).contiguous())
+    if tables[0].shape != tables[1].shape:
+        raise InvalidValueError("rotary_sin: has shape %s, rotary_cos %s; they must match"
+                                % (list(tables[1].shape), list(tables[0].shape)), 1)
+    return tables[0], tables[1]
+
+
+def _descale(t, name):
+    """An FP8 descale (FlashAttention-3's k_descale / v_descale) as float32, contiguous; None = 1."""
+    if t is None:
+        return None
+    if not isinstance(t, Tensor) or not t.is_floating_point():
+        raise InvalidTypeError("%s: must be a float32 tensor [batch, heads_kv] (got %s)"
+                               % (name, t.dtype if isinstance(t, Tensor) else type(t).__name__), 1)
+    return t.detach().to(torch.float32).contiguous()
 
 
 def _int32_table(table, name, device):
@@ -411,7 +485,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
                             alibi_slopes=None, num_splits=0, return_softmax_lse=False, *, cu_seqlens_q=None,
-                            max_seqlen_q=None, cu_seqlens_k_new=None, kv_split_tokens=None):
+                            max_seqlen_q=None, cu_seqlens_k_new=None, kv_split_tokens=None, k_scale=None,
+                            v_scale=None, k_descale=None, v_descale=None):
     """FlashAttention-2's flash_attn_with_kvcache (with FlashAttention-3's ragged queries): decode
     (or prefill a chunk) against a KV cache, appending the new keys and values to it in place first.
 
@@ -453,15 +528,35 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     bit-identical across runs and a sequence's result does not depend on the rest of the batch;
     another chunk size may change the last bits.
 
-    rotary_cos/rotary_sin are not supported yet: they raise NotImplementedError
-    (flashattn.NotSupportedError) naming the argument. Nothing is written on failure (a bad page
-    index, slot or left padding, or a cache too small, raises and leaves the caches
-    byte-identical; on a GPU the check runs on the device and the next synchronising flashattn
-    call raises).
+    Quantised caches (CPU; GPU backends raise NotImplementedError): k_cache and v_cache may each be
+    torch.int8, torch.float8_e4m3fn or torch.float8_e5m2 (k int8 with v float8 is fine); q, k and v
+    stay float32/float16/bfloat16. New tokens are quantised as they are appended and attention is
+    the attention over the dequantised cache. int8: k_scale / v_scale (keywords, required) float32
+    shaped like the cache without its last dimension ([batch, capacity, heads_kv], or [num_pages,
+    page_size, heads_kv] when paged), contiguous: value = code * scale per (token, kv head);
+    appended tokens' scales are written in place like the cache (scale = max|x| / 127, codes
+    round-to-even clamped to +-127; a row with NaN/inf gets scale NaN and codes 0).
+    float8: k_descale / v_descale (keywords, FlashAttention-3's) float32 [batch, heads_kv], finite and
+    positive, None = 1: value = float(code) * descale; an appended x is stored as the saturating
+    round-to-even conversion of x / descale (NaN -> 0x7F). Scales for a cache of another dtype
+    raise ValueError naming them. flashattn.quantize_kv quantises a prefill by the same rules.
+
+    rotary_cos, rotary_sin: [max_position, rotary_dim / 2] (any float dtype; used as float32,
+    rotary_dim = 2 * rotary_cos.shape[1] <= head_dim, even): the new keys are rotated before they
+    are stored (and quantised) and q is rotated, as FlashAttention-2 does. rotary_interleaved: True =
+    GPT-J pairs (x[2f], x[2f + 1]), False = GPT-NeoX halves (x[f], x[f + rotary_dim / 2]). New token
+    t of sequence b is at position cache_seqlens[b] - cache_leftpad[b] + t; the queries are at
+    their aligned key positions when causal or a window is set, else all at cache_seqlens[b] -
+    cache_leftpad[b] (FlashAttention-2's rule). A position at or past max_position raises
+    ValueError. Score modifiers (softcap, alibi_slopes) with a quantised cache or rotary raise
+    NotImplementedError.
+
+    Nothing is written on failure (a bad page index, slot or left padding, or a cache too small,
+    raises and leaves the caches byte-identical; on a GPU the check runs on the device and the
+    next synchronising flashattn call raises).
     """
-    if rotary_cos is not None or rotary_sin is not None:
-        _not_yet("rotary_cos", rotary_cos)
-        _not_yet("rotary_sin", rotary_sin)
+    rotary_cos, rotary_sin = _rotary_tables(rotary_cos, rotary_sin)
+    k_descale, v_descale = _descale(k_descale, "k_descale"), _descale(v_descale, "v_descale")
     if (k is None) != (v is None):
         raise InvalidValueError("%s: is None; give k and v together" % ("k" if k is None else "v"), 1)
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
@@ -508,15 +603,147 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     args = (_readable(q), k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, block_table,
             _scale_for(q, softmax_scale), bool(causal), int(window_left), int(window_right), float(softcap), alibi_slopes,
             bool(return_softmax_lse), cu_seqlens_q, cu_seqlens_k_new, int(max_seqlen_q), int(max_seqlen_k_new),
-            cache_batch_idx, cache_leftpad, int(split_tokens))
+            cache_batch_idx, cache_leftpad, int(split_tokens), k_scale, v_scale, k_descale, v_descale, rotary_cos,
+            rotary_sin, bool(rotary_interleaved))
     if _runs_eagerly(q, k_cache, v_cache, k, v, cache_seqlens, block_table, alibi_slopes, cu_seqlens_q,
-                     cu_seqlens_k_new, cache_batch_idx, cache_leftpad):
+                     cu_seqlens_k_new, cache_batch_idx, cache_leftpad, k_scale, v_scale, k_descale, v_descale,
+                     rotary_cos, rotary_sin):
         out, lse = _forward_kvcache_body(*args)
         if k is not None:
-            torch.autograd.graph.increment_version((k_cache, v_cache))  # as the op's in-place write would
+            # as the op's in-place write would
+            torch.autograd.graph.increment_version(tuple(t for t in (k_cache, v_cache, k_scale, v_scale)
+                                                         if t is not None))
     else:
         out, lse = _forward_kvcache(*args)
     return (out, lse) if return_softmax_lse else out
+
+
+def _cache_lengths(cache_seqlens, batch, capacity, device):
+    """(tensor or None, int): cache_seqlens as flash_attn_with_kvcache takes it (an int32 tensor, a list
+    of ints or an int) in the op's two arguments."""
+    if isinstance(cache_seqlens, (list, tuple)):
+        return torch.tensor(cache_seqlens, dtype=torch.int32, device=device), 0
+    if isinstance(cache_seqlens, Tensor):
+        return cache_seqlens, 0
+    try:
+        n = operator.index(cache_seqlens)
+    except TypeError:
+        raise InvalidTypeError("cache_seqlens: %s is not an int, a sequence of ints or an int32 tensor"
+                               % type(cache_seqlens).__name__, 1) from None
+    if device.type != "cpu":
+        return torch.full((batch,), n, dtype=torch.int32, device=device), 0
+    return None, n
+
+
+def _kvcache_append_body(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, cache_seqlens: Optional[Tensor],
+                         cache_seqlens_int: int, block_table: Optional[Tensor], cache_batch_idx: Optional[Tensor],
+                         cache_leftpad: Optional[Tensor], cu_seqlens_k_new: Optional[Tensor],
+                         k_scale: Optional[Tensor], v_scale: Optional[Tensor], k_descale: Optional[Tensor],
+                         v_descale: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
+                         rotary_interleaved: bool) -> None:
+    _native.kvcache_append(_cache_capsule(k_cache), _cache_capsule(v_cache), _capsule(k), _capsule(v),
+                           _capsule(cache_seqlens) if cache_seqlens is not None else cache_seqlens_int,
+                           _capsule(block_table), _capsule(cache_batch_idx), _capsule(cache_leftpad),
+                           _capsule(cu_seqlens_k_new), _kv_quant(k_cache, v_cache, k_scale, v_scale, k_descale, v_descale),
+                           _rotary(rotary_cos, rotary_sin, rotary_interleaved), 0, torch_stream(k))
+
+
+_kvcache_append = torch.library.custom_op("flashattn::kvcache_append", _kvcache_append_body,
+                                          mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
+
+
+@_kvcache_append.register_fake
+def _kvcache_append_fake(k_cache, v_cache, k, v, cache_seqlens, cache_seqlens_int, block_table, cache_batch_idx,
+                         cache_leftpad, cu_seqlens_k_new, k_scale, v_scale, k_descale, v_descale, rotary_cos,
+                         rotary_sin, rotary_interleaved):
+    return None
+
+
+def kvcache_append(k_cache, v_cache, k, v, cache_seqlens, *, block_table=None, cache_batch_idx=None,
+                   cache_leftpad=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True, k_scale=None,
+                   v_scale=None, k_descale=None, v_descale=None, cu_seqlens_k_new=None):
+    """fa_kvcache_append: write k and v into the caches in place at cache_seqlens[b] .. + seqlen_new - 1
+    exactly as flash_attn_with_kvcache appends (rotary on the keys, quantisation for an int8/float8
+    cache, block_table, cache_batch_idx, cache_leftpad), without attention: for a prefill computed
+    elsewhere. k, v: [batch, seqlen_new, heads_kv, head_dim] float32/float16/bfloat16 (the cache's
+    dtype when it is not quantised), or packed [total_new, heads_kv, head_dim] by cu_seqlens_k_new
+    (int32 [batch + 1]). cache_seqlens: an int32 [batch] tensor, a list of ints or an int; it is not
+    advanced. Keywords as flash_attn_with_kvcache's (k_scale / v_scale are written in place for int8
+    caches). Returns None; nothing is written on failure. Runs as the op flashattn::kvcache_append.
+    """
+    if cu_seqlens_k_new is not None and not isinstance(cu_seqlens_k_new, Tensor):
+        raise InvalidTypeError("cu_seqlens_k_new: must be an int32 tensor (got %s)" % type(cu_seqlens_k_new).__name__,
+                               1)
+    batch = cu_seqlens_k_new.shape[0] - 1 if cu_seqlens_k_new is not None else k.shape[0]
+    seqlens, seqlens_int = _cache_lengths(cache_seqlens, batch, 0, k.device)
+    rotary_cos, rotary_sin = _rotary_tables(rotary_cos, rotary_sin)
+    k_descale, v_descale = _descale(k_descale, "k_descale"), _descale(v_descale, "v_descale")
+    args = (k_cache, v_cache, _readable(k), _readable(v), seqlens, seqlens_int, block_table,
+            _int32_table(cache_batch_idx, "cache_batch_idx", k.device),
+            _int32_table(cache_leftpad, "cache_leftpad", k.device), cu_seqlens_k_new, k_scale, v_scale, k_descale,
+            v_descale, rotary_cos, rotary_sin, bool(rotary_interleaved))
+    if _runs_eagerly(*(a for a in args if isinstance(a, Tensor))):
+        _kvcache_append_body(*args)
+        torch.autograd.graph.increment_version(tuple(t for t in (k_cache, v_cache, k_scale, v_scale) if t is not None))
+    else:
+        _kvcache_append(*args)
+
+
+def quantize_kv(x, dtype, *, per_batch=False):
+    """Quantise keys or values for a quantised KV cache by the library's rules (the codes and scales
+    flash_attn_with_kvcache and kvcache_append store when they append): returns (codes, scales).
+
+    x: float tensor [..., heads_kv, head_dim] (e.g. [batch, seqlen, heads_kv, head_dim]), read as
+    float32. dtype:
+      - torch.int8: codes int8 of x's shape and scale float32 x.shape[:-1] (one per token and kv
+        head, flash_attn_with_kvcache's k_scale / v_scale layout): scale = max|x| / 127 over the
+        last dimension (0 for an all-zero row), codes = x / scale rounded to nearest even, clamped to
+        [-127, 127]; a row holding NaN or inf gets scale NaN and codes 0. value = codes * scale.
+      - torch.float8_e4m3fn / torch.float8_e5m2: codes of that dtype and descale float32 [heads_kv]
+        (FlashAttention-3's k_descale / v_descale, one per kv head): descale = max|x| over every
+        dimension but the head axis (x.shape[-2]) / the format's largest finite (448 for e4m3fn,
+        57344 for e5m2), 1 where that max is 0; NaN and inf elements are left out of the max. With
+        per_batch=True and a 4-D x [batch, seqlen, heads_kv, head_dim], descale is [batch, heads_kv]
+        (the max per sequence and head): the shape flash_attn_with_kvcache takes. codes = x /
+        descale converted with round to nearest even, saturating at +-max (torch's own conversion
+        does not saturate e4m3fn: it is clamped first), NaN -> 0x7F. value = float(codes) * descale.
+    Pass a [heads_kv] descale to flash_attn_with_kvcache as descale.expand(batch, heads_kv).
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise InvalidTypeError("x: must be a float tensor [..., heads_kv, head_dim] (got %s)"
+                               % (x.dtype if isinstance(x, Tensor) else type(x).__name__), 1)
+    if x.dim() < 2:
+        raise InvalidValueError("x: has %d dimensions, expected [..., heads_kv, head_dim]" % x.dim(), 1)
+    xf = x.detach().to(torch.float32)
+    if dtype == torch.int8:
+        if per_batch:
+            raise InvalidValueError("per_batch: applies to float8 descales (int8 scales are per token already)", 1)
+        absmax = xf.abs().amax(-1)  # NaN and inf rows give NaN / inf
+        usable = torch.isfinite(absmax) & (absmax > 0)
+        scale = torch.where(torch.isfinite(absmax), absmax / 127, torch.full_like(absmax, float("nan")))
+        divisor = torch.where(usable, scale, torch.ones_like(scale)).unsqueeze(-1)
+        codes = torch.round(xf / divisor).clamp_(-127, 127)
+        codes = torch.where(usable.unsqueeze(-1), codes, torch.zeros_like(codes))
+        return codes.to(torch.int8), scale
+    if dtype not in _FP8_MAX:
+        raise InvalidTypeError("dtype: %s is not a quantised cache dtype (torch.int8, torch.float8_e4m3fn or "
+                               "torch.float8_e5m2)" % (dtype,), 1)
+    fp8_max = _FP8_MAX[dtype]
+    magnitude = xf.abs()
+    magnitude = torch.where(torch.isfinite(magnitude), magnitude, torch.zeros_like(magnitude))
+    if per_batch:
+        if x.dim() != 4:
+            raise InvalidValueError("per_batch: needs a 4-D x [batch, seqlen, heads_kv, head_dim] (got %d dimensions)"
+                                    % x.dim(), 1)
+        absmax = magnitude.amax(dim=(1, 3))  # [batch, heads_kv]
+        shape = (x.shape[0], 1, x.shape[2], 1)
+    else:
+        absmax = magnitude.transpose(-2, 0).reshape(x.shape[-2], -1).amax(-1) if x.numel() else \
+            torch.zeros(x.shape[-2], dtype=torch.float32, device=x.device)
+        shape = (x.shape[-2], 1)
+    descale = torch.where(absmax > 0, absmax / fp8_max, torch.ones_like(absmax))
+    codes = (xf / descale.reshape(shape)).clamp(-fp8_max, fp8_max).to(dtype)
+    return codes, descale
 
 
 # ---- merging partial results ----------------------------------------------------------------

@@ -452,7 +452,7 @@ def test_torch_bad_serving_arguments():
     with pytest.raises(ValueError, match="cu_seqlens_k_new: needs cu_seqlens_q"):
         flashattn.flash_attn_with_kvcache(q, pool_k, pool_v, k_new, k_new, cache_seqlens=s.CACHED,
                                           cache_batch_idx=s.ROWS, cu_seqlens_k_new=cu)
-    with pytest.raises(NotImplementedError, match="rotary_cos: not supported yet"):
+    with pytest.raises(ValueError, match="rotary_sin: is None; give rotary_cos and rotary_sin together"):
         flashattn.flash_attn_with_kvcache(q[:, 0], pool_k, pool_v, cache_seqlens=s.CACHED, cache_batch_idx=s.ROWS,
                                           cu_seqlens_q=cu, rotary_cos=torch.zeros(1))
 

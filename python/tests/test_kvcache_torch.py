@@ -1,7 +1,7 @@
 """flash_attn_with_kvcache and flashattn.merge_partials on torch tensors: contiguous and paged
 caches against float64 SDPA over the cache after the append, cache_seqlens as int or tensor,
-return_softmax_lse merged across cache halves, torch.compile of a decode step, opcheck, the
-arguments not supported yet, bad inputs leaving the cache byte-identical, CUDA when present."""
+return_softmax_lse merged across cache halves, torch.compile of a decode step, opcheck, a lone
+rotary table, bad inputs leaving the cache byte-identical, CUDA when present."""
 
 import os
 
@@ -120,11 +120,11 @@ def test_opcheck_kvcache_and_merge():
     torch.library.opcheck(torch.ops.flashattn.merge_partials.default, (parts, lses))
 
 
-@pytest.mark.parametrize("name", ["rotary_cos", "rotary_sin"])
-def test_arguments_not_supported_yet_raise_naming_themselves(name):
+@pytest.mark.parametrize("name, other", [("rotary_cos", "rotary_sin"), ("rotary_sin", "rotary_cos")])
+def test_a_lone_rotary_table_raises_naming_the_missing_one(name, other):
     _, k_cache, v_cache, _ = torch_cache(1, 16)
     q = randn(1, 1, HEADS_Q, HEAD_DIM)
-    with pytest.raises(NotImplementedError, match=name + ": not supported yet"):
+    with pytest.raises(ValueError, match=other + ": is None"):
         flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=4, **{name: torch.zeros(1)})
 
 
