@@ -312,8 +312,8 @@ FA_API fa_status fa_context_set_workspace(fa_context *ctx, void *workspace, size
  *    E5M2's 0x7C/0xFC infinities).
  * A missing scale, a non-finite or non-positive descale, or scales given for an unquantised cache
  * are FA_ERROR_INVALID_VALUE naming them, with nothing written. The CPU backend runs them on every
- * path of the KV-cache calls (split, paged, ragged queries, slots, rotary) except score modifiers
- * (FA_ERROR_NOT_SUPPORTED); GPU plugins return FA_ERROR_NOT_SUPPORTED for quantised caches. */
+ * path of the KV-cache calls (split, paged, ragged queries, slots, rotary, score modifiers); GPU
+ * plugins return FA_ERROR_NOT_SUPPORTED for quantised caches. */
 typedef struct fa_kv_scales {
     size_t struct_size;                 /* sizeof(fa_kv_scales), set by fa_kv_scales_init */
     float *k_scale, *v_scale;           /* FA_DTYPE_I8 k / v: per (token, kv head); else NULL */
@@ -326,9 +326,11 @@ FA_API void fa_kv_scales_init(fa_kv_scales *scales);
  * are stored (and quantised), and fa_forward_kvcache(_ex) rotates the queries, as FlashAttention-2's
  * flash_attn_with_kvcache does (rotary_cos, rotary_sin, rotary_interleaved). A token's position is
  * its key index in its sequence (cache position minus cache_leftpad): new token t of sequence b is
- * at cache_seqlens[b] - leftpad + t. Query i of sequence b (of its q_b queries, with k_b keys after
- * the append) is at k_b - q_b + i when desc->causal or a window is set (its aligned key), else at
- * cache_seqlens[b] - leftpad (every query at the first new position, FlashAttention-2's rule).
+ * at cache_seqlens[b] - leftpad + t; query i at cache_seqlens[b] - leftpad + i when desc->causal or
+ * a window is set (the new tokens' positions, when queries and new tokens are the same tokens),
+ * else every query at cache_seqlens[b] - leftpad (FlashAttention-2's rule). Queries are rotated
+ * with or without k_new (FlashAttention-2 rotates them only with new tokens: leave desc->rotary
+ * NULL for a call whose queries are not the new tokens).
  * Dims d < rotary_dim are rotated in pairs with angle index f < rotary_dim / 2:
  *  - interleaved = 0 (GPT-NeoX, halves): (x[f], x[f + rotary_dim / 2]);
  *  - interleaved = 1 (GPT-J): (x[2f], x[2f + 1]);
@@ -338,7 +340,7 @@ FA_API void fa_kv_scales_init(fa_kv_scales *scales);
  * The tables are f32 [max_position, rotary_dim / 2] in the context's memory. A position at or past
  * max_position is FA_ERROR_INVALID_VALUE naming the sequence, with nothing written (checked like the
  * cache lengths: on GPU backends by the next fa_synchronize). Every path of the KV-cache calls on
- * the CPU except score modifiers (FA_ERROR_NOT_SUPPORTED); GPU plugins: FA_ERROR_NOT_SUPPORTED. */
+ * the CPU; GPU plugins: FA_ERROR_NOT_SUPPORTED. */
 typedef struct fa_rotary {
     size_t struct_size;     /* sizeof(fa_rotary), set by fa_rotary_init */
     const float *cos, *sin; /* [max_position, rotary_dim / 2] f32 */

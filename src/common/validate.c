@@ -513,10 +513,11 @@ static fa_status check_cache(const fa_attention_desc *desc, const fa_kv_cache *c
     return check_rotary(desc->rotary, cache->k.head_dim, kp);
 }
 
-/* k_new and v_new (both or neither): [batch, seqlen_new, heads_kv, head_dim] of `dtype`, or of
- * F32/F16/BF16 when the cache tensor they go to is quantised. */
+/* k_new and v_new (both or neither): [batch, seqlen_new, heads_kv, head_dim] of `dtype` (dtype_of:
+ * the tensor it comes from, NULL: the cache tensor), or of F32/F16/BF16 when the cache tensor they
+ * go to is quantised. */
 static fa_status check_new_tokens(const fa_tensor *k_new, const fa_tensor *v_new, int64_t batch, const fa_kv_cache *cache,
-                                  fa_dtype dtype, fa_kv_problem *kp)
+                                  fa_dtype dtype, const char *dtype_of, fa_kv_problem *kp)
 {
     fa_status st;
     if ((k_new == NULL) != (v_new == NULL)) return INVALID("k_new, v_new: give both or neither");
@@ -532,9 +533,9 @@ static fa_status check_new_tokens(const fa_tensor *k_new, const fa_tensor *v_new
                        (long long)k_new->head_dim, (long long)batch, (long long)cache->k.heads,
                        (long long)cache->k.head_dim);
     if (k_new->dtype != dtype && !fa_dtype_quantised(cache->k.dtype))
-        return INVALID("k_new: dtype differs from %s", fa_dtype_quantised(cache->v.dtype) ? "cache->k" : "q");
+        return INVALID("k_new: dtype differs from %s", dtype_of ? dtype_of : "cache->k");
     if (v_new->dtype != dtype && !fa_dtype_quantised(cache->v.dtype))
-        return INVALID("v_new: dtype differs from %s", fa_dtype_quantised(cache->k.dtype) ? "cache->v" : "q");
+        return INVALID("v_new: dtype differs from %s", dtype_of ? dtype_of : "cache->v");
     kp->cache.seqlen_new = k_new->seqlen;
     return FA_SUCCESS;
 }
@@ -560,7 +561,7 @@ fa_status fa_validate_kvcache(const fa_attention_desc *desc, const fa_tensor *q,
     if (q->heads % cache->k.heads != 0)
         return INVALID("cache->k: heads %lld does not divide q's heads %lld", (long long)cache->k.heads,
                        (long long)q->heads);
-    if ((st = check_new_tokens(k_new, v_new, q->batch, cache, q->dtype, kp))) return st;
+    if ((st = check_new_tokens(k_new, v_new, q->batch, cache, q->dtype, "q", kp))) return st;
     if (desc->seqlens_k) return INVALID("desc->seqlens_k: must be NULL for the KV cache (use cache->cache_seqlens)");
     if (desc->q_offset || desc->k_offset || desc->seqlen_q_global || desc->seqlen_k_global)
         return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc->q_offset, k_offset, seqlen_*_global: the KV-cache path "
@@ -611,7 +612,7 @@ fa_status fa_validate_kvcache_append(const fa_attention_desc *desc, const fa_kv_
     if (cache && !fa_dtype_quantised(cache->k.dtype)) dtype = cache->k.dtype;
     else if (cache && !fa_dtype_quantised(cache->v.dtype)) dtype = cache->v.dtype;
     if ((st = check_cache(desc, cache, slots, batch, dtype, kp))) return st;
-    if ((st = check_new_tokens(k_new, v_new, vl ? 1 : batch, cache, dtype, kp))) return st;
+    if ((st = check_new_tokens(k_new, v_new, vl ? 1 : batch, cache, dtype, NULL, kp))) return st;
     p->shape.batch = batch;
     p->shape.heads_q = cache->k.heads;
     p->shape.head_dim = cache->k.head_dim;

@@ -141,16 +141,10 @@ static fa_status cpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     return fa_modifiers_any(&kp->attn.modifiers) ? fa_cpu_decode_modified(state, kp) : fa_cpu_decode(state, kp);
 }
 
-/* The CPU backend runs every problem the core validates, but score modifiers on a quantised or
- * rotated cache (their path gathers keys as they are in q's dtype). */
+/* The CPU backend runs every problem the core validates. */
 static fa_status cpu_supports(void *state, fa_op op, const fa_problem *p)
 {
     (void)state;
-    const unsigned needs = fa_problem_needs(op, p);
-    if ((needs & (FA_NEED_KVCACHE_QUANT | FA_NEED_KVCACHE_ROTARY)) && (needs & FA_NEED_KVCACHE_MODIFIERS))
-        return fa_set_error(FA_ERROR_NOT_SUPPORTED, "desc: the cpu backend does not implement score modifiers (softcap, "
-                                                    "alibi_slopes, sinks, bias) with %s yet",
-                            needs & FA_NEED_KVCACHE_QUANT ? "a quantised cache" : "rotary embeddings (desc->rotary)");
     return fa_require_needs(fa_set_error, "cpu", FA_NEED_ALL, op, p);
 }
 

@@ -46,14 +46,19 @@ fa_status fa_cpu_decode(void *state, const fa_kv_problem *p);
 fa_status fa_cpu_decode_modified(void *state, const fa_kv_problem *kp);
 /* Where key j of sequence b (cache position cache_leftpad[b] + j) lives in the cache tensors (slot
  * or page, row), row (b, key j, head h) of a cache tensor, the append of k_new/v_new at
- * cache_seqlens[b] (quantising them for an int8 or FP8 cache), and the factor a quantised cache
- * tensor's codes of (b, key j, kv head h) are multiplied by (its int8 scale or FP8 descale; 1 for
- * an FP8 cache without descales) (cpu_kvcache.c). */
+ * cache_seqlens[b] (rotated, and quantised for an int8 or FP8 cache) (cpu_kvcache.c). */
 void fa_cpu_kvcache_slot(const fa_kv_problem *kp, int64_t b, int64_t j, int64_t *slot_b, int64_t *slot_s);
 const void *fa_cpu_kvcache_row(const fa_kv_problem *kp, const fa_tensor *cache, int64_t b, int64_t j, int64_t h);
 fa_status fa_cpu_kvcache_append(const fa_kv_problem *kp); /* fails (out of memory) before writing anything */
+/* Key j of sequence b, kv head h of a cache tensor as f32 values (its codes dequantised), and new
+ * token t as the append stores it (rotated when asked, rounded or quantised) read back the same
+ * way, without writing the cache (tmp: d * 4 bytes of scratch). */
+void fa_cpu_kvcache_cached_values(const fa_kv_problem *kp, const fa_tensor *cache, const float *scales,
+                                  const float *descales, int64_t b, int64_t j, int64_t h, float *row);
+void fa_cpu_kvcache_new_values(const fa_kv_problem *kp, const fa_tensor *cache, const float *descales,
+                               const fa_tensor *fresh, int rotated, int64_t b, int64_t t, int64_t h, float *row,
+                               void *tmp);
 /* Query i of sequence b (row: its f32 values) rotated to its position and rounded to q's dtype. */
 void fa_cpu_rotate_query(const fa_kv_problem *kp, int64_t b, int64_t i, float *row);
-float fa_cpu_kvcache_scale(const fa_kv_problem *kp, const fa_tensor *cache, const float *scales,
-                           const float *descales, int64_t b, int64_t j, int64_t h);
+
 #endif

@@ -90,6 +90,49 @@ fa_status fa_cpu_kvcache_append(const fa_kv_problem *kp)
     return FA_SUCCESS;
 }
 
+/* A cache row of dtype read as f32 values: code x factor (int8 scale, FP8 descale), or widened. */
+static void load_values(const void *src, int64_t d, fa_dtype dtype, float factor, float *x)
+{
+    for (int64_t c = 0; c < d; ++c) {
+        const uint8_t code = ((const uint8_t *)src)[c];
+        switch (dtype) {
+        case FA_DTYPE_I8: x[c] = fa_i8_to_f32((int8_t)code, factor); break;
+        case FA_DTYPE_FP8_E4M3: x[c] = fa_fp8_e4m3_to_f32(code) * factor; break;
+        case FA_DTYPE_FP8_E5M2: x[c] = fa_fp8_e5m2_to_f32(code) * factor; break;
+        case FA_DTYPE_F16: x[c] = fa_f16_to_f32(((const uint16_t *)src)[c]); break;
+        case FA_DTYPE_BF16: x[c] = fa_bf16_to_f32(((const uint16_t *)src)[c]); break;
+        default: x[c] = ((const float *)src)[c]; break;
+        }
+    }
+}
+
+void fa_cpu_kvcache_cached_values(const fa_kv_problem *kp, const fa_tensor *cache, const float *scales,
+                                  const float *descales, int64_t b, int64_t j, int64_t h, float *row)
+{
+    int64_t sb, ss;
+    fa_cpu_kvcache_slot(kp, b, j, &sb, &ss);
+    const float factor = cache->dtype == FA_DTYPE_I8 ? scales[fa_cache_scale_index(sb, ss, h, cache->seqlen, cache->heads)]
+                         : descales                 ? descales[b * cache->heads + h]
+                                                    : 1.0f;
+    load_values(fa_row_ptr(cache, sb, ss, h), kp->attn.shape.head_dim, cache->dtype, factor, row);
+}
+
+void fa_cpu_kvcache_new_values(const fa_kv_problem *kp, const fa_tensor *cache, const float *descales,
+                               const fa_tensor *fresh, int rotated, int64_t b, int64_t t, int64_t h, float *row,
+                               void *tmp)
+{
+    const fa_cache_section *c = &kp->cache;
+    const int64_t d = kp->attn.shape.head_dim;
+    int64_t nb, nt;
+    fa_cache_new_row(c, b, t, &nb, &nt);
+    fa_cpu_load_rows(fresh, nb, nt, h, 1, row, d);
+    if (rotated) fa_rotary_apply(c, fa_rotary_new_position(c, b, t), row);
+    float scale = 0.0f;
+    const float descale = descales ? descales[b * cache->heads + h] : 1.0f;
+    store_values(row, d, cache->dtype, tmp, &scale, descale);
+    load_values(tmp, d, cache->dtype, cache->dtype == FA_DTYPE_I8 ? scale : descale, row);
+}
+
 void fa_cpu_rotate_query(const fa_kv_problem *kp, int64_t b, int64_t i, float *row)
 {
     const fa_problem *p = &kp->attn;
@@ -100,13 +143,3 @@ void fa_cpu_rotate_query(const fa_kv_problem *kp, int64_t b, int64_t i, float *r
                  : p->shape.dtype == FA_DTYPE_BF16 ? fa_bf16_to_f32(fa_f32_to_bf16(row[c])) : row[c];
 }
 
-float fa_cpu_kvcache_scale(const fa_kv_problem *kp, const fa_tensor *cache, const float *scales,
-                           const float *descales, int64_t b, int64_t j, int64_t h)
-{
-    if (cache->dtype == FA_DTYPE_I8) {
-        int64_t sb, ss;
-        fa_cpu_kvcache_slot(kp, b, j, &sb, &ss);
-        return scales[fa_cache_scale_index(sb, ss, h, cache->seqlen, cache->heads)];
-    }
-    return descales ? descales[b * cache->heads + h] : 1.0f;
-}

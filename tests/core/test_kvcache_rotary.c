@@ -479,13 +479,21 @@ static void describe(const rot_spec *sp, char *text, size_t size)
 }
 
 /* One forward step against the oracle and the cache against the rotation; returns the out error. */
+static double forward_case_capped(fa_context *ctx, const rot_spec *sp, float softcap, double *key_ulps);
 static double forward_case(fa_context *ctx, const rot_spec *sp, double *key_ulps)
+{
+    return forward_case_capped(ctx, sp, 0.0f, key_ulps);
+}
+
+/* softcap > 0: with desc->softcap (the CPU's score-modifier path). */
+static double forward_case_capped(fa_context *ctx, const rot_spec *sp, float softcap, double *key_ulps)
 {
     char what[200];
     describe(sp, what, sizeof what);
     scene s;
     scene_build(&s, sp);
     scene_reset(&s);
+    s.desc.softcap = softcap;
     const fa_status st = scene_forward(ctx, &s);
     if (st != FA_SUCCESS) fail_msg("%s: status %d: %s", what, (int)st, fa_last_error());
     assert_memory_equal(s.cached, sp->cached, sizeof s.cached); /* cache_seqlens not modified */
@@ -543,6 +551,20 @@ static void test_rotary_oracle(void **state)
                fa_dtype_label(dtypes[dt]), worst, out_tolerance(dtypes[dt]), worst_ulps);
     }
     printf("  %d cases\n", cases);
+}
+
+/* Rotary with a score modifier (softcap): the CPU's per-sequence path gathers the rotated keys and
+ * queries in f32; against the oracle like the decode path (an int8 cache with modifiers:
+ * test_kvcache_quant). */
+static void test_rotary_softcap(void **state)
+{
+    fa_context *ctx = *state;
+    for (int c = 0; c < 4; ++c) {
+        const rot_spec sp = {"softcap", c % 2 ? FA_DTYPE_F16 : FA_DTYPE_F32, 0, 64, c >= 2 ? 64 : 32, c % 2, c < 2, c < 2 ? -1 : 6, c % 2 ? 5 : 0,
+                             0, 3, {13, 0, 41}, {3, 3, 3}, 0, {0}, (uint64_t)(900 + c)};
+        double ulps;
+        forward_case_capped(ctx, &sp, 5.0f, &ulps);
+    }
 }
 
 /* ---- 2. ragged queries; 3. left padding --------------------------------------------------------- */
@@ -692,7 +714,6 @@ static void null_sin(scene *s, fa_rotary *r, fa_attention_desc *desc) { (void)s,
 static void short_tables(scene *s, fa_rotary *r, fa_attention_desc *desc) { (void)s, (void)desc, r->max_position = 11; }
 static void interleaved_2(scene *s, fa_rotary *r, fa_attention_desc *desc) { (void)s, (void)desc, r->interleaved = 2; }
 static void no_size(scene *s, fa_rotary *r, fa_attention_desc *desc) { (void)s, (void)desc, r->struct_size = 0; }
-static void softcap(scene *s, fa_rotary *r, fa_attention_desc *desc) { (void)s, (void)r, desc->softcap = 5.0f; }
 static void null_k_new(scene *s, fa_rotary *r, fa_attention_desc *desc) { (void)r, (void)desc, s->tk_new.data = NULL; }
 static void with_cu_q(scene *s, fa_rotary *r, fa_attention_desc *desc)
 {
@@ -713,7 +734,6 @@ static const bad_rotary bad_cases[] = {
     {"max_position too small", 0, FA_ERROR_INVALID_VALUE, {"desc->rotary->max_position", "sequence 1"}, short_tables},
     {"interleaved 2", 0, FA_ERROR_INVALID_VALUE, {"desc->rotary->interleaved", ""}, interleaved_2},
     {"struct_size 0", 0, FA_ERROR_INVALID_VALUE, {"desc->rotary->struct_size", ""}, no_size},
-    {"softcap with rotary", 0, FA_ERROR_NOT_SUPPORTED, {"desc->rotary", "softcap"}, softcap},
     {"append: max_position too small", 1, FA_ERROR_INVALID_VALUE, {"desc->rotary->max_position", "sequence 1"}, short_tables},
     {"append: rotary_dim odd", 1, FA_ERROR_INVALID_VALUE, {"desc->rotary->rotary_dim", ""}, odd_dim},
     {"append: k_new NULL", 1, FA_ERROR_INVALID_VALUE, {"k_new", ""}, null_k_new},
@@ -888,7 +908,7 @@ static void test_threads(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rotary_oracle), cmocka_unit_test(test_rotary_ragged),
+        cmocka_unit_test(test_rotary_oracle), cmocka_unit_test(test_rotary_softcap), cmocka_unit_test(test_rotary_ragged),
         cmocka_unit_test(test_rotary_leftpad), cmocka_unit_test(test_append_plain),
         cmocka_unit_test(test_append_rotary), cmocka_unit_test(test_query_rounding),
         cmocka_unit_test(test_bad_arguments), cmocka_unit_test(test_threads),
