@@ -548,8 +548,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     t of sequence b is at position cache_seqlens[b] - cache_leftpad[b] + t; the queries are at
     their aligned key positions when causal or a window is set, else all at cache_seqlens[b] -
     cache_leftpad[b] (FlashAttention-2's rule). A position at or past max_position raises
-    ValueError. Score modifiers (softcap, alibi_slopes) with a quantised cache or rotary raise
-    NotImplementedError.
+    ValueError.
 
     Nothing is written on failure (a bad page index, slot or left padding, or a cache too small,
     raises and leaves the caches byte-identical; on a GPU the check runs on the device and the
