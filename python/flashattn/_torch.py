@@ -545,9 +545,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary_dim = 2 * rotary_cos.shape[1] <= head_dim, even): the new keys are rotated before they
     are stored (and quantised) and q is rotated, as FlashAttention-2 does. rotary_interleaved: True =
     GPT-J pairs (x[2f], x[2f + 1]), False = GPT-NeoX halves (x[f], x[f + rotary_dim / 2]). New token
-    t of sequence b is at position cache_seqlens[b] - cache_leftpad[b] + t; the queries are at
-    their aligned key positions when causal or a window is set, else all at cache_seqlens[b] -
-    cache_leftpad[b] (FlashAttention-2's rule). A position at or past max_position raises
+    t of sequence b is at position cache_seqlens[b] - cache_leftpad[b] + t; query i is at
+    cache_seqlens[b] - cache_leftpad[b] + i when causal or a window is set, else every query is at
+    cache_seqlens[b] - cache_leftpad[b] (FlashAttention-2's rule). A position at or past max_position raises
     ValueError.
 
     Nothing is written on failure (a bad page index, slot or left padding, or a cache too small,
