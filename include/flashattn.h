@@ -311,9 +311,10 @@ FA_API fa_status fa_context_set_workspace(fa_context *ctx, void *workspace, size
  *    57344 for E5M2), NaN becomes 0x7F. Codes decode exactly as OCP defines them (NaN codes give NaN,
  *    E5M2's 0x7C/0xFC infinities).
  * A missing scale, a non-finite or non-positive descale, or scales given for an unquantised cache
- * are FA_ERROR_INVALID_VALUE naming them, with nothing written. The CPU backend runs them on every
- * path of the KV-cache calls (split, paged, ragged queries, slots, rotary, score modifiers); GPU
- * plugins return FA_ERROR_NOT_SUPPORTED for quantised caches. */
+ * are FA_ERROR_INVALID_VALUE naming them, with nothing written (on GPU backends the descales are
+ * checked on the device, reported by the next fa_synchronize). Every backend, on every path of the
+ * KV-cache calls (split, paged, ragged queries, slots, rotary, score modifiers); a plugin built
+ * before 0.6 returns FA_ERROR_NOT_SUPPORTED. */
 typedef struct fa_kv_scales {
     size_t struct_size;                 /* sizeof(fa_kv_scales), set by fa_kv_scales_init */
     float *k_scale, *v_scale;           /* FA_DTYPE_I8 k / v: per (token, kv head); else NULL */
@@ -339,8 +340,8 @@ FA_API void fa_kv_scales_init(fa_kv_scales *scales);
  * (the query's; the cache's, or quantised for a quantised cache). Dims past rotary_dim are unchanged.
  * The tables are f32 [max_position, rotary_dim / 2] in the context's memory. A position at or past
  * max_position is FA_ERROR_INVALID_VALUE naming the sequence, with nothing written (checked like the
- * cache lengths: on GPU backends by the next fa_synchronize). Every path of the KV-cache calls on
- * the CPU; GPU plugins: FA_ERROR_NOT_SUPPORTED. */
+ * cache lengths: on GPU backends by the next fa_synchronize). Every backend, every path of the
+ * KV-cache calls; a plugin built before 0.6 returns FA_ERROR_NOT_SUPPORTED. */
 typedef struct fa_rotary {
     size_t struct_size;     /* sizeof(fa_rotary), set by fa_rotary_init */
     const float *cos, *sin; /* [max_position, rotary_dim / 2] f32 */

@@ -30,7 +30,8 @@ typedef enum fa_table_fault_code {
     FA_TABLE_KV_LEFTPAD,        /* cache_leftpad[sequence] = value outside [0, limit = cache_seqlens] */
     FA_TABLE_ALIBI_SLOPE,       /* alibi_slopes[index] is not finite: value = the float's bits */
     FA_TABLE_SINK,              /* sinks[index] is NaN or +inf: value = the float's bits */
-    FA_TABLE_ROTARY_POSITION    /* the sequence reaches rotary position value, past max_position (limit) */
+    FA_TABLE_ROTARY_POSITION,   /* the sequence reaches rotary position value, past max_position (limit) */
+    FA_TABLE_DESCALE            /* {k,v}_descale[index] (array 0: k, 1: v) is not finite and positive: value = bits; limit: heads_kv */
 } fa_table_fault_code;
 
 /* The first fault of a check (code FA_TABLE_OK: none). Plain integers, so that a device can write
@@ -142,6 +143,15 @@ FA_HD int fa_check_rotary_positions(fa_table_fault *f, const fa_cache_section *c
     return 1;
 }
 
+/* An FP8 cache tensor's descales (array 0: k, 1: v), [batch, heads_kv]: finite and positive. */
+FA_HD int fa_check_descales(fa_table_fault *f, int32_t array, const float *descale, int64_t batch, int64_t heads_kv)
+{
+    for (int64_t e = 0; descale && e < batch * heads_kv; ++e)
+        if (!(descale[e] > 0.0f) || !(descale[e] < INFINITY))
+            return fa_table_fail(f, FA_TABLE_DESCALE, array, e / heads_kv, e, fa_table_float_bits(descale[e]), heads_kv, 0);
+    return 1;
+}
+
 /* Every ALiBi slope finite (batches: the sequences, read when the slopes are per sequence), no
  * sink NaN or +inf (-inf = no sink). */
 FA_HD int fa_check_modifier_values(fa_table_fault *f, const fa_modifier_section *m, int64_t batches, int64_t heads_q)
@@ -208,6 +218,10 @@ static inline void fa_table_fault_message(const fa_table_fault *f, char *buf, si
     case FA_TABLE_SINK:
         snprintf(buf, size, "desc->sinks[%lld]: %g is NaN or +inf (-inf = no sink)", x,
                  (double)fa_table_float_of_bits(f->value));
+        return;
+    case FA_TABLE_DESCALE:
+        snprintf(buf, size, "desc->kv_scales->%s_descale[%lld]: %g (sequence %lld, kv head %lld) is not finite and positive",
+                 f->array ? "v" : "k", x, (double)fa_table_float_of_bits(f->value), b, limit ? x % limit : 0);
         return;
     case FA_TABLE_ROTARY_POSITION:
         snprintf(buf, size, "desc->rotary->max_position: sequence %lld reaches rotary position %lld, past the tables' "

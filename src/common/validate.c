@@ -625,16 +625,6 @@ fa_status fa_validate_kvcache_append(const fa_attention_desc *desc, const fa_kv_
     return FA_SUCCESS;
 }
 
-/* FP8 descales: finite and positive, [sequences, heads_kv]. */
-static fa_status check_descales(const char *which, const float *descale, int64_t sequences, int64_t heads_kv)
-{
-    for (int64_t e = 0; descale && e < sequences * heads_kv; ++e)
-        if (!(descale[e] > 0.0f) || !isfinite(descale[e]))
-            return INVALID("desc->kv_scales->%s_descale[%lld]: %g (sequence %lld, kv head %lld) is not finite and positive",
-                           which, (long long)e, (double)descale[e], (long long)(e / heads_kv), (long long)(e % heads_kv));
-    return FA_SUCCESS;
-}
-
 fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)
 {
     fa_table_fault f;
@@ -644,6 +634,8 @@ fa_status fa_validate_kvcache_tables(const fa_kv_problem *kp)
         return table_fault_error(&f);
     if (!fa_check_rotary_positions(&f, &kp->cache, &p->varlen, fa_kv_sequences(p), p->shape.seqlen_q))
         return table_fault_error(&f);
-    fa_status st = check_descales("k", kp->cache.k_descale, fa_kv_sequences(p), p->shape.heads_kv);
-    return st == FA_SUCCESS ? check_descales("v", kp->cache.v_descale, fa_kv_sequences(p), p->shape.heads_kv) : st;
+    if (!fa_check_descales(&f, 0, kp->cache.k_descale, fa_kv_sequences(p), p->shape.heads_kv) ||
+        !fa_check_descales(&f, 1, kp->cache.v_descale, fa_kv_sequences(p), p->shape.heads_kv))
+        return table_fault_error(&f);
+    return FA_SUCCESS;
 }

@@ -488,7 +488,7 @@ static fa_status tc_wide_forward(fa_gpu_state *s, const fa_problem *p, fa_gpu_ke
     return launch_warps(s, kernel, grid, FA_TC_WIDE_WARPS, (size_t)fa_tc_wide_smem_bytes(width), &k, "wide-tile forward launch");
 }
 
-/* Every feature but quantised caches and rotary embeddings; head_dim up to FA_GPU_MAX_HEAD_DIM, and batch and heads that fit a grid row. */
+/* Every feature; head_dim up to FA_GPU_MAX_HEAD_DIM, and batch and heads that fit a grid row. */
 static fa_status gpu_supports(void *state, fa_op op, const fa_problem *p)
 {
     (void)state;
@@ -498,7 +498,7 @@ static fa_status gpu_supports(void *state, fa_op op, const fa_problem *p)
     if (p->shape.heads_q > 65535 || p->shape.heads_kv > 65535 || p->shape.batch > 65535 || p->varlen.batch > 65535)
         return FA_ERR(FA_ERROR_NOT_SUPPORTED, "batch/heads: the %s backend launches one grid row per head and batch (at most 65535 each)",
                       FA_GPU_VENDOR);
-    return fa_require_needs(g_host->set_error, FA_GPU_VENDOR, FA_NEED_ALL & ~(FA_NEED_KVCACHE_QUANT | FA_NEED_KVCACHE_ROTARY), op, p);
+    return fa_require_needs(g_host->set_error, FA_GPU_VENDOR, FA_NEED_ALL, op, p);
 }
 
 static fa_status gpu_forward(void *state, const fa_problem *p)
@@ -669,7 +669,7 @@ static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
         st = launch(s, fa_decode::check_modifier_values, dim3(1), 0, &k, "ALiBi slopes and sinks check launch");
     if (st == FA_SUCCESS && plan.most_new)
         st = launch(s, fa_decode::append, dim3((unsigned)plan.most_new, (unsigned)p->shape.heads_kv, (unsigned)plan.sequences),
-                    0, &k, "KV-cache append launch");
+                    fa_decode::kAppendSmem, &k, "KV-cache append launch");
     if (st == FA_SUCCESS)
         st = launch(s, plan.set.decode, dim3((unsigned)(plan.row_tiles * plan.chunks), (unsigned)p->shape.heads_kv,
                                              (unsigned)plan.sequences),
@@ -679,6 +679,28 @@ static fa_status gpu_forward_kvcache(void *state, const fa_kv_problem *kp)
     if (st == FA_SUCCESS)
         st = launch(s, fa_decode::merge, dim3((unsigned)(merge_blocks < 65535 ? merge_blocks : 65535)), 0, &k,
                     "KV-cache merge launch");
+    return st;
+}
+
+/* fa_kvcache_append: the table checks, then the append kernel of fa_forward_kvcache (capturable:
+ * no workspace, allocation or copy). */
+static fa_status gpu_kvcache_append(void *state, const fa_kv_problem *kp)
+{
+    fa_gpu_state *s = (fa_gpu_state *)state;
+    const fa_problem *p = &kp->attn;
+    FA_TRY(fa_gpu_set_device(s->ordinal), "set device");
+    fa_gpu_params k;
+    fa_status st = build_params(s, p, 0, &k);
+    if (st != FA_SUCCESS) return st;
+    fa_gpu_kv_params_of(kp, &k);
+    const int64_t sequences = fa_kv_sequences(p), most_new = kp->cache.cu_seqlens_new ? kp->cache.max_seqlen_new : kp->cache.seqlen_new;
+    if (most_new > 2147483647 || sequences > 65535)
+        return FA_ERR(FA_ERROR_NOT_SUPPORTED, "k_new: %lld tokens per sequence, %lld sequences, exceed the %s backend's grid",
+                      (long long)most_new, (long long)sequences, FA_GPU_VENDOR);
+    st = launch(s, fa_decode::check_kvcache, dim3(1), 0, &k, "KV-cache table check launch");
+    if (st == FA_SUCCESS && most_new)
+        st = launch(s, fa_decode::append, dim3((unsigned)most_new, (unsigned)p->shape.heads_kv, (unsigned)sequences),
+                    fa_decode::kAppendSmem, &k, "KV-cache append launch");
     return st;
 }
 
@@ -745,6 +767,7 @@ static fa_backend_iface plugin_iface()
     t.forward_kvcache = gpu_forward_kvcache;
     t.set_workspace = gpu_set_workspace;
     t.kvcache_workspace = gpu_kvcache_workspace;
+    t.kvcache_append = gpu_kvcache_append;
     t.merge_partials = gpu_merge_partials;
     t.supports = gpu_supports;
     return t;

@@ -52,6 +52,11 @@ static inline void fa_gpu_kv_params_of(const fa_kv_problem *kp, fa_gpu_params *k
 {
     k->cache = kp->cache;
     k->cache_slots = kp->attn.k.batch;
+    k->k_dtype = kp->attn.k.dtype;
+    k->v_dtype = kp->attn.v.dtype;
+    k->k_new_dtype = kp->k_new.dtype;
+    k->v_new_dtype = kp->v_new.dtype;
+    k->cache_positions = kp->attn.k.seqlen;
     if (kp->cache.seqlen_new) {
         k->k_new = fa_gpu_tensor_of(&kp->k_new);
         k->v_new = fa_gpu_tensor_of(&kp->v_new);

@@ -46,13 +46,13 @@ void test_gpu_serving_ragged(void **state);
 void test_gpu_serving_invariance(void **state);
 void test_gpu_serving_slots(void **state);
 void test_gpu_serving_bad_tables(void **state);
-void test_gpu_serving_not_yet(void **state);
+void test_gpu_serving_quantised(void **state);
 #define GPU_SERVING_TESTS(setup, teardown)                                                        \
     cmocka_unit_test_setup_teardown(test_gpu_serving_ragged, setup, teardown),                   \
     cmocka_unit_test_setup_teardown(test_gpu_serving_invariance, setup, teardown),               \
     cmocka_unit_test_setup_teardown(test_gpu_serving_slots, setup, teardown),                    \
     cmocka_unit_test_setup_teardown(test_gpu_serving_bad_tables, setup, teardown),                \
-    cmocka_unit_test_setup_teardown(test_gpu_serving_not_yet, setup, teardown)
+    cmocka_unit_test_setup_teardown(test_gpu_serving_quantised, setup, teardown)
 
 /* Block positions (test_gpu_positions.c). */
 void test_gpu_positions_f32(void **state);

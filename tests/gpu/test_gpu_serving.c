@@ -19,6 +19,7 @@
 #include "gpu_tests.h"
 #include "harness.h"
 #include "kv_scene.h"
+#include "test_util.h"
 
 static const kv_seq mixed[] = {{600, 1, 1, 1}, {20, 5, 5, 2}, {40, 0, 3, 3}, {0, 3, 3, 4}, {300, 2, 0, 5}};
 #define MIXED_N (int)(sizeof mixed / sizeof mixed[0])
@@ -249,53 +250,200 @@ void test_gpu_serving_bad_tables(void **state)
     kv_scene_free(&s);
 }
 
-/* What the GPU plugins do not run yet is refused by name before anything is launched: a quantised
- * cache, rotary embeddings, fa_kvcache_append. The cache keeps every byte. */
-void test_gpu_serving_not_yet(void **state)
+/* ---- quantised caches and rotary embeddings against the CPU backend ---------------------------- */
+enum { QB = 2, QHQ = 4, QHKV = 2, QD = 40, QCAP = 48, QPAGE = 8, QSQ = 2, QNEW = 2, QPOS = 64 };
+
+typedef struct quant_case {
+    fa_dtype k, v, q;
+    int paged, rotary, interleaved;
+} quant_case;
+
+/* Host buffers of one call, the same bytes copied to each backend. */
+typedef struct quant_host {
+    uint8_t kc[QB * QCAP * QHKV * QD], vc[QB * QCAP * QHKV * QD];
+    float k_scale[QB * QCAP * QHKV], v_scale[QB * QCAP * QHKV], k_descale[QB * QHKV], v_descale[QB * QHKV];
+    float q[QB * QSQ * QHQ * QD], k_new[QB * QNEW * QHKV * QD], v_new[QB * QNEW * QHKV * QD]; /* f32, or f16 in place */
+    float cos_table[QPOS * QD / 2], sin_table[QPOS * QD / 2];
+    int32_t cached[QB], table[QB * (QCAP / QPAGE)];
+} quant_host;
+
+static uint32_t quant_rng = 12345u;
+static float quant_uniform(void)
 {
-    fa_context *ctx = context_or_skip(state);
-    const kv_layout l = {FA_DTYPE_F16, 4, 2, 16, 64, 0};
-    const kv_seq seqs[2] = {{20, 1, 1, 1}, {7, 1, 1, 2}};
-    kv_scene g;
-    kv_scene_build(&g, ctx, &l, seqs, 2);
-    const size_t cache_bytes = g.cache_elems * 2;
-    unsigned char *before = malloc(cache_bytes), *after = malloc(cache_bytes);
-    assert_true(before && after);
-    assert_int_equal(fa_memcpy_d2h(ctx, before, g.k_cache, cache_bytes), FA_SUCCESS);
-    const fa_tensor q = {g.q, FA_DTYPE_F16, 2, 1, l.heads_q, l.head_dim, 0, 0, 0};
-    fa_tensor out = q;
-    out.data = g.out;
-    const fa_tensor k_new = {g.k_new, FA_DTYPE_F16, 2, 1, l.heads_kv, l.head_dim, 0, 0, 0};
-    fa_tensor v_new = k_new;
-    v_new.data = g.v_new;
-    fa_kv_cache cache = {{g.k_cache, FA_DTYPE_F16, 2, l.capacity, l.heads_kv, l.head_dim, 0, 0, 0},
-                         {g.v_cache, FA_DTYPE_F16, 2, l.capacity, l.heads_kv, l.head_dim, 0, 0, 0}, NULL, 0, g.cached_dev};
-    fa_attention_desc desc;
-    fa_attention_desc_init(&desc);
+    quant_rng = quant_rng * 1664525u + 1013904223u;
+    return (float)(quant_rng >> 8) * 0x1p-24f * 2.0f - 1.0f;
+}
 
-    fa_kv_cache quantised = cache;
-    quantised.k.dtype = FA_DTYPE_FP8_E5M2; /* the f16 bytes read as twice as many codes: never read */
-    quantised.k.seqlen = l.capacity * 2;
-    quantised.v.dtype = FA_DTYPE_FP8_E5M2;
-    quantised.v.seqlen = l.capacity * 2;
-    assert_int_equal(fa_forward_kvcache(ctx, &desc, &q, &quantised, &k_new, &v_new, &out, NULL), FA_ERROR_NOT_SUPPORTED);
-    assert_non_null(strstr(fa_last_error(), "does not implement quantised caches"));
+static void quant_host_fill(quant_host *h, const quant_case *c)
+{
+    for (size_t x = 0; x < sizeof h->kc; ++x) {
+        const uint8_t byte = (uint8_t)(quant_uniform() * 127.0f);
+        h->kc[x] = c->k == FA_DTYPE_FP8_E4M3 && (byte & 0x7f) == 0x7f ? 0x3c : byte; /* no NaN codes */
+        h->vc[x] = (uint8_t)((x * 37u + 11u) % 120u); /* E5M2 codes below 0x78: finite */
+    }
+    for (size_t x = 0; x < QB * QCAP * QHKV; ++x) h->k_scale[x] = 0.01f + 0.01f * fabsf(quant_uniform()), h->v_scale[x] = 0.02f;
+    for (size_t x = 0; x < QB * QHKV; ++x) h->k_descale[x] = 0.05f + 0.01f * (float)x, h->v_descale[x] = 0.5f;
+    for (size_t x = 0; x < sizeof h->q / 4; ++x) h->q[x] = quant_uniform();
+    for (size_t x = 0; x < sizeof h->k_new / 4; ++x) h->k_new[x] = 2.0f * quant_uniform(), h->v_new[x] = quant_uniform();
+    if (c->q == FA_DTYPE_F16) { /* the same values as f16, packed at the front (in order: no overlap) */
+        for (size_t x = 0; x < sizeof h->q / 4; ++x) test_store_element(h->q, x, FA_DTYPE_F16, h->q[x]);
+        for (size_t x = 0; x < sizeof h->k_new / 4; ++x) {
+            test_store_element(h->k_new, x, FA_DTYPE_F16, h->k_new[x]);
+            test_store_element(h->v_new, x, FA_DTYPE_F16, h->v_new[x]);
+        }
+    }
+    for (int pos = 0; pos < QPOS; ++pos)
+        for (int f = 0; f < QD / 2; ++f) {
+            const double angle = pos * pow(10000.0, -2.0 * f / QD);
+            h->cos_table[pos * QD / 2 + f] = (float)cos(angle), h->sin_table[pos * QD / 2 + f] = (float)sin(angle);
+        }
+    h->cached[0] = 20, h->cached[1] = 7;
+    for (int x = 0; x < QB * (QCAP / QPAGE); ++x) h->table[x] = (x * 5 + 3) % (QB * (QCAP / QPAGE)); /* a permutation */
+}
 
+/* Device (or host) copies of h's arrays in ctx's memory, freed by quant_free. */
+typedef struct quant_call {
+    void *buf[12];
+    fa_kv_cache cache;
+    fa_kv_scales scales;
     fa_rotary rotary;
-    fa_rotary_init(&rotary);
-    rotary.cos = rotary.sin = (const float *)g.out; /* device floats: never read */
-    rotary.max_position = 64;
-    rotary.rotary_dim = l.head_dim;
-    desc.rotary = &rotary;
-    assert_int_equal(fa_forward_kvcache(ctx, &desc, &q, &cache, &k_new, &v_new, &out, NULL), FA_ERROR_NOT_SUPPORTED);
-    assert_non_null(strstr(fa_last_error(), "desc->rotary: the"));
+    fa_attention_desc desc;
+    fa_tensor q, k_new, v_new, out;
+    float *lse;
+} quant_call;
 
-    desc.rotary = NULL;
-    assert_int_equal(fa_kvcache_append(ctx, &desc, &cache, NULL, &k_new, &v_new), FA_ERROR_NOT_SUPPORTED);
-    assert_non_null(strstr(fa_last_error(), "fa_kvcache_append: the"));
-    assert_int_equal(fa_synchronize(ctx), FA_SUCCESS);
-    assert_int_equal(fa_memcpy_d2h(ctx, after, g.k_cache, cache_bytes), FA_SUCCESS);
-    assert_memory_equal(before, after, cache_bytes);
-    free(before), free(after);
-    kv_scene_free(&g);
+static void *quant_upload(fa_context *ctx, quant_call *qc, int slot, const void *src, size_t bytes)
+{
+    assert_int_equal(fa_malloc(ctx, bytes, &qc->buf[slot]), FA_SUCCESS);
+    if (src) assert_int_equal(fa_memcpy_h2d(ctx, qc->buf[slot], src, bytes), FA_SUCCESS);
+    return qc->buf[slot];
+}
+
+static void quant_build(fa_context *ctx, const quant_host *h, const quant_case *c, quant_call *qc)
+{
+    memset(qc, 0, sizeof *qc);
+    const size_t es = c->q == FA_DTYPE_F16 ? 2 : 4;
+    const int64_t slots = c->paged ? QB * QCAP / QPAGE : QB, positions = c->paged ? QPAGE : QCAP;
+    void *kc = quant_upload(ctx, qc, 0, h->kc, sizeof h->kc), *vc = quant_upload(ctx, qc, 1, h->vc, sizeof h->vc);
+    qc->cache.k = (fa_tensor){kc, c->k, slots, positions, QHKV, QD, 0, 0, 0};
+    qc->cache.v = (fa_tensor){vc, c->v, slots, positions, QHKV, QD, 0, 0, 0};
+    qc->cache.cache_seqlens = quant_upload(ctx, qc, 2, h->cached, sizeof h->cached);
+    if (c->paged) {
+        qc->cache.block_table = quant_upload(ctx, qc, 3, h->table, sizeof h->table);
+        qc->cache.max_pages_per_seq = QCAP / QPAGE;
+    }
+    fa_kv_scales_init(&qc->scales);
+    if (c->k == FA_DTYPE_I8) qc->scales.k_scale = quant_upload(ctx, qc, 4, h->k_scale, sizeof h->k_scale);
+    else qc->scales.k_descale = quant_upload(ctx, qc, 4, h->k_descale, sizeof h->k_descale);
+    if (c->v == FA_DTYPE_I8) qc->scales.v_scale = quant_upload(ctx, qc, 5, h->v_scale, sizeof h->v_scale);
+    else qc->scales.v_descale = quant_upload(ctx, qc, 5, h->v_descale, sizeof h->v_descale);
+    fa_attention_desc_init(&qc->desc);
+    qc->desc.causal = 1;
+    qc->desc.kv_split_tokens = 8;
+    qc->desc.kv_scales = &qc->scales;
+    if (c->rotary) {
+        fa_rotary_init(&qc->rotary);
+        qc->rotary.cos = quant_upload(ctx, qc, 6, h->cos_table, sizeof h->cos_table);
+        qc->rotary.sin = quant_upload(ctx, qc, 7, h->sin_table, sizeof h->sin_table);
+        qc->rotary.max_position = QPOS;
+        qc->rotary.rotary_dim = c->rotary == 2 ? QD / 2 : QD;
+        qc->rotary.interleaved = c->interleaved;
+        qc->desc.rotary = &qc->rotary;
+    }
+    qc->q = (fa_tensor){quant_upload(ctx, qc, 8, h->q, (size_t)(QB * QSQ * QHQ * QD) * es), c->q, QB, QSQ, QHQ, QD, 0, 0, 0};
+    qc->k_new = (fa_tensor){quant_upload(ctx, qc, 9, h->k_new, (size_t)(QB * QNEW * QHKV * QD) * es), c->q, QB, QNEW, QHKV, QD, 0, 0, 0};
+    qc->v_new = (fa_tensor){quant_upload(ctx, qc, 10, h->v_new, (size_t)(QB * QNEW * QHKV * QD) * es), c->q, QB, QNEW, QHKV, QD, 0, 0, 0};
+    qc->out = qc->q;
+    qc->out.data = quant_upload(ctx, qc, 11, NULL, (size_t)(QB * QSQ * QHQ * QD) * es);
+}
+
+static void quant_free(fa_context *ctx, quant_call *qc)
+{
+    for (int x = 0; x < 12; ++x) fa_free(ctx, qc->buf[x]);
+}
+
+/* Host copy of buffer `slot` of bytes. */
+static void *quant_download(fa_context *ctx, const quant_call *qc, int slot, size_t bytes)
+{
+    void *host = malloc(bytes);
+    assert_non_null(host);
+    assert_int_equal(fa_memcpy_d2h(ctx, host, qc->buf[slot], bytes), FA_SUCCESS);
+    return host;
+}
+
+/* fa_forward_kvcache (append) or fa_kvcache_append on a GPU and on the CPU with the same bytes: the
+ * same cache codes and scales (rotated keys: codes within one step, since the two may round the
+ * rotation's products differently), outputs within q's tolerance. */
+static void quant_against_cpu(fa_context *gpu, fa_context *cpu, const quant_case *c, int append_only)
+{
+    static quant_host h;
+    quant_host_fill(&h, c);
+    quant_call g, r;
+    quant_build(gpu, &h, c, &g);
+    quant_build(cpu, &h, c, &r);
+    fa_status sg, sr;
+    if (append_only) {
+        sg = fa_kvcache_append(gpu, &g.desc, &g.cache, NULL, &g.k_new, &g.v_new);
+        sr = fa_kvcache_append(cpu, &r.desc, &r.cache, NULL, &r.k_new, &r.v_new);
+    } else {
+        sg = fa_forward_kvcache(gpu, &g.desc, &g.q, &g.cache, &g.k_new, &g.v_new, &g.out, NULL);
+        sr = fa_forward_kvcache(cpu, &r.desc, &r.q, &r.cache, &r.k_new, &r.v_new, &r.out, NULL);
+    }
+    if (sg != FA_SUCCESS) fail_msg("gpu: %s", fa_last_error());
+    if (sr != FA_SUCCESS) fail_msg("cpu: %s", fa_last_error());
+    assert_int_equal(fa_synchronize(gpu), FA_SUCCESS);
+    for (int t = 0; t < 2; ++t) { /* the cache tensors, then their scales */
+        uint8_t *gc = quant_download(gpu, &g, t, sizeof h.kc), *rc = quant_download(cpu, &r, t, sizeof h.kc);
+        for (size_t x = 0; x < sizeof h.kc; ++x) {
+            const int step = abs((int)(int8_t)gc[x] - (int)(int8_t)rc[x]);
+            if (gc[x] != rc[x] && !(c->rotary && t == 0 && step == 1))
+                fail_msg("cache %s byte %zu: gpu 0x%02x, cpu 0x%02x", t ? "v" : "k", x, gc[x], rc[x]);
+        }
+        free(gc), free(rc);
+        if ((t ? c->v : c->k) != FA_DTYPE_I8) continue;
+        float *gs = quant_download(gpu, &g, 4 + t, sizeof h.k_scale), *rs = quant_download(cpu, &r, 4 + t, sizeof h.k_scale);
+        for (size_t x = 0; x < sizeof h.k_scale / 4; ++x)
+            if (!(fabsf(gs[x] - rs[x]) <= (c->rotary && !t ? 1e-6f * rs[x] : 0.0f)))
+                fail_msg("%s_scale[%zu]: gpu %.9g, cpu %.9g", t ? "v" : "k", x, gs[x], rs[x]);
+        free(gs), free(rs);
+    }
+    if (!append_only) {
+        const size_t n = (size_t)(QB * QSQ * QHQ * QD), es = c->q == FA_DTYPE_F16 ? 2 : 4;
+        void *go = quant_download(gpu, &g, 11, n * es), *ro = quant_download(cpu, &r, 11, n * es);
+        expect_close("out", "quantised cache", go, ro, n, c->q);
+        free(go), free(ro);
+    }
+    quant_free(gpu, &g);
+    quant_free(cpu, &r);
+}
+
+/* Quantised caches (int8, FP8) and rotary embeddings on the GPU against the CPU backend: append
+ * and attention, contiguous and paged, fa_kvcache_append; a bad descale is a device check. */
+void test_gpu_serving_quantised(void **state)
+{
+    fa_context *ctx = context_or_skip(state), *cpu;
+    assert_int_equal(fa_context_create(FA_BACKEND_CPU, 0, &cpu), FA_SUCCESS);
+    static const quant_case cases[] = {
+        {FA_DTYPE_I8, FA_DTYPE_I8, FA_DTYPE_F32, 0, 0, 0},        {FA_DTYPE_FP8_E4M3, FA_DTYPE_FP8_E5M2, FA_DTYPE_F16, 1, 0, 0},
+        {FA_DTYPE_I8, FA_DTYPE_FP8_E5M2, FA_DTYPE_F16, 0, 1, 0},  {FA_DTYPE_FP8_E4M3, FA_DTYPE_I8, FA_DTYPE_F32, 1, 2, 1},
+    };
+    for (size_t x = 0; x < sizeof cases / sizeof cases[0]; ++x) {
+        quant_against_cpu(ctx, cpu, &cases[x], 0);
+        quant_against_cpu(ctx, cpu, &cases[x], 1);
+    }
+    /* A zero descale: checked on the device, reported by the next synchronize, nothing written. */
+    static quant_host h;
+    const quant_case c = {FA_DTYPE_FP8_E4M3, FA_DTYPE_FP8_E5M2, FA_DTYPE_F32, 0, 0, 0};
+    quant_host_fill(&h, &c);
+    h.k_descale[3] = 0.0f;
+    quant_call g;
+    quant_build(ctx, &h, &c, &g);
+    assert_int_equal(fa_forward_kvcache(ctx, &g.desc, &g.q, &g.cache, &g.k_new, &g.v_new, &g.out, NULL), FA_SUCCESS);
+    assert_int_equal(fa_synchronize(ctx), FA_ERROR_INVALID_VALUE);
+    assert_non_null(strstr(fa_last_error(), "desc->kv_scales->k_descale[3]"));
+    uint8_t *kc = quant_download(ctx, &g, 0, sizeof h.kc);
+    assert_memory_equal(kc, h.kc, sizeof h.kc);
+    free(kc);
+    quant_free(ctx, &g);
+    fa_context_destroy(cpu);
 }

@@ -24,6 +24,8 @@
 #include "attention_generic.cuh"
 #include "../../common/kv_split.h"
 #include "../../common/merge_rule.h"
+#include "../../common/quant_codes.h"
+#include "../../common/rotary.h"
 
 namespace fa_decode {
 
@@ -49,8 +51,11 @@ __global__ void __launch_bounds__(kThreads) check_kvcache(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
     if (threadIdx.x != 0 || fa_gpu_failed(p)) return;
-    (void)fa_check_cache_tables(p.status, &p.cache, &p.varlen, sequences(p), p.shape.seqlen_k, p.shape.seqlen_q,
-                                p.cache.seqlen_new, p.cache_slots);
+    (void)(fa_check_cache_tables(p.status, &p.cache, &p.varlen, sequences(p), p.shape.seqlen_k, p.shape.seqlen_q,
+                                 p.cache.seqlen_new, p.cache_slots) &&
+           fa_check_rotary_positions(p.status, &p.cache, &p.varlen, sequences(p), p.shape.seqlen_q) &&
+           fa_check_descales(p.status, 0, p.cache.k_descale, sequences(p), p.shape.heads_kv) &&
+           fa_check_descales(p.status, 1, p.cache.v_descale, sequences(p), p.shape.heads_kv));
 }
 
 /* One thread: ALiBi slopes and sinks (the core's rule, table_checks.h, on the device: the arrays
@@ -63,39 +68,112 @@ __global__ void __launch_bounds__(kThreads) check_modifier_values(const fa_gpu_p
                                    p.shape.heads_q);
 }
 
-/* Element offset of cache position pos of sequence b, head h, in a cache tensor: through the block
- * table when paged ([num_pages, page_size, heads, d]), else its slot of [slots, capacity, heads, d]. */
-__device__ __forceinline__ int64_t position_offset(const fa_gpu_params &p, const fa_gpu_tensor &t, int64_t b, int64_t pos,
-                                                   int64_t h)
+/* Element x of a row rotated to position pos (rotary.h's pairs and angles), from the row's
+ * element and its pair's, both read with load(i). */
+template <typename Load>
+__device__ __forceinline__ float rotated(const fa_cache_section &c, int64_t pos, int64_t x, Load load)
 {
-    int64_t slot_b, slot_s;
-    fa_cache_locate(&p.cache, b, pos, &slot_b, &slot_s);
-    return fa_row_offset(t, slot_b, slot_s, h);
+    const float own = load(x);
+    if (!c.rotary_cos || x >= c.rotary_dim) return own;
+    const int64_t half = c.rotary_dim / 2;
+    const int first = c.rotary_interleaved ? x % 2 == 0 : x < half;
+    const int64_t f = c.rotary_interleaved ? x / 2 : (first ? x : x - half);
+    const int64_t pair = c.rotary_interleaved ? (first ? x + 1 : x - 1) : (first ? x + half : x - half);
+    const float other = load(pair), cs = c.rotary_cos[pos * half + f], sn = c.rotary_sin[pos * half + f];
+    return first ? own * cs - other * sn : own * cs + other * sn;
 }
 
-/* Element offset of key j of sequence b (cache position leftpad + j), head h. */
-__device__ __forceinline__ int64_t key_offset(const fa_gpu_params &p, const fa_gpu_tensor &t, int64_t b, int64_t j, int64_t h)
+/* Element x of new token t of sequence b, kv head h, as the cache is to hold it before
+ * quantisation: k_new rotated (keys), v_new as it is. */
+__device__ __forceinline__ float new_value(const fa_gpu_params &p, int keys, int64_t b, int64_t t, int64_t h, int64_t x)
 {
-    return position_offset(p, t, b, fa_cache_leftpad(&p.cache, b) + j, h);
+    int64_t nb, nt;
+    fa_cache_new_row(&p.cache, b, t, &nb, &nt);
+    const fa_gpu_tensor &src = keys ? p.k_new : p.v_new;
+    const fa_dtype dtype = keys ? p.k_new_dtype : p.v_new_dtype;
+    const int64_t row = fa_row_offset(src, nb, nt, h);
+    const auto load = [&](int64_t i) { return fa_load_elem(src.data, row + i, dtype); };
+    return keys ? rotated(p.cache, fa_rotary_new_position(&p.cache, b, t), x, load) : load(x);
+}
+
+/* One new row into a cache tensor (the block's threads together): copied, rounded, or quantised
+ * by fa_kv_scales' rules (flashattn.h; quant_codes.h), the int8 scale from the row's max |x|
+ * reduced in shared memory (NaN kept). */
+__device__ void store_new_row(const fa_gpu_params &p, int keys, int64_t b, int64_t t, int64_t h, float *red)
+{
+    const fa_gpu_tensor &dst_t = keys ? p.k : p.v;
+    const fa_dtype dtype = keys ? p.k_dtype : p.v_dtype;
+    const int64_t d = p.shape.head_dim;
+    int64_t slot_b, slot_s;
+    fa_cache_locate(&p.cache, b, p.cache.cache_seqlens[b] + t, &slot_b, &slot_s);
+    const int64_t dst = fa_row_offset(dst_t, slot_b, slot_s, h);
+    float scale = 0.0f;
+    if (dtype == FA_DTYPE_I8) {
+        float absmax = 0.0f;
+        for (int64_t x = threadIdx.x; x < d; x += blockDim.x) {
+            const float a = fabsf(new_value(p, keys, b, t, h, x));
+            absmax = a > absmax || a != a ? a : absmax;
+        }
+        red[threadIdx.x] = absmax;
+        __syncthreads();
+        for (unsigned width = blockDim.x / 2; width > 0; width /= 2) {
+            if (threadIdx.x < width) {
+                const float a = red[threadIdx.x + width], m = red[threadIdx.x];
+                red[threadIdx.x] = a > m || a != a ? a : m;
+            }
+            __syncthreads();
+        }
+        scale = fa_i8_scale(red[0]);
+        __syncthreads(); /* red is reused by the next row */
+        float *scales = keys ? p.cache.k_scale : p.cache.v_scale;
+        if (threadIdx.x == 0) scales[fa_cache_scale_index(slot_b, slot_s, h, p.cache_positions, p.shape.heads_kv)] = scale;
+    }
+    const float *descales = keys ? p.cache.k_descale : p.cache.v_descale;
+    const float descale = descales ? descales[b * p.shape.heads_kv + h] : 1.0f;
+    for (int64_t x = threadIdx.x; x < d; x += blockDim.x) {
+        const float v = new_value(p, keys, b, t, h, x);
+        if (dtype == FA_DTYPE_I8) static_cast<int8_t *>(dst_t.data)[dst + x] = fa_f32_to_i8(v, scale);
+        else if (dtype == FA_DTYPE_FP8_E4M3) static_cast<uint8_t *>(dst_t.data)[dst + x] = fa_f32_to_fp8_e4m3(v / descale);
+        else if (dtype == FA_DTYPE_FP8_E5M2) static_cast<uint8_t *>(dst_t.data)[dst + x] = fa_f32_to_fp8_e5m2(v / descale);
+        else fa_store_elem(dst_t.data, dst + x, dtype, v);
+    }
 }
 
 /* One block per (new token, kv head, sequence): the token's K and V rows into the cache (blocks
- * past a sequence's new tokens return at once). */
+ * past a sequence's new tokens return at once), with kAppendSmem bytes of shared memory. */
+constexpr size_t kAppendSmem = kThreads * sizeof(float);
 __global__ void __launch_bounds__(kThreads) append(const fa_gpu_params p)
 {
     FA_GPU_REQUIRE_BLOCK(kThreads);
+    FA_DYNAMIC_SMEM(float, red); /* kAppendSmem: the int8 scale's reduction */
     if (fa_gpu_failed(p)) return;
     const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     if (t >= fa_cache_new_tokens(&p.cache, b)) return;
-    const int64_t pos = p.cache.cache_seqlens[b] + t;
-    int64_t nb, nt;
-    fa_cache_new_row(&p.cache, b, t, &nb, &nt);
-    const int64_t k_dst = position_offset(p, p.k, b, pos, h), v_dst = position_offset(p, p.v, b, pos, h);
-    const int64_t k_src = fa_row_offset(p.k_new, nb, nt, h), v_src = fa_row_offset(p.v_new, nb, nt, h);
-    for (int64_t x = threadIdx.x; x < p.shape.head_dim; x += blockDim.x) {
-        fa_store_elem(p.k.data, k_dst + x, p.shape.dtype, fa_load_elem(p.k_new.data, k_src + x, p.shape.dtype));
-        fa_store_elem(p.v.data, v_dst + x, p.shape.dtype, fa_load_elem(p.v_new.data, v_src + x, p.shape.dtype));
+    store_new_row(p, 1, b, t, h, red);
+    store_new_row(p, 0, b, t, h, red);
+}
+
+/* Element c of key j of sequence b, kv head h, of a cache tensor as f32: widened, or its code times
+ * its int8 scale or FP8 descale. */
+__device__ __forceinline__ float cache_value(const fa_gpu_params &p, int keys, int64_t b, int64_t j, int64_t h, int64_t c)
+{
+    const fa_gpu_tensor &t = keys ? p.k : p.v;
+    const fa_dtype dtype = keys ? p.k_dtype : p.v_dtype;
+    int64_t slot_b, slot_s;
+    fa_cache_locate(&p.cache, b, fa_cache_leftpad(&p.cache, b) + j, &slot_b, &slot_s);
+    const int64_t at = fa_row_offset(t, slot_b, slot_s, h) + c;
+    if (dtype == FA_DTYPE_I8) {
+        const float *scales = keys ? p.cache.k_scale : p.cache.v_scale;
+        return fa_i8_to_f32(static_cast<const int8_t *>(t.data)[at],
+                            scales[fa_cache_scale_index(slot_b, slot_s, h, p.cache_positions, p.shape.heads_kv)]);
     }
+    if (dtype == FA_DTYPE_FP8_E4M3 || dtype == FA_DTYPE_FP8_E5M2) {
+        const float *descales = keys ? p.cache.k_descale : p.cache.v_descale;
+        const uint8_t code = static_cast<const uint8_t *>(t.data)[at];
+        const float value = dtype == FA_DTYPE_FP8_E4M3 ? fa_fp8_e4m3_to_f32(code) : fa_fp8_e5m2_to_f32(code);
+        return descales ? value * descales[b * p.shape.heads_kv + h] : value;
+    }
+    return fa_load_elem(t.data, at, dtype);
 }
 
 /* The packed rows of one kv head: group query heads x query positions, of the longest sequence
@@ -119,15 +197,28 @@ __device__ __forceinline__ int64_t partial_rows(const fa_gpu_params &p)
     return sequences(p) * p.shape.heads_kv * p.kv_chunks * packed_rows(p);
 }
 
-/* tile[x * ld + c] = cache row of key j0 + x, head h, sequence b (zero past `valid` keys). */
-__device__ __forceinline__ void load_key_tile(const fa_gpu_params &p, const fa_gpu_tensor &t, int64_t b, int64_t j0,
-                                              int64_t h, int64_t valid, int tile_rows, float *tile, int64_t ld)
+/* tile[x * ld + c] = cache row of key j0 + x, head h, sequence b of the K (keys) or V cache tensor
+ * (zero past `valid` keys). */
+__device__ __forceinline__ void load_key_tile(const fa_gpu_params &p, int keys, int64_t b, int64_t j0, int64_t h,
+                                              int64_t valid, int tile_rows, float *tile, int64_t ld)
 {
     const int64_t d = p.shape.head_dim, total = static_cast<int64_t>(tile_rows) * d;
     for (int64_t e = threadIdx.x; e < total; e += blockDim.x) {
         const int64_t x = e / d, c = e - x * d;
-        tile[x * ld + c] = x < valid ? fa_load_elem(t.data, key_offset(p, t, b, j0 + x, h) + c, p.shape.dtype) : 0.0f;
+        tile[x * ld + c] = x < valid ? cache_value(p, keys, b, j0 + x, h, c) : 0.0f;
     }
+}
+
+/* Element x of query i of sequence b, head h as the attention reads it: rotated to its position
+ * and rounded to q's dtype when desc->rotary is set. */
+__device__ __forceinline__ float query_value(const fa_gpu_params &p, int64_t b, int64_t i, int64_t h, int64_t x)
+{
+    int64_t qb, qi;
+    fa_sequence_query_row(&p.varlen, b, i, &qb, &qi);
+    const int64_t row = fa_row_offset(p.q, qb, qi, h);
+    const auto load = [&](int64_t e) { return fa_load_elem(p.q.data, row + e, p.shape.dtype); };
+    if (!p.cache.rotary_cos) return load(x);
+    return fa_round_to_dtype(rotated(p.cache, fa_rotary_query_position(&p.cache, b, i), x, load), p.shape.dtype);
 }
 
 template <int BUCKET, int TILE>
@@ -162,16 +253,14 @@ __global__ void __launch_bounds__(kThreads) attend(const fa_gpu_params p)
     }
     for (int64_t e = threadIdx.x; e < TILE * d; e += blockDim.x) {
         const int64_t r = e / d, x = e - r * d, i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
-        int64_t qb, qi;
-        fa_sequence_query_row(&p.varlen, b, i, &qb, &qi);
-        sq[r * ld + x] = r < rows ? fa_load_elem(p.q.data, fa_row_offset(p.q, qb, qi, h) + x, p.shape.dtype) : 0.0f;
+        sq[r * ld + x] = r < rows ? query_value(p, b, i, h, x) : 0.0f;
     }
 
     for (int64_t j0 = lo; j0 < hi; j0 += TILE) {
         const int64_t cols = hi - j0 < TILE ? hi - j0 : TILE;
         __syncthreads(); /* Q visible; the previous tile is no longer read */
-        load_key_tile(p, p.k, b, j0, hk, cols, TILE, sk, ld);
-        load_key_tile(p, p.v, b, j0, hk, cols, TILE, sv, ld);
+        load_key_tile(p, 1, b, j0, hk, cols, TILE, sk, ld);
+        load_key_tile(p, 0, b, j0, hk, cols, TILE, sv, ld);
         __syncthreads();
         for (int rr = 0; rr < RPW; ++rr) {
             const int r = warp * RPW + rr;

@@ -47,6 +47,10 @@ typedef struct fa_gpu_params {
     int64_t grid_rows, grid_cols;
     int64_t kv_chunks;   /* fa_forward_kvcache: the most key chunks of a sequence (the partials' layout) */
     int64_t cache_slots; /* fa_forward_kvcache: rows of a contiguous cache (cache_batch_idx's range) */
+    /* fa_forward_kvcache: the element types of the cache tensors (quantised or q's) and of the new
+     * tokens, and the cache tensors' positions per slot or page (the int8 scales' layout). */
+    fa_dtype k_dtype, v_dtype, k_new_dtype, v_new_dtype;
+    int64_t cache_positions;
     float *partial;
     fa_table_fault *status; /* device; NULL for calls without device tables */
 } fa_gpu_params;

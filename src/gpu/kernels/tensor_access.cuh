@@ -35,6 +35,14 @@ __device__ __forceinline__ void fa_store_elem(void *base, int64_t index, fa_dtyp
     else static_cast<uint16_t *>(base)[index] = fa_f32_to_bf16_bits(value);
 }
 
+/* value rounded to dtype (as fa_store_elem would store it), back as f32. */
+__device__ __forceinline__ float fa_round_to_dtype(float value, fa_dtype dtype)
+{
+    if (dtype == FA_DTYPE_F16) return __half2float(__float2half_rn(value));
+    if (dtype == FA_DTYPE_BF16) return __uint_as_float(static_cast<uint32_t>(fa_f32_to_bf16_bits(value)) << 16);
+    return value;
+}
+
 /* tile[r * ld + c] = t[b, s0 + r, h, c] for r < tile_rows (zero past seqlen), by the whole block. */
 __device__ __forceinline__ void fa_load_tile(const fa_gpu_tensor &t, fa_dtype dtype, int64_t b, int64_t s0,
                                              int64_t h, int64_t valid_rows, int tile_rows, int64_t d,
