@@ -1,14 +1,18 @@
 /* libFuzzer target for the KV-cache entry point: decodes its input into one serving step (sequences
  * with their own cached tokens, query rows and new tokens; padded or ragged queries; a contiguous
  * cache, possibly through fa_kv_slots, or a paged one; causal, windows, score modifiers, the split-KV
- * chunk size), runs fa_forward_kvcache_ex on the CPU backend and checks
- *  - the status is FA_SUCCESS, or, for a corrupted table, FA_ERROR_INVALID_VALUE
- *    (FA_ERROR_NOT_SUPPORTED for slots on a paged cache) with a message, and then nothing written:
- *    out and lse keep their canary bytes and the cache is byte-identical to its copy;
+ * chunk size; since 0.6 quantised caches (int8, FP8) with their scales, rotary embeddings), runs
+ * fa_forward_kvcache_ex or fa_kvcache_append on the CPU backend and checks
+ *  - the status is FA_SUCCESS, or, for a corrupted table, broken scales or invalid rotary
+ *    arguments, FA_ERROR_INVALID_VALUE (FA_ERROR_NOT_SUPPORTED for slots on a paged cache) with a
+ *    message, and then nothing written: out and lse keep their canary bytes and the cache and its
+ *    int8 scales are byte-identical to their copies;
  *  - on success the cache holds exactly the appended tokens at cache_seqlens[b] + t of each
- *    sequence's row or pages, every other position unchanged;
- *  - out and lse match the double-precision oracle (tests/oracle.h) run on each sequence alone;
- *  - the same call again (cache restored) with two threads gives the same out and lse bits.
+ *    sequence's row or pages (quantised by quant_codes.h's rules; rotated keys within the rounding
+ *    of the rotation), every other position unchanged;
+ *  - out and lse match the double-precision oracle (tests/oracle.h) run on each sequence alone, on
+ *    the dequantised cache, with the queries rotated at the header's positions;
+ *  - the same call again (cache restored) with two threads gives the same out, lse and cache bits.
  * Every tensor and table is allocated to its exact extent, so AddressSanitizer sees any
  * out-of-bounds access. Input layout: fuzz/README.md. Build and run: scripts/ci-fuzz.sh. */
 #include <math.h>
@@ -20,6 +24,7 @@
 
 #include "common/dtype.h"
 #include "common/half.h"
+#include "common/quant_codes.h"
 #include "flashattn.h"
 #include "oracle.h"
 
@@ -34,6 +39,17 @@ enum flags {
     F_CAUSAL = 1, F_WINDOW = 2, F_RAGGED = 4, F_CU_NEW = 8, F_PAGED = 16, F_SLOTS = 32, F_MODIFIERS = 64,
     F_CORRUPT = 128
 };
+
+/* The extension byte (0.6: read only when the input has bytes left after the modifiers, so older
+ * inputs decode as before): bits 0-1 the cache k kind, 2-3 the cache v kind (0 q's dtype, 1 int8,
+ * 2 FP8 E4M3, 3 FP8 E5M2), then these. */
+enum ext { E_ROTARY = 16, E_APPEND = 32, E_BAD_SCALES = 64, E_DESCALES = 128 };
+
+/* Scale corruptions (E_BAD_SCALES, mode = byte mod 4). */
+enum scale_corruption { S_MISSING, S_WRONG_DTYPE, S_DESCALE, S_SAME_ARRAY, S_MODES };
+static const char *const scale_corruption_names[S_MODES] = {
+    "int8 scale missing", "scale or descale for the wrong dtype", "descale not finite and positive",
+    "v_scale is k_scale"};
 
 /* The modifiers byte (flag 64). */
 enum extras { X_SOFTCAP = 1, X_ALIBI = 2, X_ALIBI_PER_BATCH = 4, X_SINKS = 8, X_SCALE = 16 };
@@ -55,7 +71,17 @@ typedef struct seq {
 } seq;
 
 typedef struct problem {
-    fa_dtype dtype;
+    fa_dtype dtype, kdt, vdt;               /* q's dtype, the cache k and v dtypes */
+    int append;                             /* fa_kvcache_append instead of fa_forward_kvcache_ex */
+    int rotary, rotary_valid, scale_corrupt; /* rotary given; its arguments valid; a scale corruption (-1 none) */
+    int rot_null;                           /* 1 cos NULL, 2 sin NULL */
+    unsigned accept;                        /* statuses (1 << status) the call may return */
+    fa_rotary rot;
+    float *rot_cos, *rot_sin;
+    fa_kv_scales scales;
+    float *k_scale, *v_scale, *k_scale_before, *v_scale_before, *k_descale, *v_descale, *wrong;
+    size_t scale_count;                     /* floats of one int8 scale array */
+    uint8_t descale_exp;
     int64_t batch, heads_q, heads_kv, d;
     int ragged, cu_new, paged, use_slots, slots_mode;
     seq seqs[MAX_SEQS];
@@ -72,7 +98,7 @@ typedef struct problem {
     fa_kv_slots slots;
     fa_tensor q, k_new, v_new, out;
     float *lse;
-    size_t lse_count, cache_bytes, out_bytes;
+    size_t lse_count, k_bytes, v_bytes, out_bytes;
     void *k_before, *v_before;              /* the cache as it was before the call */
     float slopes[MAX_SEQS * MAX_HEADS_Q], sinks[MAX_HEADS_Q];
     double amplitude, modifier_max;
@@ -80,6 +106,7 @@ typedef struct problem {
 } problem;
 
 static size_t esize(const problem *p) { return fa_dtype_size(p->dtype); }
+static int quantised(const problem *p) { return fa_dtype_quantised(p->kdt) || fa_dtype_quantised(p->vdt); }
 static size_t elements(const fa_tensor *t) { return (size_t)(t->batch * t->seqlen * t->heads * t->head_dim); }
 
 /* A packed tensor, allocated to its exact extent (at least one byte so that it is never NULL). */
@@ -209,6 +236,60 @@ static void decode_modifiers(reader *r, problem *p)
     }
 }
 
+static void fill_cache(problem *p, uint64_t *rng);
+
+static const fa_dtype kinds[4] = {FA_DTYPE_F32, FA_DTYPE_I8, FA_DTYPE_FP8_E4M3, FA_DTYPE_FP8_E5M2};
+
+/* Rotary position of query i of sequence s (the header's rule, FlashAttention-2's): the first new
+ * position cached - leftpad, plus i when causal or windowed. */
+static int64_t query_position(const problem *p, const seq *s, int64_t i)
+{
+    const fa_attention_desc *desc = &p->desc;
+    const int in_order = desc->causal || desc->window_left >= 0 || desc->window_right >= 0;
+    return s->cached - s->leftpad + (in_order ? i : 0);
+}
+
+/* The 0.6 choices: cache dtypes, descales, rotary, fa_kvcache_append, a scale corruption. */
+static void decode_ext(reader *r, problem *p)
+{
+    p->kdt = p->vdt = p->dtype;
+    p->scale_corrupt = -1;
+    if (r->pos >= r->size) return; /* an input from before 0.6 */
+    const uint8_t e = next(r);
+    if (e & 3) p->kdt = kinds[e & 3];
+    if (e >> 2 & 3) p->vdt = kinds[e >> 2 & 3];
+    p->append = (e & E_APPEND) != 0;
+    if (e & E_DESCALES) p->descale_exp = next(r);
+    if (e & E_ROTARY) {
+        const uint8_t dim = next(r), inter = next(r), maxpos = next(r);
+        p->rotary = 1;
+        fa_rotary_init(&p->rot);
+        int64_t rd;
+        if (dim % 8 != 7) rd = p->d >= 2 ? 2 * (1 + (dim / 8) % (p->d / 2)) : 2; /* even, in range (d >= 2) */
+        else switch (dim / 8 % 4) {
+            case 0: rd = 1 + 2 * (dim / 32 % 8); break; /* odd */
+            case 1: rd = 0; break;
+            case 2: rd = p->d + 1 + dim / 32 % 3; break;
+            default: rd = -2; break;
+            }
+        p->rot.rotary_dim = rd;
+        p->rot.interleaved = inter % 8 == 7 ? 2 : inter & 1;
+        p->rot_null = inter % 16 == 14 ? 1 + (inter >> 4 & 1) : 0;
+        /* The largest position the call uses, plus one. */
+        int64_t need = 1;
+        for (int64_t b = 0; b < p->batch; ++b) {
+            const seq *s = &p->seqs[b];
+            if (s->fresh > 0 && s->cached - s->leftpad + s->fresh > need) need = s->cached - s->leftpad + s->fresh;
+            for (int64_t i = 0; !p->append && i < s->queries; ++i)
+                if (query_position(p, s, i) + 1 > need) need = query_position(p, s, i) + 1;
+        }
+        p->rot.max_position = maxpos & 128 ? need - 1 - (maxpos & 3) : need + (maxpos & 7);
+        p->rotary_valid = rd >= 2 && rd % 2 == 0 && rd <= p->d && p->rot.interleaved != 2 && !p->rot_null &&
+                          p->rot.max_position >= need;
+    }
+    if (e & E_BAD_SCALES) p->scale_corrupt = next(r);
+}
+
 static void decode(reader *r, problem *p, uint8_t flags)
 {
     p->ragged = (flags & F_RAGGED) != 0;
@@ -270,6 +351,7 @@ static void decode(reader *r, problem *p, uint8_t flags)
         }
     }
     if (flags & F_MODIFIERS) decode_modifiers(r, p);
+    decode_ext(r, p);
 
     /* Tables. */
     uint64_t rng = p->value_seed;
@@ -303,8 +385,8 @@ static void decode(reader *r, problem *p, uint8_t flags)
                 p->table[b * p->max_pages + x] = x < pages ? perm[taken++] : garbage(&rng, p->num_pages);
         }
         free(perm);
-        make_tensor(&p->cache.k, p->dtype, p->num_pages, p->page_size, p->heads_kv, p->d);
-        make_tensor(&p->cache.v, p->dtype, p->num_pages, p->page_size, p->heads_kv, p->d);
+        make_tensor(&p->cache.k, p->kdt, p->num_pages, p->page_size, p->heads_kv, p->d);
+        make_tensor(&p->cache.v, p->vdt, p->num_pages, p->page_size, p->heads_kv, p->d);
         p->cache.block_table = p->table;
         p->cache.max_pages_per_seq = p->max_pages;
     } else {
@@ -322,8 +404,8 @@ static void decode(reader *r, problem *p, uint8_t flags)
             for (int64_t b = 0; b < p->batch; ++b) p->leftpad[b] = p->seqs[b].leftpad;
             p->slots.cache_leftpad = p->leftpad;
         }
-        make_tensor(&p->cache.k, p->dtype, p->rows, p->capacity, p->heads_kv, p->d);
-        make_tensor(&p->cache.v, p->dtype, p->rows, p->capacity, p->heads_kv, p->d);
+        make_tensor(&p->cache.k, p->kdt, p->rows, p->capacity, p->heads_kv, p->d);
+        make_tensor(&p->cache.v, p->vdt, p->rows, p->capacity, p->heads_kv, p->d);
     }
     p->cache.cache_seqlens = p->cache_seqlens;
     p->slots.struct_size = sizeof p->slots;
@@ -340,6 +422,8 @@ static void decode(reader *r, problem *p, uint8_t flags)
             p->varlen.cu_seqlens_k = p->cu_k;
             p->varlen.max_seqlen_k = max_new;
         }
+        if (p->append) /* no queries: k_new packed by cu_seqlens_k (equal to q's offsets without flag 8) */
+            p->varlen = (fa_varlen){p->batch, NULL, p->cu_k, 0, max_new};
         p->desc.varlen = &p->varlen;
         make_tensor(&p->q, p->dtype, 1, p->total_q, p->heads_q, p->d);
         make_tensor(&p->out, p->dtype, 1, p->total_q, p->heads_q, p->d);
@@ -365,22 +449,117 @@ static void decode(reader *r, problem *p, uint8_t flags)
     fill(&p->q, &rng, p->amplitude);
     fill(&p->k_new, &rng, p->amplitude);
     fill(&p->v_new, &rng, p->amplitude);
-    p->cache_bytes = elements(&p->cache.k) * esize(p);
-    memset(p->cache.k.data, 0xff, p->cache_bytes);
-    memset(p->cache.v.data, 0xff, p->cache_bytes);
+    fill_cache(p, &rng);
+}
+
+/* A row of d values quantised (or stored) into cache tensor t at element offset o, with its int8
+ * scale at scale[o / d] or its FP8 descale. */
+static void store_row(const problem *p, fa_dtype dt, void *data, float *scale, float descale, size_t o, const float *x)
+{
+    if (dt == FA_DTYPE_I8) {
+        float absmax = 0.0f;
+        for (int64_t c = 0; c < p->d; ++c) absmax = fabsf(x[c]) > absmax ? fabsf(x[c]) : absmax;
+        const float sc = fa_i8_scale(absmax);
+        scale[o / (size_t)p->d] = sc;
+        for (int64_t c = 0; c < p->d; ++c) ((int8_t *)data)[o + (size_t)c] = fa_f32_to_i8(x[c], sc);
+    } else if (fa_dtype_fp8(dt)) {
+        for (int64_t c = 0; c < p->d; ++c) {
+            const float y = x[c] / descale;
+            ((uint8_t *)data)[o + (size_t)c] = dt == FA_DTYPE_FP8_E4M3 ? fa_f32_to_fp8_e4m3(y) : fa_f32_to_fp8_e5m2(y);
+        }
+    } else {
+        for (int64_t c = 0; c < p->d; ++c) set(dt, data, o + (size_t)c, x[c]);
+    }
+}
+
+static float descale_of(const float *descale, const problem *p, int64_t b, int64_t h)
+{
+    return descale ? descale[b * p->heads_kv + h] : 1.0f;
+}
+
+/* Value of cache element o of sequence b, head h: dequantised for a quantised cache. */
+static double cache_value(const problem *p, int which_v, const void *data, const float *scale, int64_t b, int64_t h,
+                          size_t o)
+{
+    const fa_dtype dt = which_v ? p->vdt : p->kdt;
+    const float *descale = which_v ? p->v_descale : p->k_descale;
+    switch (dt) {
+    case FA_DTYPE_I8: return (double)((const int8_t *)data)[o] * (double)scale[o / (size_t)p->d];
+    case FA_DTYPE_FP8_E4M3: return (double)fa_fp8_e4m3_to_f32(((const uint8_t *)data)[o]) * descale_of(descale, p, b, h);
+    case FA_DTYPE_FP8_E5M2: return (double)fa_fp8_e5m2_to_f32(((const uint8_t *)data)[o]) * descale_of(descale, p, b, h);
+    default: return get(dt, data, o);
+    }
+}
+
+/* Scales, descales, rotary tables (from the value seed), then the cache: 0xff bytes (NaN in every
+ * dtype and FP8 format, code -1 with a NaN scale for int8) wherever no sequence has a cached key. */
+static void fill_cache(problem *p, uint64_t *rng)
+{
+    const size_t n = elements(&p->cache.k);
+    p->k_bytes = n * fa_dtype_size(p->kdt);
+    p->v_bytes = n * fa_dtype_size(p->vdt);
+    p->scale_count = n / (size_t)p->d;
+    fa_kv_scales_init(&p->scales);
+    if (p->kdt == FA_DTYPE_I8) p->k_scale = malloc(p->scale_count * sizeof(float));
+    if (p->vdt == FA_DTYPE_I8) p->v_scale = malloc(p->scale_count * sizeof(float));
+    if (p->k_scale) memset(p->k_scale, 0xff, p->scale_count * sizeof(float));
+    if (p->v_scale) memset(p->v_scale, 0xff, p->scale_count * sizeof(float));
+    const int64_t nd = p->batch * p->heads_kv;
+    if (p->descale_exp) { /* FP8 descales (1 + m/8) 2^e, e in -5..3 */
+        float **ds[2] = {&p->k_descale, &p->v_descale};
+        const fa_dtype dts[2] = {p->kdt, p->vdt};
+        for (int x = 0; x < 2; ++x) {
+            if (!fa_dtype_fp8(dts[x])) continue;
+            *ds[x] = malloc((size_t)nd * sizeof(float));
+            for (int64_t i = 0; i < nd; ++i)
+                (*ds[x])[i] = ldexpf(1.0f + (float)(splitmix(rng) % 8) / 8.0f, (int)(p->descale_exp % 9) - 5);
+        }
+    }
+    p->scales.k_scale = p->k_scale;
+    p->scales.v_scale = p->v_scale;
+    p->scales.k_descale = p->k_descale;
+    p->scales.v_descale = p->v_descale;
+    if (quantised(p)) p->desc.kv_scales = &p->scales;
+    if (p->rotary) {
+        const int64_t half = p->rot.rotary_dim > 0 ? p->rot.rotary_dim / 2 : 1;
+        const int64_t rows = p->rot.max_position > 0 ? p->rot.max_position : 1;
+        p->rot_cos = malloc((size_t)(rows * half) * sizeof(float));
+        p->rot_sin = malloc((size_t)(rows * half) * sizeof(float));
+        for (int64_t i = 0; i < rows * half; ++i) {
+            const double angle = ((double)(splitmix(rng) >> 11) * 0x1p-53 * 2.0 - 1.0) * 3.2;
+            p->rot_cos[i] = (float)cos(angle);
+            p->rot_sin[i] = (float)sin(angle);
+        }
+        p->rot.cos = p->rot_null == 1 ? NULL : p->rot_cos;
+        p->rot.sin = p->rot_null == 2 ? NULL : p->rot_sin;
+        p->desc.rotary = &p->rot;
+    }
+    memset(p->cache.k.data, 0xff, p->k_bytes);
+    memset(p->cache.v.data, 0xff, p->v_bytes);
+    float xk[40], xv[40];
     for (int64_t b = 0; b < p->batch; ++b)
         for (int64_t pos = p->seqs[b].leftpad; pos < p->seqs[b].cached; ++pos)
             for (int64_t h = 0; h < p->heads_kv; ++h) {
                 const size_t o = cache_offset(p, b, pos, h);
-                for (int64_t c = 0; c < p->d; ++c) {
-                    set(p->dtype, p->cache.k.data, o + (size_t)c, uniform(&rng, p->amplitude));
-                    set(p->dtype, p->cache.v.data, o + (size_t)c, uniform(&rng, p->amplitude));
+                for (int64_t c = 0; c < p->d; ++c) { /* k and v interleaved, as before 0.6 */
+                    xk[c] = uniform(rng, p->amplitude);
+                    xv[c] = uniform(rng, p->amplitude);
                 }
+                store_row(p, p->kdt, p->cache.k.data, p->k_scale, descale_of(p->k_descale, p, b, h), o, xk);
+                store_row(p, p->vdt, p->cache.v.data, p->v_scale, descale_of(p->v_descale, p, b, h), o, xv);
             }
-    p->k_before = malloc(p->cache_bytes);
-    p->v_before = malloc(p->cache_bytes);
-    memcpy(p->k_before, p->cache.k.data, p->cache_bytes);
-    memcpy(p->v_before, p->cache.v.data, p->cache_bytes);
+    p->k_before = malloc(p->k_bytes);
+    p->v_before = malloc(p->v_bytes);
+    memcpy(p->k_before, p->cache.k.data, p->k_bytes);
+    memcpy(p->v_before, p->cache.v.data, p->v_bytes);
+    if (p->k_scale) {
+        p->k_scale_before = malloc(p->scale_count * sizeof(float));
+        memcpy(p->k_scale_before, p->k_scale, p->scale_count * sizeof(float));
+    }
+    if (p->v_scale) {
+        p->v_scale_before = malloc(p->scale_count * sizeof(float));
+        memcpy(p->v_scale_before, p->v_scale, p->scale_count * sizeof(float));
+    }
 }
 
 /* Breaks one table entry (or kv_split_tokens, or gives slots to a paged cache); returns the mode
@@ -394,7 +573,8 @@ static int corrupt(problem *p, uint8_t byte, fa_status *expected)
     switch (mode) {
     case C_CU_Q_LAST:
         if (!p->ragged) break;
-        p->cu_q[p->batch] += variant ? -1 : 1;
+        if (p->append) p->varlen.cu_seqlens_q = p->cu_q; /* an append has no queries: must be NULL */
+        else p->cu_q[p->batch] += variant ? -1 : 1;
         return mode;
     case C_CU_K_DECREASING:
         if (!p->varlen.cu_seqlens_k) break;
@@ -418,7 +598,9 @@ static int corrupt(problem *p, uint8_t byte, fa_status *expected)
         if (!p->slots.cache_leftpad) break;
         p->leftpad[b] = variant ? -1 : p->cache_seqlens[b] + 1;
         return mode;
-    case C_SPLIT: p->desc.kv_split_tokens = variant ? INT64_MIN : -1 - (int64_t)b; return mode;
+    case C_SPLIT:
+        if (p->append) break; /* fa_kvcache_append reads no kv_split_tokens */
+        p->desc.kv_split_tokens = variant ? INT64_MIN : -1 - (int64_t)b; return mode;
     case C_SLOTS_PAGED:
         if (!p->paged) break;
         for (int64_t x = 0; x < p->batch; ++x) {
@@ -438,10 +620,53 @@ static int corrupt(problem *p, uint8_t byte, fa_status *expected)
     return C_CAPACITY;
 }
 
+/* Breaks desc->kv_scales (E_BAD_SCALES); returns the corruption applied. */
+static int corrupt_scales(problem *p, uint8_t byte)
+{
+    int mode = byte % S_MODES;
+    const int on_v = byte >> 2 & 1, variant = byte >> 3 & 3;
+    const int64_t nd = p->batch * p->heads_kv;
+    const size_t wrong_count = p->scale_count > (size_t)nd ? p->scale_count : (size_t)nd;
+    p->wrong = malloc(wrong_count * sizeof(float));
+    for (size_t i = 0; i < wrong_count; ++i) p->wrong[i] = 1.0f;
+    p->desc.kv_scales = &p->scales;
+    if (mode == S_MISSING && (p->kdt == FA_DTYPE_I8 || p->vdt == FA_DTYPE_I8)) {
+        if (p->kdt == FA_DTYPE_I8 && (!on_v || p->vdt != FA_DTYPE_I8)) p->scales.k_scale = NULL;
+        else p->scales.v_scale = NULL;
+        return mode;
+    }
+    if (mode == S_DESCALE && (fa_dtype_fp8(p->kdt) || fa_dtype_fp8(p->vdt))) {
+        const int v = fa_dtype_fp8(p->vdt) && (on_v || !fa_dtype_fp8(p->kdt));
+        float *ds = v ? p->v_descale : p->k_descale;
+        if (!ds) { /* NULL = 1: give an array of ones with one bad element */
+            ds = p->wrong;
+            if (v) p->scales.v_descale = ds;
+            else p->scales.k_descale = ds;
+        }
+        static const float bad[4] = {NAN, INFINITY, 0.0f, -1.0f};
+        ds[(size_t)(byte >> 5) % (size_t)nd] = bad[variant];
+        return mode;
+    }
+    if (mode == S_SAME_ARRAY && p->kdt == FA_DTYPE_I8 && p->vdt == FA_DTYPE_I8) {
+        p->scales.v_scale = p->scales.k_scale;
+        return mode;
+    }
+    /* S_WRONG_DTYPE: a scale for a tensor without int8 codes, or a descale for one without FP8 codes. */
+    const fa_dtype dt = on_v ? p->vdt : p->kdt;
+    if (dt == FA_DTYPE_I8 || (variant & 1 && !fa_dtype_fp8(dt))) {
+        if (on_v) p->scales.v_descale = p->wrong;
+        else p->scales.k_descale = p->wrong;
+    } else {
+        if (on_v) p->scales.v_scale = p->wrong;
+        else p->scales.k_scale = p->wrong;
+    }
+    return S_WRONG_DTYPE;
+}
+
 /* FUZZ_VERBOSE=1: print the decoded problem, to turn a crash input into a readable reproducer. */
 static void describe(const problem *p, int corrupted)
 {
-    static const char *const dtypes[] = {"f32", "f16", "bf16"};
+    static const char *const dtypes[] = {"f32", "f16", "bf16", "i8", "e4m3", "e5m2"};
     const fa_attention_desc *desc = &p->desc;
     fprintf(stderr, "problem: %s sequences %lld heads_q %lld heads_kv %lld head_dim %lld %s", dtypes[p->dtype],
             (long long)p->batch, (long long)p->heads_q, (long long)p->heads_kv, (long long)p->d,
@@ -465,6 +690,13 @@ static void describe(const problem *p, int corrupted)
                 s->queries, s->fresh, s->leftpad, s->row);
     }
     if (corrupted >= 0) fprintf(stderr, "  corrupt: %s\n", corruption_names[corrupted]);
+    fprintf(stderr, "  %s; cache k %s v %s, descales %s\n", p->append ? "fa_kvcache_append" : "fa_forward_kvcache_ex",
+            dtypes[p->kdt], dtypes[p->vdt], p->k_descale || p->v_descale ? "given" : "NULL");
+    if (p->rotary)
+        fprintf(stderr, "  rotary: dim %lld interleaved %d max_position %lld%s (%s)\n", (long long)p->rot.rotary_dim,
+                p->rot.interleaved, (long long)p->rot.max_position, p->rot_null ? " NULL table" : "",
+                p->rotary_valid ? "valid" : "invalid");
+    if (p->scale_corrupt >= 0) fprintf(stderr, "  scales: %s\n", scale_corruption_names[p->scale_corrupt]);
 }
 
 static void free_problem(problem *p)
@@ -475,6 +707,9 @@ static void free_problem(problem *p)
     free(p->table);
     free(p->k_before);
     free(p->v_before);
+    float *fs[] = {p->k_scale, p->v_scale, p->k_scale_before, p->v_scale_before, p->k_descale, p->v_descale, p->wrong,
+                   p->rot_cos, p->rot_sin};
+    for (size_t i = 0; i < sizeof fs / sizeof *fs; ++i) free(fs[i]);
 }
 
 static void fail(const char *fmt, ...)
@@ -492,38 +727,135 @@ static fa_status call(fa_context *ctx, problem *p)
 {
     memset(p->out.data, 0xff, p->out_bytes); /* 0xff bytes: NaN in every dtype, the canary */
     memset(p->lse, 0xff, p->lse_count * sizeof *p->lse);
+    if (p->append)
+        return fa_kvcache_append(ctx, &p->desc, &p->cache, p->use_slots ? &p->slots : NULL,
+                                 p->k_new.data ? &p->k_new : NULL, p->v_new.data ? &p->v_new : NULL);
     return fa_forward_kvcache_ex(ctx, &p->desc, &p->q, &p->cache, p->use_slots ? &p->slots : NULL,
                                  p->k_new.data ? &p->k_new : NULL, p->v_new.data ? &p->v_new : NULL, &p->out, p->lse);
 }
 
+/* x (d values) rotated in double to position pos by the tables' f32 entries (dims past rotary_dim
+ * unchanged). */
+static void rotate(const problem *p, int64_t pos, double *x)
+{
+    const int64_t half = p->rot.rotary_dim / 2;
+    for (int64_t f = 0; f < half; ++f) {
+        const int64_t ia = p->rot.interleaved ? 2 * f : f, ib = p->rot.interleaved ? 2 * f + 1 : f + half;
+        const double a = x[ia], bb = x[ib], cs = p->rot_cos[pos * half + f], sn = p->rot_sin[pos * half + f];
+        x[ia] = a * cs - bb * sn;
+        x[ib] = bb * cs + a * sn;
+    }
+}
+
+/* One appended row (which_v: v, else k) at element offset `to` of the cache against the expected
+ * contents: without rotation (and always for v) the storing or quantisation rule applied to the new
+ * row exactly, bytes and int8 scale; a rotated key within the rounding of the f32 rotation and the
+ * storage (or quantisation) step. want/want_scale are the expected arrays: the row is written there
+ * (the library's bytes once they pass the tolerance check). */
+static void check_row(const problem *p, int which_v, int64_t b, int64_t t, int64_t h, uint8_t *want, float *want_scale)
+{
+    const fa_dtype dt = which_v ? p->vdt : p->kdt;
+    const size_t es = fa_dtype_size(dt), to = cache_offset(p, b, p->seqs[b].cached + t, h);
+    const size_t from = new_offset(p, b, t, h);
+    const void *src = which_v ? p->v_new.data : p->k_new.data;
+    const void *got = which_v ? p->cache.v.data : p->cache.k.data;
+    const float *got_scale = which_v ? p->v_scale : p->k_scale;
+    const float descale = descale_of(which_v ? p->v_descale : p->k_descale, p, b, h);
+    float xf[40];
+    double xr[40], absmax = 0.0;
+    for (int64_t c = 0; c < p->d; ++c) xf[c] = (float)get(p->dtype, src, from + (size_t)c);
+    if (which_v || !p->rotary) {
+        store_row(p, dt, want, want_scale, descale, to, xf);
+        return;
+    }
+    for (int64_t c = 0; c < p->d; ++c) xr[c] = xf[c];
+    rotate(p, p->seqs[b].cached - p->seqs[b].leftpad + t, xr);
+    for (int64_t c = 0; c < p->d; ++c) absmax = fmax(absmax, fabs(xr[c]));
+    double sc = 1.0, rel = 0.0, sub = 0.0; /* the step: scale, relative half-ulp, absolute subnormal step */
+    if (dt == FA_DTYPE_I8) {
+        sc = got_scale[to / (size_t)p->d];
+        if (!(fabs(sc - absmax / 127.0) <= 1e-5 * absmax / 127.0))
+            fail("appended k row (sequence %lld, token %lld, head %lld): int8 scale %.9g, expected %.9g (rotated row)",
+                 (long long)b, (long long)t, (long long)h, sc, absmax / 127.0);
+    } else if (fa_dtype_fp8(dt)) {
+        sc = descale;
+        rel = dt == FA_DTYPE_FP8_E4M3 ? 0x1p-3 : 0x1p-2;
+        sub = dt == FA_DTYPE_FP8_E4M3 ? 0x1p-9 : 0x1p-16;
+    } else {
+        rel = storage_error(dt);
+        sub = dt == FA_DTYPE_F16 ? 0x1p-24 : 0.0;
+    }
+    for (int64_t c = 0; c < p->d; ++c) {
+        const double value = cache_value(p, 0, got, got_scale, b, h, to + (size_t)c);
+        double tol;
+        if (dt == FA_DTYPE_I8) tol = 0.5 * sc + 1e-5 * absmax;
+        else {
+            double y = xr[c] / sc; /* saturation of FP8 */
+            const double top = dt == FA_DTYPE_FP8_E4M3 ? 448.0 : dt == FA_DTYPE_FP8_E5M2 ? 57344.0 : INFINITY;
+            y = y > top ? top : y < -top ? -top : y;
+            if (y != xr[c] / sc && fabs(value - y * sc) <= 1e-6 * absmax) continue;
+            tol = (rel * fabs(xr[c] / sc) + sub) * sc + 1e-6 * absmax;
+        }
+        if (!(fabs(value - xr[c]) <= tol))
+            fail("appended k (sequence %lld, token %lld, head %lld, dim %lld): %.9g, rotated %.9g, tolerance %.3g",
+                 (long long)b, (long long)t, (long long)h, (long long)c, value, xr[c], tol);
+    }
+    memcpy(want + to * es, (const uint8_t *)got + to * es, (size_t)p->d * es);
+    if (dt == FA_DTYPE_I8) want_scale[to / (size_t)p->d] = got_scale[to / (size_t)p->d];
+}
+
 /* The cache after the append: the copy from before with new token t of sequence b at position
- * cache_seqlens[b] + t of its row or pages; compared byte for byte, so that a write anywhere else
- * shows too. */
+ * cache_seqlens[b] + t of its row or pages (quantised, and rotated for k, by check_row); compared
+ * byte for byte, int8 scale arrays too, so that a write anywhere else shows. */
 static void check_cache(const problem *p)
 {
-    const size_t row_bytes = (size_t)p->d * esize(p);
-    uint8_t *k = malloc(p->cache_bytes), *v = malloc(p->cache_bytes);
-    memcpy(k, p->k_before, p->cache_bytes);
-    memcpy(v, p->v_before, p->cache_bytes);
+    uint8_t *k = malloc(p->k_bytes), *v = malloc(p->v_bytes);
+    float *ks = p->k_scale ? malloc(p->scale_count * sizeof(float)) : NULL;
+    float *vs = p->v_scale ? malloc(p->scale_count * sizeof(float)) : NULL;
+    memcpy(k, p->k_before, p->k_bytes);
+    memcpy(v, p->v_before, p->v_bytes);
+    if (ks) memcpy(ks, p->k_scale_before, p->scale_count * sizeof(float));
+    if (vs) memcpy(vs, p->v_scale_before, p->scale_count * sizeof(float));
     for (int64_t b = 0; b < p->batch; ++b)
         for (int64_t t = 0; t < p->seqs[b].fresh; ++t)
             for (int64_t h = 0; h < p->heads_kv; ++h) {
-                const size_t to = cache_offset(p, b, p->seqs[b].cached + t, h) * esize(p);
-                const size_t from = new_offset(p, b, t, h) * esize(p);
-                memcpy(k + to, (const uint8_t *)p->k_new.data + from, row_bytes);
-                memcpy(v + to, (const uint8_t *)p->v_new.data + from, row_bytes);
+                check_row(p, 0, b, t, h, k, ks);
+                check_row(p, 1, b, t, h, v, vs);
             }
-    const uint8_t *const want[2] = {k, v}, *const got[2] = {p->cache.k.data, p->cache.v.data};
-    for (int x = 0; x < 2; ++x)
-        if (memcmp(want[x], got[x], p->cache_bytes) != 0) {
+    const uint8_t *const want[4] = {k, v, (const uint8_t *)ks, (const uint8_t *)vs};
+    const uint8_t *const got[4] = {p->cache.k.data, p->cache.v.data, (const uint8_t *)p->k_scale, (const uint8_t *)p->v_scale};
+    const size_t bytes[4] = {p->k_bytes, p->v_bytes, p->scale_count * sizeof(float), p->scale_count * sizeof(float)};
+    const size_t es[4] = {fa_dtype_size(p->kdt), fa_dtype_size(p->vdt), sizeof(float), sizeof(float)};
+    static const char *const names[4] = {"k cache", "v cache", "k_scale", "v_scale"};
+    for (int x = 0; x < 4; ++x)
+        if (want[x] && memcmp(want[x], got[x], bytes[x]) != 0) {
             size_t i = 0;
             while (want[x][i] == got[x][i]) ++i;
-            const size_t row = i / esize(p) / (size_t)(p->d * p->heads_kv);
-            fail("%s cache differs from the expected append at cache row %zu, position %zu", x ? "v" : "k",
+            const size_t row = i / es[x] / (size_t)((x < 2 ? p->d : 1) * p->heads_kv);
+            fail("%s differs from the expected append at cache row %zu, position %zu", names[x],
                  row / (size_t)p->cache.k.seqlen, row % (size_t)p->cache.k.seqlen);
         }
     free(k);
     free(v);
+    free(ks);
+    free(vs);
+}
+
+/* 1 when the cache (codes and int8 scales) is byte-identical to its copy from before the call. */
+static int cache_untouched(const problem *p)
+{
+    return !memcmp(p->cache.k.data, p->k_before, p->k_bytes) && !memcmp(p->cache.v.data, p->v_before, p->v_bytes) &&
+           (!p->k_scale || !memcmp(p->k_scale, p->k_scale_before, p->scale_count * sizeof(float))) &&
+           (!p->v_scale || !memcmp(p->v_scale, p->v_scale_before, p->scale_count * sizeof(float)));
+}
+
+/* Restores the cache (and int8 scales) from before the call. */
+static void restore_cache(problem *p)
+{
+    memcpy(p->cache.k.data, p->k_before, p->k_bytes);
+    memcpy(p->cache.v.data, p->v_before, p->v_bytes);
+    if (p->k_scale) memcpy(p->k_scale, p->k_scale_before, p->scale_count * sizeof(float));
+    if (p->v_scale) memcpy(p->v_scale, p->v_scale_before, p->scale_count * sizeof(float));
 }
 
 /* Each sequence alone through the oracle: its keys are cache positions leftpad .. cached - 1, then
@@ -533,21 +865,23 @@ static void check_against_oracle(const problem *p)
     const fa_dtype dt = p->dtype;
     double qmax = 0.0, kmax = 0.0, vmax = 0.0;
     for (size_t o = 0; o < elements(&p->q); ++o) qmax = fmax(qmax, fabs(get(dt, p->q.data, o)));
+    if (p->rotary) qmax *= sqrt(2.0); /* a rotated pair keeps its norm */
+    /* Keys and values as the cache holds them after the call (the append was checked by check_cache),
+     * dequantised. */
     for (int64_t b = 0; b < p->batch; ++b)
-        for (int64_t pos = p->seqs[b].leftpad; pos < p->seqs[b].cached; ++pos)
+        for (int64_t pos = p->seqs[b].leftpad; pos < p->seqs[b].cached + p->seqs[b].fresh; ++pos)
             for (int64_t h = 0; h < p->heads_kv; ++h)
                 for (int64_t c = 0; c < p->d; ++c) {
                     const size_t o = cache_offset(p, b, pos, h) + (size_t)c;
-                    kmax = fmax(kmax, fabs(get(dt, p->k_before, o)));
-                    vmax = fmax(vmax, fabs(get(dt, p->v_before, o)));
+                    kmax = fmax(kmax, fabs(cache_value(p, 0, p->cache.k.data, p->k_scale, b, h, o)));
+                    vmax = fmax(vmax, fabs(cache_value(p, 1, p->cache.v.data, p->v_scale, b, h, o)));
                 }
-    for (size_t o = 0; p->k_new.data && o < elements(&p->k_new); ++o) {
-        kmax = fmax(kmax, fabs(get(dt, p->k_new.data, o)));
-        vmax = fmax(vmax, fabs(get(dt, p->v_new.data, o)));
-    }
     const double scale = p->desc.softmax_scale != 0.0f ? p->desc.softmax_scale : 1.0 / sqrt((double)p->d);
     const double score_max = fabs(scale) * qmax * kmax * (double)p->d + p->modifier_max;
-    const double tol = tolerance(dt, vmax, score_max), lse_tol = 1e-5 * (1.0 + score_max);
+    /* Rotated queries are rounded to q's dtype by the library (in double here): a relative error of
+     * the storage rounding in every score. */
+    const double rot_err = p->rotary ? 2.0 * storage_error(dt) * score_max : 0.0;
+    const double tol = tolerance(dt, vmax, score_max) + rot_err * (1.0 + vmax), lse_tol = 1e-5 * (1.0 + score_max) + rot_err;
     const int64_t hq = p->heads_q, hk = p->heads_kv, d = p->d;
     for (int64_t b = 0; b < p->batch; ++b) {
         const seq *s = &p->seqs[b];
@@ -558,16 +892,22 @@ static void check_against_oracle(const problem *p)
         double *k = malloc((size_t)((keys ? keys : 1) * hk * d) * sizeof *k);
         double *v = malloc((size_t)((keys ? keys : 1) * hk * d) * sizeof *v);
         for (int64_t i = 0; i < nq; ++i)
-            for (int64_t h = 0; h < hq; ++h)
-                for (int64_t c = 0; c < d; ++c) q[(i * hq + h) * d + c] = get(dt, p->q.data, query_offset(p, b, i, h) + (size_t)c);
+            for (int64_t h = 0; h < hq; ++h) {
+                double *row = q + (i * hq + h) * d;
+                for (int64_t c = 0; c < d; ++c) row[c] = get(dt, p->q.data, query_offset(p, b, i, h) + (size_t)c);
+                if (!p->rotary) continue;
+                const int64_t pos = query_position(p, s, i);
+                if (pos < 0 || pos >= p->rot.max_position)
+                    fail("rotary: query %lld of sequence %lld at position %lld outside the tables [0, %lld)",
+                         (long long)i, (long long)b, (long long)pos, (long long)p->rot.max_position);
+                rotate(p, pos, row);
+            }
         for (int64_t j = 0; j < keys; ++j)
             for (int64_t h = 0; h < hk; ++h) {
-                const int64_t pos = s->leftpad + j;
-                const int cached = pos < s->cached;
-                const size_t o = cached ? cache_offset(p, b, pos, h) : new_offset(p, b, pos - s->cached, h);
+                const size_t o = cache_offset(p, b, s->leftpad + j, h);
                 for (int64_t c = 0; c < d; ++c) {
-                    k[(j * hk + h) * d + c] = get(dt, cached ? p->k_before : p->k_new.data, o + (size_t)c);
-                    v[(j * hk + h) * d + c] = get(dt, cached ? p->v_before : p->v_new.data, o + (size_t)c);
+                    k[(j * hk + h) * d + c] = cache_value(p, 0, p->cache.k.data, p->k_scale, b, h, o + (size_t)c);
+                    v[(j * hk + h) * d + c] = cache_value(p, 1, p->cache.v.data, p->v_scale, b, h, o + (size_t)c);
                 }
             }
         if (keys > 0) {
@@ -609,6 +949,18 @@ static void check_against_oracle(const problem *p)
     }
 }
 
+/* The statuses (bits 1 << status) the call may return: FA_SUCCESS for a valid step, else those of
+ * every fault it has (whichever the library checks first). */
+static unsigned expected_statuses(const problem *p, int corrupted, fa_status table_status)
+{
+    unsigned bad = 0;
+    if (corrupted >= 0) bad |= 1u << table_status;
+    if (p->scale_corrupt >= 0) bad |= 1u << FA_ERROR_INVALID_VALUE;
+    if (p->rotary && !p->rotary_valid) bad |= 1u << FA_ERROR_INVALID_VALUE;
+    if (p->append && !p->k_new.data) bad |= 1u << FA_ERROR_INVALID_VALUE; /* nothing to append: k_new NULL */
+    return bad ? bad : 1u << FA_SUCCESS;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     reader r = {data, size, 0};
@@ -616,39 +968,54 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     problem p;
     memset(&p, 0, sizeof p);
     decode(&r, &p, flags);
-    fa_status expected = FA_SUCCESS;
-    const int corrupted = flags & F_CORRUPT ? corrupt(&p, corruption, &expected) : -1;
-    if (getenv("FUZZ_VERBOSE")) describe(&p, corrupted);
+    fa_status table_status = FA_SUCCESS;
+    const int corrupted = flags & F_CORRUPT ? corrupt(&p, corruption, &table_status) : -1;
+    if (p.scale_corrupt >= 0) p.scale_corrupt = corrupt_scales(&p, (uint8_t)p.scale_corrupt);
+    const unsigned accept = expected_statuses(&p, corrupted, table_status);
+    if (getenv("FUZZ_VERBOSE")) {
+        describe(&p, corrupted);
+        fprintf(stderr, "  input: %zu of %zu bytes read\n", r.pos < r.size ? r.pos : r.size, r.size);
+    }
     fa_context *ctx = context();
+    const char *what = p.append ? "fa_kvcache_append" : "fa_forward_kvcache_ex";
 
     fa_status st = call(ctx, &p);
-    if (corrupted >= 0) {
-        if (st != expected) {
-            fprintf(stderr, "fuzz_kvcache: corrupt %s returned %d (%s), expected %d\n", corruption_names[corrupted],
-                    (int)st, fa_last_error(), (int)expected);
+    if (!(accept & 1u << FA_SUCCESS)) {
+        if (!((unsigned)st < 32 && accept & 1u << st)) {
+            fprintf(stderr, "fuzz_kvcache: %s with %s%s%s returned %d (%s), expected one of the statuses 0x%x\n", what,
+                    corrupted >= 0 ? corruption_names[corrupted] : "valid tables",
+                    p.scale_corrupt >= 0 ? ", bad scales: " : "",
+                    p.scale_corrupt >= 0 ? scale_corruption_names[p.scale_corrupt] : "", (int)st,
+                    st ? fa_last_error() : "no error", accept);
             abort();
         }
-        if (!fa_last_error()[0]) fail("corrupt %s: failed without a message", corruption_names[corrupted]);
+        if (!fa_last_error()[0]) fail("%s failed without a message", what);
         if (!all_ff(p.out.data, p.out_bytes) || !all_ff(p.lse, p.lse_count * sizeof *p.lse))
-            fail("corrupt %s: failed validation but wrote out or lse", corruption_names[corrupted]);
-        if (memcmp(p.cache.k.data, p.k_before, p.cache_bytes) || memcmp(p.cache.v.data, p.v_before, p.cache_bytes))
-            fail("corrupt %s: failed validation but wrote the cache", corruption_names[corrupted]);
+            fail("%s failed (%s) but wrote out or lse", what, fa_last_error());
+        if (!cache_untouched(&p)) fail("%s failed (%s) but wrote the cache or its scales", what, fa_last_error());
         free_problem(&p);
         return 0;
     }
     if (st != FA_SUCCESS) {
-        fprintf(stderr, "fuzz_kvcache: fa_forward_kvcache_ex failed on a valid problem: %s\n", fa_last_error());
+        fprintf(stderr, "fuzz_kvcache: %s failed on a valid problem: %s\n", what, fa_last_error());
         abort();
     }
     check_cache(&p);
-    check_against_oracle(&p);
+    if (p.append) {
+        if (!all_ff(p.out.data, p.out_bytes) || !all_ff(p.lse, p.lse_count * sizeof *p.lse))
+            fail("fa_kvcache_append wrote out or lse");
+    } else {
+        check_against_oracle(&p);
+    }
 
     /* The same call again from the same cache with two threads: the same bits. */
     void *out1 = malloc(p.out_bytes), *lse1 = malloc(p.lse_count * sizeof *p.lse);
+    void *k1 = malloc(p.k_bytes), *v1 = malloc(p.v_bytes);
     memcpy(out1, p.out.data, p.out_bytes);
     memcpy(lse1, p.lse, p.lse_count * sizeof *p.lse);
-    memcpy(p.cache.k.data, p.k_before, p.cache_bytes);
-    memcpy(p.cache.v.data, p.v_before, p.cache_bytes);
+    memcpy(k1, p.cache.k.data, p.k_bytes);
+    memcpy(v1, p.cache.v.data, p.v_bytes);
+    restore_cache(&p);
     if (fa_context_set_num_threads(ctx, 2) != FA_SUCCESS) fail("fa_context_set_num_threads(2): %s", fa_last_error());
     st = call(ctx, &p);
     fa_context_set_num_threads(ctx, 1);
@@ -658,9 +1025,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (memcmp(out1, p.out.data, p.out_bytes) || memcmp(lse1, p.lse, p.lse_count * sizeof *p.lse))
         fail("out or lse differ between 1 and 2 threads");
+    if (memcmp(k1, p.cache.k.data, p.k_bytes) || memcmp(v1, p.cache.v.data, p.v_bytes))
+        fail("the appended cache differs between 1 and 2 threads");
     check_cache(&p);
     free(out1);
     free(lse1);
+    free(k1);
+    free(v1);
     free_problem(&p);
     return 0;
 }
