@@ -15,7 +15,8 @@
  *    keys) over an f16 cache and over int8 (per-token scales), FP8 E4M3 and FP8 E5M2 caches
  *    (per-sequence descales), all in one interleaved run with the array sum: step time, time
  *    against the f16 cache, bytes read per step (K+V codes + int8 scales) and their rate as a
- *    fraction of the array sum's.
+ *    fraction of the array sum's; and the f16 cache with rotary embeddings (GPT-NeoX, rotary_dim 128)
+ *    on the appended key and the query: what the fused rotation adds to a step.
  * Each comparison runs its variants in interleaved rounds and keeps each one's best round (the
  * median of its calls in that round), so that drift and other load on the machine hit all of them
  * alike; only the ratios mean much.
@@ -231,8 +232,8 @@ static const char *cache_dtype_name(fa_dtype dtype)
  * ~1/127 per (token, kv head) (values up to ~1); FP8 descales 1/16 per kv head. */
 static void bench_quant(fa_context *ctx, int64_t keys, sum_arg *sum, int rounds, double min_time)
 {
-    enum { VARIANTS = 4 };
-    static const fa_dtype dtypes[VARIANTS] = {FA_DTYPE_F16, FA_DTYPE_I8, FA_DTYPE_FP8_E4M3, FA_DTYPE_FP8_E5M2};
+    enum { VARIANTS = 5 }; /* the last: the f16 cache with rotary embeddings on the appended key and the query */
+    static const fa_dtype dtypes[VARIANTS] = {FA_DTYPE_F16, FA_DTYPE_I8, FA_DTYPE_FP8_E4M3, FA_DTYPE_FP8_E5M2, FA_DTYPE_F16};
     const int64_t hq = 32, hk = 8, d = 128;
     const size_t elements = (size_t)(keys * hk * d), rows = (size_t)(keys * hk);
     static int32_t cached[1];
@@ -250,6 +251,23 @@ static void bench_quant(fa_context *ctx, int64_t keys, sum_arg *sum, int rounds,
         v_scale[r] = (0.5f + 0.5f * (float)((r * 31) % 89) / 88.0f) / 127.0f;
     }
     for (int h = 0; h < 8; ++h) descale[h] = 1.0f / 16.0f;
+    float *cos_table = malloc((size_t)(keys * d / 2) * sizeof(float)), *sin_table = malloc((size_t)(keys * d / 2) * sizeof(float));
+    if (!cos_table || !sin_table) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    for (int64_t pos = 0; pos < keys; ++pos)
+        for (int64_t f = 0; f < d / 2; ++f) {
+            const double angle = (double)pos * pow(10000.0, -2.0 * (double)f / (double)d);
+            cos_table[pos * d / 2 + f] = (float)cos(angle);
+            sin_table[pos * d / 2 + f] = (float)sin(angle);
+        }
+    fa_rotary rotary;
+    fa_rotary_init(&rotary);
+    rotary.cos = cos_table;
+    rotary.sin = sin_table;
+    rotary.max_position = keys;
+    rotary.rotary_dim = d;
     fa_kv_scales scales[VARIANTS];
     decode_arg a[VARIANTS];
     void *kc[VARIANTS], *vc[VARIANTS];
@@ -260,6 +278,7 @@ static void bench_quant(fa_context *ctx, int64_t keys, sum_arg *sum, int rounds,
         a[x].ctx = ctx;
         fa_attention_desc_init(&a[x].desc);
         a[x].desc.causal = 1;
+        if (x == VARIANTS - 1) a[x].desc.rotary = &rotary;
         fa_kv_scales_init(&scales[x]);
         if (dt == FA_DTYPE_F16) {
             kc[x] = alloc_values(elements, dt);
@@ -288,16 +307,17 @@ static void bench_quant(fa_context *ctx, int64_t keys, sum_arg *sum, int rounds,
         a[x].cache.v = (fa_tensor){vc[x], dt, 1, keys, hk, d, 0, 0, 0};
         a[x].cache.cache_seqlens = cached;
     }
-    const bench_fn fns[VARIANTS + 1] = {array_sum, decode_step, decode_step, decode_step, decode_step};
-    void *args[VARIANTS + 1] = {sum, &a[0], &a[1], &a[2], &a[3]};
+    const bench_fn fns[VARIANTS + 1] = {array_sum, decode_step, decode_step, decode_step, decode_step, decode_step};
+    void *args[VARIANTS + 1] = {sum, &a[0], &a[1], &a[2], &a[3], &a[4]};
     double best[VARIANTS + 1];
     time_rounds(rounds, VARIANTS + 1, fns, args, (VARIANTS + 1) * min_time, best);
     const double bandwidth = (double)(sum->n * sizeof(float)) / best[0] / 1e9;
     printf("quant   cache %6lld keys, q f16, heads 32/8, d 128: array sum %.2f GB/s\n", (long long)keys, bandwidth);
     for (int x = 0; x < VARIANTS; ++x) {
         const double t = best[x + 1], rate = bytes[x] / t / 1e9;
-        printf("        %-4s  %8.3f ms  vs f16 %5.3f  read %7.2f MB/step  %6.2f GB/s  of array sum %.2f\n",
-               cache_dtype_name(dtypes[x]), t * 1e3, t / best[1], bytes[x] / 1e6, rate, rate / bandwidth);
+        printf("        %-10s  %8.3f ms  vs f16 %5.3f  read %7.2f MB/step  %6.2f GB/s  of array sum %.2f\n",
+               x == VARIANTS - 1 ? "f16+rotary" : cache_dtype_name(dtypes[x]), t * 1e3, t / best[1], bytes[x] / 1e6, rate,
+               rate / bandwidth);
     }
     for (int x = 0; x < VARIANTS; ++x) {
         free(kc[x]);
@@ -310,6 +330,8 @@ static void bench_quant(fa_context *ctx, int64_t keys, sum_arg *sum, int rounds,
     free(vn);
     free(k_scale);
     free(v_scale);
+    free(cos_table);
+    free(sin_table);
 }
 
 /* ---- serving step ------------------------------------------------------------------------------- */
