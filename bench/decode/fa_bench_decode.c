@@ -21,7 +21,7 @@
  * median of its calls in that round), so that drift and other load on the machine hit all of them
  * alike; only the ratios mean much.
  * Usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5]
- *                        [--only decode|varlen|serving|split|quant]
+ *                        [--only decode|varlen|serving|split|quant] [--keys N]
  *                        [--clock wall|cpu] */
 #include <math.h>
 #include <stdint.h>
@@ -565,12 +565,14 @@ static void bench_varlen(fa_context *ctx, int sequences, int rounds, double min_
 int main(int argc, char **argv)
 {
     int threads = 2, quick = 0, decode = 1, varlen = 1, serving = 1, split = 1, quant = 0, rounds = 5;
+    int64_t quant_keys = 0; /* --keys: one cache length for --only quant instead of 4k/16k/32k */
     double min_time = 0.5;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--min-time") && i + 1 < argc) min_time = atof(argv[++i]);
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--keys") && i + 1 < argc) quant_keys = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--clock") && i + 1 < argc) bench_use_cpu_clock = !strcmp(argv[++i], "cpu");
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
             ++i;
@@ -583,7 +585,7 @@ int main(int argc, char **argv)
         else {
             puts("usage: fa-bench-decode [--quick] [--threads 2] [--min-time 0.5] [--rounds 5]\n"
                  "                       [--only decode|varlen|serving|split|quant]  (quant: int8/FP8 caches\n"
-                 "                       against f16; only with --only)\n"
+                 "                       against f16; only with --only)  [--keys N]  (quant: one cache length)\n"
                  "                       [--clock wall|cpu]  (cpu: process CPU time / threads, for a loaded machine)\n"
                  "  --min-time: seconds per variant of each comparison, spread over the rounds");
             return strcmp(argv[i], "--help") ? 1 : 0;
@@ -615,7 +617,9 @@ int main(int argc, char **argv)
     if (split) bench_split(ctx, quick, rounds, min_time);
     if (quant) {
         static const int64_t cache_lengths[] = {4096, 16384, 32768};
-        for (int i = 0; i < (quick ? 1 : 3); ++i) bench_quant(ctx, cache_lengths[i], &sum, rounds, min_time);
+        if (quant_keys > 0) bench_quant(ctx, quant_keys, &sum, rounds, min_time);
+        else
+            for (int i = 0; i < (quick ? 1 : 3); ++i) bench_quant(ctx, cache_lengths[i], &sum, rounds, min_time);
     }
     free(x);
     fa_context_destroy(ctx);
