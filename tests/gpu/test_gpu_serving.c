@@ -277,7 +277,7 @@ static float quant_uniform(void)
 static void quant_host_fill(quant_host *h, const quant_case *c)
 {
     for (size_t x = 0; x < sizeof h->kc; ++x) {
-        const uint8_t byte = (uint8_t)(quant_uniform() * 127.0f);
+        const uint8_t byte = (uint8_t)(int)(quant_uniform() * 127.0f); /* via int: a negative float to uint8_t is undefined */
         h->kc[x] = c->k == FA_DTYPE_FP8_E4M3 && (byte & 0x7f) == 0x7f ? 0x3c : byte; /* no NaN codes */
         h->vc[x] = (uint8_t)((x * 37u + 11u) % 120u); /* E5M2 codes below 0x78: finite */
     }
