@@ -75,6 +75,12 @@ FA_HD int64_t fa_cache_scale_index(int64_t slot_b, int64_t slot_s, int64_t h, in
     return (slot_b * positions + slot_s) * heads_kv + h;
 }
 
+/* The FP8 descale of sequence b's kv head h (descales [batch, heads_kv], NULL = 1). */
+FA_HD float fa_cache_descale(const float *descales, int64_t b, int64_t heads_kv, int64_t h)
+{
+    return descales ? descales[b * heads_kv + h] : 1.0f;
+}
+
 /* Query rows of sequence b of a problem whose queries may be packed (vl->batch > 0: rows
  * [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of batch 0) or padded ([batch, seqlen_q]). */
 FA_HD int64_t fa_sequence_queries(const fa_varlen *vl, int64_t seqlen_q, int64_t b)

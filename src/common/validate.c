@@ -63,13 +63,21 @@ static fa_status check_tensor(const char *name, const fa_tensor *t, int quantise
 
 fa_status fa_validate_tensor(const char *name, const fa_tensor *t, fa_tensor *out) { return check_tensor(name, t, 0, out); }
 
-fa_status fa_validate_same_shape(const char *name, const fa_tensor *t, const char *ref_name, const fa_tensor *ref)
+/* The four sizes of t equal ref's (dtypes may differ: a quantised cache's k and v, their new tokens). */
+static fa_status check_same_sizes(const char *name, const fa_tensor *t, const char *ref_name, const fa_tensor *ref)
 {
     if (t->batch != ref->batch || t->seqlen != ref->seqlen || t->heads != ref->heads || t->head_dim != ref->head_dim)
         return INVALID("%s: shape [%lld, %lld, %lld, %lld] differs from %s [%lld, %lld, %lld, %lld]", name,
                        (long long)t->batch, (long long)t->seqlen, (long long)t->heads, (long long)t->head_dim,
                        ref_name, (long long)ref->batch, (long long)ref->seqlen, (long long)ref->heads,
                        (long long)ref->head_dim);
+    return FA_SUCCESS;
+}
+
+fa_status fa_validate_same_shape(const char *name, const fa_tensor *t, const char *ref_name, const fa_tensor *ref)
+{
+    const fa_status st = check_same_sizes(name, t, ref_name, ref);
+    if (st != FA_SUCCESS) return st;
     if (t->dtype != ref->dtype) return INVALID("%s: dtype differs from %s", name, ref_name);
     return FA_SUCCESS;
 }
@@ -479,9 +487,7 @@ static fa_status check_cache(const fa_attention_desc *desc, const fa_kv_cache *c
     if (!cache) return INVALID("cache: is NULL");
     if ((st = check_tensor("cache->k", &cache->k, 1, &p->k)) || (st = check_tensor("cache->v", &cache->v, 1, &p->v)))
         return st;
-    fa_tensor v_as_k = cache->v; /* k and v may differ in dtype only */
-    v_as_k.dtype = cache->k.dtype;
-    if ((st = fa_validate_same_shape("cache->v", &v_as_k, "cache->k", &cache->k))) return st;
+    if ((st = check_same_sizes("cache->v", &cache->v, "cache->k", &cache->k))) return st;
     if (cache->k.dtype != dtype && !fa_dtype_quantised(cache->k.dtype))
         return INVALID("cache->k: dtype differs from q (and is not a quantised type)");
     if (cache->v.dtype != dtype && !fa_dtype_quantised(cache->v.dtype))
@@ -524,9 +530,7 @@ static fa_status check_new_tokens(const fa_tensor *k_new, const fa_tensor *v_new
     if (!k_new) return FA_SUCCESS;
     if ((st = fa_validate_tensor("k_new", k_new, &kp->k_new)) || (st = fa_validate_tensor("v_new", v_new, &kp->v_new)))
         return st;
-    fa_tensor v_as_k = *v_new; /* k_new and v_new may differ in dtype only (towards quantised caches) */
-    v_as_k.dtype = k_new->dtype;
-    if ((st = fa_validate_same_shape("v_new", &v_as_k, "k_new", k_new))) return st;
+    if ((st = check_same_sizes("v_new", v_new, "k_new", k_new))) return st;
     if (k_new->batch != batch || k_new->heads != cache->k.heads || k_new->head_dim != cache->k.head_dim)
         return INVALID("k_new: shape [%lld, %lld, %lld, %lld] must be [batch %lld, seqlen_new, heads_kv %lld, %lld]",
                        (long long)k_new->batch, (long long)k_new->seqlen, (long long)k_new->heads,

@@ -184,7 +184,7 @@ static void apply_scales(const fa_kv_problem *kp, const fa_tensor *cache, const 
  * for E4M3 the 2^8 the kernels leave out (kernels.h); 1 for any other tensor. */
 static float fp8_factor(const fa_tensor *cache, const float *descales, int64_t b, int64_t hk)
 {
-    const float descale = fa_dtype_fp8(cache->dtype) && descales ? descales[b * cache->heads + hk] : 1.0f;
+    const float descale = fa_dtype_fp8(cache->dtype) ? fa_cache_descale(descales, b, cache->heads, hk) : 1.0f;
     return cache->dtype == FA_DTYPE_FP8_E4M3 ? descale * 0x1p8f : descale;
 }
 
@@ -394,6 +394,35 @@ static void merge_head(const fa_kv_problem *kp, const fa_cpu_kernels *kern, cons
     }
 }
 
+/* Every (unit, chunk) task, then every (unit, kv head) merge, on `threads` threads, each with its
+ * per_thread bytes of scratch. */
+static void run_tasks(const fa_kv_problem *kp, const fa_cpu_kernels *kern, const decode_plan *plan, int threads,
+                      int64_t tasks, const int64_t *task_first, const int64_t *task_unit, const size_t *unit_partials,
+                      float *partials, char *scratch)
+{
+    const fa_problem *p = &kp->attn;
+    const size_t per_thread = scratch_bytes(p);
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        const int me = omp_get_thread_num();
+#else
+        const int me = 0;
+#endif
+        decode_scratch w;
+        scratch_carve(scratch + (size_t)me * per_thread, p, &w);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tasks; ++t) {
+            const int64_t u = task_unit[t];
+            chunk_task(kp, kern, plan, u, t - task_first[u], &w, partials + unit_partials[u]);
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < plan->units * p->shape.heads_kv; ++t)
+            merge_head(kp, kern, plan, t / p->shape.heads_kv, t % p->shape.heads_kv,
+                       partials + unit_partials[t / p->shape.heads_kv], w.acc);
+    }
+}
+
 fa_status fa_cpu_decode(void *state, const fa_kv_problem *kp)
 {
     const fa_cpu_state *s = state;
@@ -424,48 +453,20 @@ fa_status fa_cpu_decode(void *state, const fa_kv_problem *kp)
     int64_t *task_unit = fa_host_scratch_alloc((size_t)(tasks ? tasks : 1) * sizeof(int64_t));
     float *partials = fa_host_scratch_alloc((unit_partials[plan.units] ? unit_partials[plan.units] : 1) * sizeof(float));
     char *scratch = fa_host_scratch_alloc(per_thread * (size_t)threads);
-    if (!task_unit || !partials || !scratch) {
-        fa_host_scratch_free(task_first);
-        fa_host_scratch_free(unit_partials);
-        fa_host_scratch_free(task_unit);
-        fa_host_scratch_free(partials);
-        fa_host_scratch_free(scratch);
-        return fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_forward_kvcache: cannot allocate %lld partial tiles",
-                            (long long)tasks);
-    }
-    for (int64_t u = 0; u < plan.units; ++u)
-        for (int64_t t = task_first[u]; t < task_first[u + 1]; ++t) task_unit[t] = u;
-    if (fa_cpu_kvcache_append(kp) != FA_SUCCESS) {
-        fa_host_scratch_free(task_first);
-        fa_host_scratch_free(unit_partials);
-        fa_host_scratch_free(task_unit);
-        fa_host_scratch_free(partials);
-        fa_host_scratch_free(scratch);
-        return FA_ERROR_OUT_OF_MEMORY;
-    }
-#pragma omp parallel num_threads(threads)
-    {
-#ifdef _OPENMP
-        const int me = omp_get_thread_num();
-#else
-        const int me = 0;
-#endif
-        decode_scratch w;
-        scratch_carve(scratch + (size_t)me * per_thread, p, &w);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; ++t) {
-            const int64_t u = task_unit[t];
-            chunk_task(kp, s->kernels, &plan, u, t - task_first[u], &w, partials + unit_partials[u]);
-        }
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < plan.units * p->shape.heads_kv; ++t)
-            merge_head(kp, s->kernels, &plan, t / p->shape.heads_kv, t % p->shape.heads_kv,
-                       partials + unit_partials[t / p->shape.heads_kv], w.acc);
+    /* The append writes nothing when it fails (out of memory, before its first row). */
+    const fa_status st = task_unit && partials && scratch
+                             ? fa_cpu_kvcache_append(kp)
+                             : fa_set_error(FA_ERROR_OUT_OF_MEMORY, "fa_forward_kvcache: cannot allocate %lld partial tiles",
+                                            (long long)tasks);
+    if (st == FA_SUCCESS) {
+        for (int64_t u = 0; u < plan.units; ++u)
+            for (int64_t t = task_first[u]; t < task_first[u + 1]; ++t) task_unit[t] = u;
+        run_tasks(kp, s->kernels, &plan, threads, tasks, task_first, task_unit, unit_partials, partials, scratch);
     }
     fa_host_scratch_free(scratch);
     fa_host_scratch_free(partials);
     fa_host_scratch_free(task_unit);
     fa_host_scratch_free(unit_partials);
     fa_host_scratch_free(task_first);
-    return FA_SUCCESS;
+    return st;
 }

@@ -51,6 +51,16 @@ static void store_values(const float *x, int64_t d, fa_dtype dtype, void *dst, f
     }
 }
 
+/* New token t of sequence b, kv head h of k_new or v_new (fresh) as f32, rotated when asked. */
+static void new_row_values(const fa_kv_problem *kp, const fa_tensor *fresh, int rotated, int64_t b, int64_t t, int64_t h,
+                           float *row)
+{
+    int64_t nb, nt;
+    fa_cache_new_row(&kp->cache, b, t, &nb, &nt);
+    fa_cpu_load_rows(fresh, nb, nt, h, 1, row, kp->attn.shape.head_dim);
+    if (rotated) fa_rotary_apply(&kp->cache, fa_rotary_new_position(&kp->cache, b, t), row);
+}
+
 /* New token t of sequence b, kv head h of k_new (rotated: its keys) or v_new into the cache at (sb,
  * ss): copied as it is when it needs neither rotation nor quantisation, else through f32 (row: d
  * floats of scratch). */
@@ -67,10 +77,9 @@ static void store_row(const fa_kv_problem *kp, const fa_tensor *cache, float *sc
         memcpy(dst, fa_row_ptr(fresh, nb, nt, h), (size_t)d * fa_dtype_size(cache->dtype));
         return;
     }
-    fa_cpu_load_rows(fresh, nb, nt, h, 1, row, d);
-    if (rotated) fa_rotary_apply(c, fa_rotary_new_position(c, b, t), row);
+    new_row_values(kp, fresh, rotated, b, t, h, row);
     float *scale = scales ? scales + fa_cache_scale_index(sb, ss, h, cache->seqlen, cache->heads) : NULL;
-    store_values(row, d, cache->dtype, dst, scale, descales ? descales[b * cache->heads + h] : 1.0f);
+    store_values(row, d, cache->dtype, dst, scale, fa_cache_descale(descales, b, cache->heads, h));
 }
 
 fa_status fa_cpu_kvcache_append(const fa_kv_problem *kp)
@@ -112,8 +121,7 @@ void fa_cpu_kvcache_cached_values(const fa_kv_problem *kp, const fa_tensor *cach
     int64_t sb, ss;
     fa_cpu_kvcache_slot(kp, b, j, &sb, &ss);
     const float factor = cache->dtype == FA_DTYPE_I8 ? scales[fa_cache_scale_index(sb, ss, h, cache->seqlen, cache->heads)]
-                         : descales                 ? descales[b * cache->heads + h]
-                                                    : 1.0f;
+                                                    : fa_cache_descale(descales, b, cache->heads, h);
     load_values(fa_row_ptr(cache, sb, ss, h), kp->attn.shape.head_dim, cache->dtype, factor, row);
 }
 
@@ -121,14 +129,10 @@ void fa_cpu_kvcache_new_values(const fa_kv_problem *kp, const fa_tensor *cache, 
                                const fa_tensor *fresh, int rotated, int64_t b, int64_t t, int64_t h, float *row,
                                void *tmp)
 {
-    const fa_cache_section *c = &kp->cache;
     const int64_t d = kp->attn.shape.head_dim;
-    int64_t nb, nt;
-    fa_cache_new_row(c, b, t, &nb, &nt);
-    fa_cpu_load_rows(fresh, nb, nt, h, 1, row, d);
-    if (rotated) fa_rotary_apply(c, fa_rotary_new_position(c, b, t), row);
+    new_row_values(kp, fresh, rotated, b, t, h, row);
     float scale = 0.0f;
-    const float descale = descales ? descales[b * cache->heads + h] : 1.0f;
+    const float descale = fa_cache_descale(descales, b, cache->heads, h);
     store_values(row, d, cache->dtype, tmp, &scale, descale);
     load_values(tmp, d, cache->dtype, cache->dtype == FA_DTYPE_I8 ? scale : descale, row);
 }

@@ -75,12 +75,12 @@ __device__ __forceinline__ float rotated(const fa_cache_section &c, int64_t pos,
 {
     const float own = load(x);
     if (!c.rotary_cos || x >= c.rotary_dim) return own;
-    const int64_t half = c.rotary_dim / 2;
-    const int first = c.rotary_interleaved ? x % 2 == 0 : x < half;
-    const int64_t f = c.rotary_interleaved ? x / 2 : (first ? x : x - half);
-    const int64_t pair = c.rotary_interleaved ? (first ? x + 1 : x - 1) : (first ? x + half : x - half);
-    const float other = load(pair), cs = c.rotary_cos[pos * half + f], sn = c.rotary_sin[pos * half + f];
-    return first ? own * cs - other * sn : own * cs + other * sn;
+    int is_first;
+    const int64_t f = fa_rotary_angle_of(&c, x, &is_first), half = c.rotary_dim / 2;
+    int64_t first, second;
+    fa_rotary_pair(&c, f, &first, &second);
+    return fa_rotary_rotate(own, load(is_first ? second : first), is_first, c.rotary_cos[pos * half + f],
+                            c.rotary_sin[pos * half + f]);
 }
 
 /* Element x of new token t of sequence b, kv head h, as the cache is to hold it before
@@ -128,8 +128,7 @@ __device__ void store_new_row(const fa_gpu_params &p, int keys, int64_t b, int64
         float *scales = keys ? p.cache.k_scale : p.cache.v_scale;
         if (threadIdx.x == 0) scales[fa_cache_scale_index(slot_b, slot_s, h, p.cache_positions, p.shape.heads_kv)] = scale;
     }
-    const float *descales = keys ? p.cache.k_descale : p.cache.v_descale;
-    const float descale = descales ? descales[b * p.shape.heads_kv + h] : 1.0f;
+    const float descale = fa_cache_descale(keys ? p.cache.k_descale : p.cache.v_descale, b, p.shape.heads_kv, h);
     for (int64_t x = threadIdx.x; x < d; x += blockDim.x) {
         const float v = new_value(p, keys, b, t, h, x);
         if (dtype == FA_DTYPE_I8) static_cast<int8_t *>(dst_t.data)[dst + x] = fa_f32_to_i8(v, scale);
@@ -168,10 +167,9 @@ __device__ __forceinline__ float cache_value(const fa_gpu_params &p, int keys, i
                             scales[fa_cache_scale_index(slot_b, slot_s, h, p.cache_positions, p.shape.heads_kv)]);
     }
     if (dtype == FA_DTYPE_FP8_E4M3 || dtype == FA_DTYPE_FP8_E5M2) {
-        const float *descales = keys ? p.cache.k_descale : p.cache.v_descale;
         const uint8_t code = static_cast<const uint8_t *>(t.data)[at];
         const float value = dtype == FA_DTYPE_FP8_E4M3 ? fa_fp8_e4m3_to_f32(code) : fa_fp8_e5m2_to_f32(code);
-        return descales ? value * descales[b * p.shape.heads_kv + h] : value;
+        return value * fa_cache_descale(keys ? p.cache.k_descale : p.cache.v_descale, b, p.shape.heads_kv, h);
     }
     return fa_load_elem(t.data, at, dtype);
 }
