@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Writes the fuzz_kvcache seeds of the 0.6 choices (quantised caches, rotary, fa_kvcache_append) into
-fuzz/corpus-kvcache/: each is an older seed with the extension bytes appended (fuzz/README.md,
+fuzz/corpus/fuzz_kvcache/: each is an older seed with the extension bytes appended (fuzz/README.md,
 "then (0.6)"), and for one the corruption flag set. Run from the repository root."""
 import os
 
-CORPUS = "fuzz/corpus-kvcache"
+CORPUS = "fuzz/corpus/fuzz_kvcache"
 I8, E4M3, E5M2 = 1, 2, 3
 ROTARY, APPEND, BAD_SCALES, DESCALES = 16, 32, 64, 128
 

@@ -73,7 +73,7 @@ static void make_tensor(reader *r, int strided, fa_tensor *t, fa_dtype dtype, in
     t->data = malloc((size_t)last * (dtype == FA_DTYPE_F32 ? 4 : 2));
 }
 
-static size_t offset_of(const fa_tensor *t, int64_t b, int64_t i, int64_t h, int64_t c)
+FUZZ_CHECKER static size_t offset_of(const fa_tensor *t, int64_t b, int64_t i, int64_t h, int64_t c)
 {
     const int64_t packed = t->stride_batch == 0;
     const int64_t sb = packed ? t->seqlen * t->heads * t->head_dim : t->stride_batch;
@@ -82,7 +82,7 @@ static size_t offset_of(const fa_tensor *t, int64_t b, int64_t i, int64_t h, int
     return (size_t)(b * sb + i * ss + h * sh + c);
 }
 
-static double get(const fa_tensor *t, size_t o)
+FUZZ_CHECKER static double get(const fa_tensor *t, size_t o)
 {
     switch (t->dtype) {
     case FA_DTYPE_F16: return fa_f16_to_f32(((const uint16_t *)t->data)[o]);
@@ -91,7 +91,7 @@ static double get(const fa_tensor *t, size_t o)
     }
 }
 
-static void set(fa_tensor *t, size_t o, float x)
+FUZZ_CHECKER static void set(fa_tensor *t, size_t o, float x)
 {
     switch (t->dtype) {
     case FA_DTYPE_F16: ((uint16_t *)t->data)[o] = fa_f32_to_f16(x); break;
@@ -103,7 +103,7 @@ static void set(fa_tensor *t, size_t o, float x)
 static size_t elements(const fa_tensor *t) { return (size_t)(t->batch * t->seqlen * t->heads * t->head_dim); }
 
 /* Packed double copy of a tensor (the oracle's layout), and the largest magnitude. */
-static double *to_doubles(const fa_tensor *t, double *max_abs)
+FUZZ_CHECKER static double *to_doubles(const fa_tensor *t, double *max_abs)
 {
     double *x = malloc(elements(t) * sizeof *x);
     size_t n = 0;
@@ -118,7 +118,7 @@ static double *to_doubles(const fa_tensor *t, double *max_abs)
     return x;
 }
 
-static void fill(fa_tensor *t, uint64_t *rng, double amplitude)
+FUZZ_CHECKER static void fill(fa_tensor *t, uint64_t *rng, double amplitude)
 {
     for (int64_t b = 0; b < t->batch; ++b)
         for (int64_t i = 0; i < t->seqlen; ++i)
@@ -129,14 +129,14 @@ static void fill(fa_tensor *t, uint64_t *rng, double amplitude)
                 }
 }
 
-static void poison(fa_tensor *t)
+FUZZ_CHECKER static void poison(fa_tensor *t)
 {
     /* 0xff bytes: a NaN in every dtype, never produced from finite inputs. */
     const int64_t last = offset_of(t, t->batch - 1, t->seqlen - 1, t->heads - 1, t->head_dim);
     memset(t->data, 0xff, (size_t)last * (t->dtype == FA_DTYPE_F32 ? 4 : 2));
 }
 
-static int untouched(const fa_tensor *t)
+FUZZ_CHECKER static int untouched(const fa_tensor *t)
 {
     const int64_t last = offset_of(t, t->batch - 1, t->seqlen - 1, t->heads - 1, t->head_dim);
     return all_ff(t->data, (size_t)last * (t->dtype == FA_DTYPE_F32 ? 4 : 2));
@@ -319,7 +319,7 @@ static void report(const char *what, double err, double tol)
 }
 
 /* Max abs difference between a tensor and the oracle's packed doubles. */
-static double max_error(const fa_tensor *t, const double *want)
+FUZZ_CHECKER static double max_error(const fa_tensor *t, const double *want)
 {
     double *got = to_doubles(t, NULL), err = 0.0;
     for (size_t i = 0; i < elements(t); ++i) {
@@ -330,14 +330,14 @@ static double max_error(const fa_tensor *t, const double *want)
     return err;
 }
 
-static double max_abs(const double *x, size_t n)
+FUZZ_CHECKER static double max_abs(const double *x, size_t n)
 {
     double m = 0.0;
     for (size_t i = 0; i < n; ++i) m = fabs(x[i]) > m ? fabs(x[i]) : m;
     return m;
 }
 
-static void check_against_oracle(problem *p, int backward)
+FUZZ_CHECKER static void check_against_oracle(problem *p, int backward)
 {
     const oracle_shape *s = &p->s;
     double vmax = 0.0, qmax = 0.0, kmax = 0.0;

@@ -116,7 +116,7 @@ static void make_tensor(fa_tensor *t, fa_dtype dtype, int64_t batch, int64_t seq
     t->data = malloc(elements(t) * fa_dtype_size(dtype));
 }
 
-static double get(fa_dtype dtype, const void *data, size_t o)
+FUZZ_CHECKER static double get(fa_dtype dtype, const void *data, size_t o)
 {
     switch (dtype) {
     case FA_DTYPE_F16: return fa_f16_to_f32(((const uint16_t *)data)[o]);
@@ -125,7 +125,7 @@ static double get(fa_dtype dtype, const void *data, size_t o)
     }
 }
 
-static void set(fa_dtype dtype, void *data, size_t o, float x)
+FUZZ_CHECKER static void set(fa_dtype dtype, void *data, size_t o, float x)
 {
     switch (dtype) {
     case FA_DTYPE_F16: ((uint16_t *)data)[o] = fa_f32_to_f16(x); break;
@@ -134,18 +134,18 @@ static void set(fa_dtype dtype, void *data, size_t o, float x)
     }
 }
 
-static float uniform(uint64_t *rng, double amplitude)
+FUZZ_CHECKER static float uniform(uint64_t *rng, double amplitude)
 {
     return (float)(((double)(splitmix(rng) >> 11) * 0x1p-53 * 2.0 - 1.0) * amplitude);
 }
 
-static void fill(fa_tensor *t, uint64_t *rng, double amplitude)
+FUZZ_CHECKER static void fill(fa_tensor *t, uint64_t *rng, double amplitude)
 {
     for (size_t o = 0; t->data && o < elements(t); ++o) set(t->dtype, t->data, o, uniform(rng, amplitude));
 }
 
 /* Where cache position pos of sequence b lives: the element offset of (pos, head h, channel 0). */
-static size_t cache_offset(const problem *p, int64_t b, int64_t pos, int64_t h)
+FUZZ_CHECKER static size_t cache_offset(const problem *p, int64_t b, int64_t pos, int64_t h)
 {
     int64_t row, s;
     if (p->paged) {
@@ -159,20 +159,20 @@ static size_t cache_offset(const problem *p, int64_t b, int64_t pos, int64_t h)
 }
 
 /* Element offset of new token t of sequence b, head h, in k_new/v_new. */
-static size_t new_offset(const problem *p, int64_t b, int64_t t, int64_t h)
+FUZZ_CHECKER static size_t new_offset(const problem *p, int64_t b, int64_t t, int64_t h)
 {
     const int64_t row = p->ragged ? (p->cu_new ? p->cu_k[b] : p->cu_q[b]) + t : b * p->seqlen_new + t;
     return (size_t)((row * p->heads_kv + h) * p->d);
 }
 
 /* Element offset of query row i of sequence b, head h, in q/out. */
-static size_t query_offset(const problem *p, int64_t b, int64_t i, int64_t h)
+FUZZ_CHECKER static size_t query_offset(const problem *p, int64_t b, int64_t i, int64_t h)
 {
     const int64_t row = p->ragged ? p->cu_q[b] + i : b * p->seqlen_q + i;
     return (size_t)((row * p->heads_q + h) * p->d);
 }
 
-static size_t lse_index(const problem *p, int64_t b, int64_t i, int64_t h)
+FUZZ_CHECKER static size_t lse_index(const problem *p, int64_t b, int64_t i, int64_t h)
 {
     return p->ragged ? (size_t)(h * p->total_q + p->cu_q[b] + i) : (size_t)((b * p->heads_q + h) * p->seqlen_q + i);
 }
@@ -454,7 +454,7 @@ static void decode(reader *r, problem *p, uint8_t flags)
 
 /* A row of d values quantised (or stored) into cache tensor t at element offset o, with its int8
  * scale at scale[o / d] or its FP8 descale. */
-static void store_row(const problem *p, fa_dtype dt, void *data, float *scale, float descale, size_t o, const float *x)
+FUZZ_CHECKER static void store_row(const problem *p, fa_dtype dt, void *data, float *scale, float descale, size_t o, const float *x)
 {
     if (dt == FA_DTYPE_I8) {
         float absmax = 0.0f;
@@ -472,13 +472,13 @@ static void store_row(const problem *p, fa_dtype dt, void *data, float *scale, f
     }
 }
 
-static float descale_of(const float *descale, const problem *p, int64_t b, int64_t h)
+FUZZ_CHECKER static float descale_of(const float *descale, const problem *p, int64_t b, int64_t h)
 {
     return descale ? descale[b * p->heads_kv + h] : 1.0f;
 }
 
 /* Value of cache element o of sequence b, head h: dequantised for a quantised cache. */
-static double cache_value(const problem *p, int which_v, const void *data, const float *scale, int64_t b, int64_t h,
+FUZZ_CHECKER static double cache_value(const problem *p, int which_v, const void *data, const float *scale, int64_t b, int64_t h,
                           size_t o)
 {
     const fa_dtype dt = which_v ? p->vdt : p->kdt;
@@ -493,7 +493,7 @@ static double cache_value(const problem *p, int which_v, const void *data, const
 
 /* Scales, descales, rotary tables (from the value seed), then the cache: 0xff bytes (NaN in every
  * dtype and FP8 format, code -1 with a NaN scale for int8) wherever no sequence has a cached key. */
-static void fill_cache(problem *p, uint64_t *rng)
+FUZZ_CHECKER static void fill_cache(problem *p, uint64_t *rng)
 {
     const size_t n = elements(&p->cache.k);
     p->k_bytes = n * fa_dtype_size(p->kdt);
@@ -736,7 +736,7 @@ static fa_status call(fa_context *ctx, problem *p)
 
 /* x (d values) rotated in double to position pos by the tables' f32 entries (dims past rotary_dim
  * unchanged). */
-static void rotate(const problem *p, int64_t pos, double *x)
+FUZZ_CHECKER static void rotate(const problem *p, int64_t pos, double *x)
 {
     const int64_t half = p->rot.rotary_dim / 2;
     for (int64_t f = 0; f < half; ++f) {
@@ -752,7 +752,7 @@ static void rotate(const problem *p, int64_t pos, double *x)
  * row exactly, bytes and int8 scale; a rotated key within the rounding of the f32 rotation and the
  * storage (or quantisation) step. want/want_scale are the expected arrays: the row is written there
  * (the library's bytes once they pass the tolerance check). */
-static void check_row(const problem *p, int which_v, int64_t b, int64_t t, int64_t h, uint8_t *want, float *want_scale)
+FUZZ_CHECKER static void check_row(const problem *p, int which_v, int64_t b, int64_t t, int64_t h, uint8_t *want, float *want_scale)
 {
     const fa_dtype dt = which_v ? p->vdt : p->kdt;
     const size_t es = fa_dtype_size(dt), to = cache_offset(p, b, p->seqs[b].cached + t, h);
@@ -807,7 +807,7 @@ static void check_row(const problem *p, int which_v, int64_t b, int64_t t, int64
 /* The cache after the append: the copy from before with new token t of sequence b at position
  * cache_seqlens[b] + t of its row or pages (quantised, and rotated for k, by check_row); compared
  * byte for byte, int8 scale arrays too, so that a write anywhere else shows. */
-static void check_cache(const problem *p)
+FUZZ_CHECKER static void check_cache(const problem *p)
 {
     uint8_t *k = malloc(p->k_bytes), *v = malloc(p->v_bytes);
     float *ks = p->k_scale ? malloc(p->scale_count * sizeof(float)) : NULL;
@@ -842,7 +842,7 @@ static void check_cache(const problem *p)
 }
 
 /* 1 when the cache (codes and int8 scales) is byte-identical to its copy from before the call. */
-static int cache_untouched(const problem *p)
+FUZZ_CHECKER static int cache_untouched(const problem *p)
 {
     return !memcmp(p->cache.k.data, p->k_before, p->k_bytes) && !memcmp(p->cache.v.data, p->v_before, p->v_bytes) &&
            (!p->k_scale || !memcmp(p->k_scale, p->k_scale_before, p->scale_count * sizeof(float))) &&
@@ -850,7 +850,7 @@ static int cache_untouched(const problem *p)
 }
 
 /* Restores the cache (and int8 scales) from before the call. */
-static void restore_cache(problem *p)
+FUZZ_CHECKER static void restore_cache(problem *p)
 {
     memcpy(p->cache.k.data, p->k_before, p->k_bytes);
     memcpy(p->cache.v.data, p->v_before, p->v_bytes);
@@ -860,7 +860,7 @@ static void restore_cache(problem *p)
 
 /* Each sequence alone through the oracle: its keys are cache positions leftpad .. cached - 1, then
  * its new tokens; its queries are aligned at the end of them. */
-static void check_against_oracle(const problem *p)
+FUZZ_CHECKER static void check_against_oracle(const problem *p)
 {
     const fa_dtype dt = p->dtype;
     double qmax = 0.0, kmax = 0.0, vmax = 0.0;

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # CI step: build the libFuzzer targets (clang, -fsanitize=fuzzer,address,undefined) against a
-# coverage-instrumented, sanitized core library, then fuzz each for a bounded time starting from
-# its committed seed corpus: fuzz_attention (fa_forward/fa_backward, fuzz/corpus), then
-# fuzz_kvcache (fa_forward_kvcache_ex, fuzz/corpus-kvcache). Any crash, sanitizer report,
-# unexpected status or mismatch with the oracle fails the step and leaves the reproducer in
-# build-fuzz/crash-*; the step fails when either target fails.
+# coverage-instrumented, sanitized core library, replay every input that once failed a target, then
+# fuzz each target for its share of a bounded time starting from its committed seed corpus (the
+# targets table below; fuzz/README.md says what each one drives). Any crash, sanitizer report,
+# unexpected status, write on failure or mismatch with the oracle fails the step and leaves the
+# reproducer in build-fuzz/crash-*; the step fails when any target fails.
 # Usage: scripts/ci-fuzz.sh [source dir] [seconds (default 60)]
-#   The seconds are the total: two thirds for fuzz_attention, the rest for fuzz_kvcache
-#   (60 -> 40 s + 20 s; each target gets at least 1 s).
+#   The seconds are the total, shared by the targets' weights (each gets at least 1 s).
 #   FA_FUZZ_JOBS=n          parallel fuzzing jobs (default 1)
 #   FA_FUZZ_EXTRA_FLAGS=... extra compiler flags for a local exploration build (e.g.
 #                           -fno-sanitize=alignment to fuzz past a known, reported bug); CI sets none
@@ -16,6 +15,13 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 seconds="${2:-60}"
 build=build-fuzz
+# One line per target and its share of the time. Target T is built from fuzz/T.c, starts from its
+# committed seeds in fuzz/corpus/T and first replays the inputs that once failed it,
+# fuzz/regressions/T (new corpus entries go to build-fuzz/corpus-T, not the repo).
+targets=(
+  "fuzz_attention 2"
+  "fuzz_kvcache 1"
+)
 sanitize="-fsanitize=address,undefined ${FA_FUZZ_EXTRA_FLAGS:-}"
 args=(-Dbuildtype=debugoptimized -Db_lundef=false -Dcuda=disabled -Dhip=disabled -Dbench=false -Dtests=false
       -Dopenmp=disabled "-Dc_args=$sanitize -fsanitize=fuzzer-no-link -fno-sanitize-recover=all"
@@ -24,11 +30,21 @@ if [ -f "$build/build.ninja" ]; then meson configure "$build" "${args[@]}" >/dev
 else CC=clang meson setup "$build" "${args[@]}" >/dev/null; fi
 meson compile -C "$build" -j "${FA_CI_JOBS:-2}" >/dev/null
 
-# The core archive plus any per-ISA kernel archives; the oracle is compiled into the targets.
+# The core archive plus any per-ISA kernel archives. The oracle and the test helpers are built
+# once without the fuzzer's coverage instrumentation: they only check results, and instrumented
+# they took most of each execution's time (comparison callbacks in the fp64 loops).
 mapfile -t archives < <(find "$build/src" -name '*.a' | sort)
-for target in fuzz_attention fuzz_kvcache; do
+mkdir -p "$build/support"
+support=()
+for helper in oracle test_arrays test_util; do
+  clang -g -O2 $sanitize -fno-sanitize-recover=all -std=c11 -Iinclude -Isrc -Itests \
+    -c "tests/$helper.c" -o "$build/support/$helper.o"
+  support+=("$build/support/$helper.o")
+done
+for entry in "${targets[@]}"; do
+  read -r target _ <<<"$entry"
   clang -g -O1 -fsanitize=fuzzer $sanitize -fno-sanitize-recover=all -std=c11 \
-    -Iinclude -Isrc -Itests "fuzz/$target.c" tests/oracle.c tests/test_arrays.c tests/test_util.c \
+    -Iinclude -Isrc -Itests "fuzz/$target.c" "${support[@]}" \
     -Wl,--start-group "${archives[@]}" -Wl,--end-group -lcmocka -lm -ldl -lpthread -o "$build/$target"
 done
 
@@ -42,9 +58,10 @@ replay() {
     { cat "$build/$3"; echo "ci-fuzz: a regression input of $1 fails"; exit 1; }
   echo "ci-fuzz: ${#regressions[@]} regression inputs of $1 pass"
 }
-replay fuzz_attention fuzz/regressions regressions.log
-replay fuzz_kvcache fuzz/regressions-kvcache regressions-kvcache.log
-
+for entry in "${targets[@]}"; do
+  read -r target _ <<<"$entry"
+  replay "$target" "fuzz/regressions/$target" "regressions-$target.log"
+done
 jobs=()
 [ "${FA_FUZZ_JOBS:-1}" -gt 1 ] && jobs=(-jobs="$FA_FUZZ_JOBS" -workers="$FA_FUZZ_JOBS")
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -61,9 +78,12 @@ fuzz() {
   echo "ci-fuzz: $1 ran $(( $(date +%s) - start )) s, exit status $status (log: $build/$5)"
   return "$status"
 }
-attention_seconds=$(( seconds * 2 / 3 > 0 ? seconds * 2 / 3 : 1 ))
-kvcache_seconds=$(( seconds - attention_seconds > 0 ? seconds - attention_seconds : 1 ))
+total_weight=0
+for entry in "${targets[@]}"; do read -r _ weight <<<"$entry"; total_weight=$(( total_weight + weight )); done
 status=0
-fuzz fuzz_attention "$attention_seconds" corpus fuzz/corpus fuzz.log || status=$?
-fuzz fuzz_kvcache "$kvcache_seconds" corpus-kvcache fuzz/corpus-kvcache fuzz-kvcache.log || { s=$?; [ "$status" -ne 0 ] || status=$s; }
+for entry in "${targets[@]}"; do
+  read -r target weight <<<"$entry"
+  share=$(( seconds * weight / total_weight > 0 ? seconds * weight / total_weight : 1 ))
+  fuzz "$target" "$share" "corpus-$target" "fuzz/corpus/$target" "fuzz-$target.log" || { s=$?; [ "$status" -ne 0 ] || status=$s; }
+done
 exit "$status"
