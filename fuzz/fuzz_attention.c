@@ -418,7 +418,7 @@ static void expect_failure(fa_status st, fa_status expected, const char *call, i
         abort();
     }
     if (!outputs_untouched) {
-        fprintf(stderr, "fuzz_attention: %s failed validation but wrote outputs\n", call);
+        fprintf(stderr, "fuzz_attention: %s failed but wrote outputs\n", call);
         abort();
     }
 }
@@ -433,11 +433,11 @@ static int modifier_grads_untouched(const problem *p)
 static fa_status backward(fa_context *ctx, problem *p)
 {
     if (!p->desc.sinks && !p->desc.bias)
-        return fa_backward(ctx, &p->desc, &p->q, &p->k, &p->v, &p->out, &p->dout, p->lse, &p->dq, &p->dk, &p->dv);
+        return settled(ctx, fa_backward(ctx, &p->desc, &p->q, &p->k, &p->v, &p->out, &p->dout, p->lse, &p->dq, &p->dk, &p->dv));
     memset(p->dsinks, 0xff, sizeof p->dsinks);
     if (p->desc.bias) memset(p->dbias.data, 0xff, p->bias_elements * sizeof(float));
-    return fa_backward_ex(ctx, &p->desc, &p->q, &p->k, &p->v, &p->out, &p->dout, p->lse, &p->dq, &p->dk, &p->dv,
-                          p->desc.sinks ? p->dsinks : NULL, p->desc.bias ? &p->dbias : NULL);
+    return settled(ctx, fa_backward_ex(ctx, &p->desc, &p->q, &p->k, &p->v, &p->out, &p->dout, p->lse, &p->dq, &p->dk,
+                                       &p->dv, p->desc.sinks ? p->dsinks : NULL, p->desc.bias ? &p->dbias : NULL));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -457,13 +457,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const size_t fail_at = alloc_fault >= 1 && alloc_fault <= 4 ? alloc_fault : 0;
 
     fa_debug_fail_allocation(fail_at);
-    fa_status st = fa_forward(ctx, &p.desc, &p.q, &p.k, &p.v, &p.out, p.lse);
+    fa_status st = settled(ctx, fa_forward(ctx, &p.desc, &p.q, &p.k, &p.v, &p.out, p.lse));
     const size_t forward_allocations = fa_debug_fail_allocation(0);
     if (flags & F_CORRUPT) {
         expect_failure(st, FA_ERROR_INVALID_VALUE, "fa_forward", untouched(&out_as_allocated));
     } else if (fail_at && fail_at <= forward_allocations) {
         expect_failure(st, FA_ERROR_OUT_OF_MEMORY, "fa_forward", 1);
-        st = fa_forward(ctx, &p.desc, &p.q, &p.k, &p.v, &p.out, p.lse); /* must work again */
+        st = settled(ctx, fa_forward(ctx, &p.desc, &p.q, &p.k, &p.v, &p.out, p.lse)); /* must work again */
+    }
+    if (!(flags & F_CORRUPT) && refusal_allowed(st)) {
+        expect_failure(st, FA_ERROR_NOT_SUPPORTED, "fa_forward", untouched(&p.out));
+        free_problem(&p);
+        return 0;
     }
     if (!(flags & F_CORRUPT)) {
         if (st != FA_SUCCESS) {
@@ -486,6 +491,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (fail_at && fail_at <= backward_allocations) {
             expect_failure(st, FA_ERROR_OUT_OF_MEMORY, "fa_backward", 1);
             st = backward(ctx, &p);
+        }
+        if (refusal_allowed(st)) {
+            expect_failure(st, FA_ERROR_NOT_SUPPORTED, "fa_backward",
+                           untouched(&p.dq) && untouched(&p.dk) && untouched(&p.dv) && modifier_grads_untouched(&p));
+            free_problem(&p);
+            return 0;
         }
         if (st != FA_SUCCESS) {
             fprintf(stderr, "fuzz_attention: fa_backward failed on a valid problem: %s\n", fa_last_error());

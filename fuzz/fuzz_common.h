@@ -6,12 +6,18 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "flashattn.h"
 
 /* For the helpers that only compute expected results and compare: without the fuzzer's coverage
  * callbacks (they guide nothing, and in the fp64 comparison loops they cost most of the time). */
-#define FUZZ_CHECKER __attribute__((no_sanitize("coverage")))
+#if defined(__clang__)
+#  define FUZZ_CHECKER __attribute__((no_sanitize("coverage")))
+#else
+/* gcc has no such attribute (it would warn); its builds (fuzz/replay_main.c) have no fuzzer callbacks. */
+#  define FUZZ_CHECKER
+#endif
 
 typedef struct reader {
     const uint8_t *data;
@@ -58,13 +64,38 @@ static inline double tolerance(fa_dtype dtype, double magnitude, double score_ma
     return (storage_error(dtype) + 64.0 * 0x1p-24 * (1.0 + score_max)) * (1.0 + magnitude);
 }
 
-/* The CPU context every input runs on (one thread; created once). */
+/* The backend every input runs on: the CPU, or with FA_FUZZ_BACKEND=cuda|hip a GPU plugin (in CI the
+ * emulated one, through FLASHATTN_PLUGIN_DIR: its host code and kernels then see fuzzed inputs). */
+static inline fa_backend fuzz_backend(void)
+{
+    const char *name = getenv("FA_FUZZ_BACKEND");
+    if (!name || !name[0] || !strcmp(name, "cpu")) return FA_BACKEND_CPU;
+    if (!strcmp(name, "cuda")) return FA_BACKEND_CUDA;
+    if (!strcmp(name, "hip")) return FA_BACKEND_HIP;
+    fprintf(stderr, "%s: FA_FUZZ_BACKEND=%s: expected cpu, cuda or hip\n", FUZZ_TARGET, name);
+    abort();
+}
+
+/* A GPU plugin may refuse a valid problem it has no kernel for (FA_ERROR_NOT_SUPPORTED, with a
+ * message, nothing written); the CPU backend must run every valid problem. */
+static inline int refusal_allowed(fa_status st) { return st == FA_ERROR_NOT_SUPPORTED && fuzz_backend() != FA_BACKEND_CPU; }
+
+/* The call's status, or on a GPU that of the device-side checks it queued (the tables, slopes and
+ * sinks live in device memory: a failed check there makes the call write nothing and the next
+ * fa_synchronize return FA_ERROR_INVALID_VALUE). */
+static inline fa_status settled(fa_context *ctx, fa_status st) { return st == FA_SUCCESS ? fa_synchronize(ctx) : st; }
+
+/* The context every input runs on (one thread on the CPU; created once). Device memory of the
+ * emulated plugins is host memory, so the targets' host buffers serve as device buffers there; on a
+ * real GPU these targets would need device copies (not supported: run them emulated). */
 static inline fa_context *context(void)
 {
     static fa_context *ctx;
     if (!ctx) {
-        if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) != FA_SUCCESS || fa_context_set_num_threads(ctx, 1) != FA_SUCCESS) {
-            fprintf(stderr, "%s: no CPU context: %s\n", FUZZ_TARGET, fa_last_error());
+        const fa_backend backend = fuzz_backend();
+        if (fa_context_create(backend, 0, &ctx) != FA_SUCCESS ||
+            (backend == FA_BACKEND_CPU && fa_context_set_num_threads(ctx, 1) != FA_SUCCESS)) {
+            fprintf(stderr, "%s: no %s context: %s\n", FUZZ_TARGET, fa_backend_name(backend), fa_last_error());
             abort();
         }
     }
