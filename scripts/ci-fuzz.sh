@@ -21,6 +21,8 @@ build=build-fuzz
 targets=(
   "fuzz_attention 2"
   "fuzz_kvcache 1"
+  "fuzz_merge 1"
+  "fuzz_dropout_mask 1"
 )
 sanitize="-fsanitize=address,undefined ${FA_FUZZ_EXTRA_FLAGS:-}"
 args=(-Dbuildtype=debugoptimized -Db_lundef=false -Dcuda=disabled -Dhip=disabled -Dbench=false -Dtests=false
