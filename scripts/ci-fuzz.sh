@@ -21,6 +21,7 @@ build=build-fuzz
 targets=(
   "fuzz_attention 2"
   "fuzz_kvcache 1"
+  "fuzz_varlen 2"
   "fuzz_merge 1"
   "fuzz_dropout_mask 1"
 )
