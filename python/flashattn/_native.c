@@ -242,6 +242,16 @@ static int to_fa_tensor_as(const DLTensor *t, const char *name, int packed, int 
         shape[i] = i < lead ? 1 : t->shape[i - lead];
         given_strides[i] = i < lead || !t->strides ? 0 : t->strides[i - lead];
     }
+    /* Before anything is allocated from these sizes (an output shaped like q): a negative size or an
+     * element count past 64 bits is no tensor. */
+    int64_t count = t->dtype.bits / 8 ? t->dtype.bits / 8 : 1;
+    for (int i = 0; i < 4; ++i) {
+        if (shape[i] < 0)
+            return raise_value("%s: %s %lld is negative", name, packed && i == 1 ? "total_tokens" : dim_names[i],
+                               (long long)shape[i]), -1;
+        if (__builtin_mul_overflow(count, shape[i], &count))
+            return raise_value("%s: element count overflows 64 bits", name), -1;
+    }
     packed_strides[3] = 1;
     for (int i = 2; i >= 0; --i) packed_strides[i] = packed_strides[i + 1] * (shape[i + 1] > 0 ? shape[i + 1] : 1);
     for (int i = 0; i < 4; ++i) {
@@ -297,6 +307,8 @@ static int check_lse(const DLTensor *t, const char *name, const fa_tensor *q, in
     }
     if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1)
         return raise_type("%s: dtype must be float32", name), -1;
+    if (((uintptr_t)t->data + t->byte_offset) % sizeof(float) != 0) /* the C API reads it as float * */
+        return raise_value("%s: is not aligned to 4-byte floats", name), -1;
     int64_t expected = 1;
     for (int i = ndim - 1; t->strides && i >= 0; --i) {
         if (w[i] > 1 && t->strides[i] != expected) return raise_value("%s: must be contiguous", name), -1;
@@ -751,6 +763,8 @@ static int bind_int32_table(call *c, PyObject *obj, const char *name, int ndim, 
         char got[96];
         return raise_value("%s: expected shape %s, got %s", name, text, shape_text(t, got, sizeof got)), -1;
     }
+    if (((uintptr_t)t->data + t->byte_offset) % sizeof(int32_t) != 0) /* the C API reads it as int32_t * */
+        return raise_value("%s: is not aligned to 4-byte ints", name), -1;
     int64_t expected = 1;
     for (int i = ndim - 1; i >= 0; --i) {
         if (t->strides && t->shape[i] > 1 && t->strides[i] != expected) return raise_value("%s: must be contiguous", name), -1;
@@ -786,6 +800,8 @@ static int check_f32_packed(const DLTensor *t, const char *name, int ndim, const
         char buf[32];
         return raise_type("%s: dtype %s is not supported (float32)", name, dtype_name(t->dtype, buf, sizeof buf)), -1;
     }
+    if (((uintptr_t)t->data + t->byte_offset) % sizeof(float) != 0) /* the C API reads it as float * */
+        return raise_value("%s: is not aligned to 4-byte floats", name), -1;
     int64_t expected = 1;
     for (int i = ndim - 1; i >= 0; --i) {
         if (t->strides && shape[i] > 1 && t->strides[i] != expected) return raise_value("%s: must be contiguous", name), -1;
@@ -828,11 +844,11 @@ static int to_fa_bias(const DLTensor *t, const char *name, const int64_t target[
         int d = axis - (4 - t->ndim);
         int64_t size = d >= 0 ? t->shape[d] : 1;
         int64_t stride = d < 0 ? 0 : t->strides ? t->strides[d] : packed;
-        if (d >= 0) packed *= size;
         if (size != target[axis] && (size != 1 || axis == 3))
             return raise_value("%s: dimension %d has size %lld, which does not broadcast to %s = %lld%s", name, d,
                                (long long)size, axis_names[axis], (long long)target[axis],
                                axis == 3 ? " (the key axis cannot broadcast: expand it)" : ""), -1;
+        if (d >= 0) packed *= size; /* once the size is known to be the target's or 1: no overflow */
         if (axis == 3) {
             if (size > 1 && stride != 1)
                 return raise_value("%s: key-axis stride is %lld; it must be 1 (make the last dimension contiguous)",
