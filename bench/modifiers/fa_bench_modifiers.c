@@ -84,23 +84,28 @@ int main(int argc, char **argv)
         }
     }
     bench_cpu_threads = threads;
-    fa_context *ctx;
-    if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) || fa_context_set_num_threads(ctx, threads)) {
-        fprintf(stderr, "%s\n", fa_last_error());
-        return 1;
-    }
+    /* Every exit after this point goes through `done`, which frees everything (LeakSanitizer runs
+     * the benchmarks' smoke test in the sanitizer build). */
+    int status = 1;
+    fa_context *ctx = NULL;
     const size_t elems = (size_t)(n * heads * d), bias_elems = (size_t)(heads * n * n);
     float *q = malloc(elems * 4), *k = malloc(elems * 4), *v = malloc(elems * 4), *o = malloc(elems * 4);
     float *lse = malloc((size_t)(heads * n) * 4), *bias = malloc(bias_elems * 4);
     float *slopes = malloc((size_t)heads * 4), *sinks = malloc((size_t)heads * 4);
-    if (!q || !k || !v || !o || !lse || !bias || !slopes || !sinks) return 1;
+    uint16_t *bias_f16 = malloc(bias_elems * 2), *bias_bf16 = malloc(bias_elems * 2);
+    float *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    void *dbias32 = NULL, *dbias16 = NULL;
+    double *times = calloc((size_t)(VARIANTS * rounds), sizeof *times);
+    if (fa_context_create(FA_BACKEND_CPU, 0, &ctx) || fa_context_set_num_threads(ctx, threads)) {
+        fprintf(stderr, "%s\n", fa_last_error());
+        goto done;
+    }
+    if (!q || !k || !v || !o || !lse || !bias || !slopes || !sinks || !bias_f16 || !bias_bf16 || !times) goto done;
     for (size_t i = 0; i < elems; ++i) {
         q[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
         k[i] = (float)((i * 53) % 97) / 48.0f - 1.0f;
         v[i] = (float)((i * 29) % 89) / 44.0f - 1.0f;
     }
-    uint16_t *bias_f16 = malloc(bias_elems * 2), *bias_bf16 = malloc(bias_elems * 2);
-    if (!bias_f16 || !bias_bf16) return 1;
     for (size_t i = 0; i < bias_elems; ++i) {
         bias[i] = (float)(i % 7) * 0.1f;
         bias_f16[i] = fa_f32_to_f16(bias[i]);
@@ -116,18 +121,15 @@ int main(int argc, char **argv)
     to.data = o;
     fa_bias fb = {bias, FA_DTYPE_F32, 0, n * n, n}, fb16 = {bias_f16, FA_DTYPE_F16, 0, n * n, n};
     fa_bias fbf16 = {bias_bf16, FA_DTYPE_BF16, 0, n * n, n};
-    float *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
-    void *dbias32 = NULL, *dbias16 = NULL;
     if (backward) {
         dout = malloc(elems * 4), dq = malloc(elems * 4), dk = malloc(elems * 4), dv = malloc(elems * 4);
         dbias32 = malloc(bias_elems * 4), dbias16 = malloc(bias_elems * 2);
-        if (!dout || !dq || !dk || !dv || !dbias32 || !dbias16) return 1;
+        if (!dout || !dq || !dk || !dv || !dbias32 || !dbias16) goto done;
         for (size_t i = 0; i < elems; ++i) dout[i] = (float)((i * 41) % 83) / 41.0f - 1.0f;
     }
     fa_tensor tdo = tq, tdq = tq, tdk = tq, tdv = tq;
     tdo.data = dout, tdq.data = dq, tdk.data = dk, tdv.data = dv;
     volatile double sink = 0.0;
-    double *times = calloc((size_t)(VARIANTS * rounds), sizeof *times);
     for (int r = 0; r < rounds + 1; ++r) /* round 0 warms up */
         for (int x = 0; x < VARIANTS; ++x) {
             if (only >= 0 && x != only) continue;
@@ -144,7 +146,7 @@ int main(int argc, char **argv)
             if (x == ARRAY_SUM) sink += array_sum(bias, bias_elems, threads);
             else if (fa_forward(ctx, &desc, &tq, &tk, &tv, &to, lse)) {
                 fprintf(stderr, "%s\n", fa_last_error());
-                return 1;
+                goto done;
             } else if (backward) {
                 fa_bias db = {0};
                 if (desc.bias) {
@@ -154,12 +156,15 @@ int main(int argc, char **argv)
                 if (fa_backward_ex(ctx, &desc, &tq, &tk, &tv, &to, &tdo, lse, &tdq, &tdk, &tdv, NULL,
                                    desc.bias ? &db : NULL)) {
                     fprintf(stderr, "%s\n", fa_last_error());
-                    return 1;
+                    goto done;
                 }
             }
             if (r) times[x * rounds + r - 1] = bench_seconds() - t0;
         }
-    if (only >= 0) return 0;
+    if (only >= 0) {
+        status = 0;
+        goto done;
+    }
     printf("# CPU %s, N = %lld, d = %lld, heads = %lld, batch 1, f32, %d threads, median of %d rounds, %s\n",
            backward ? "forward + backward (dbias for the bias)" : "forward", (long long)n, (long long)d,
            (long long)heads, threads, rounds,
@@ -191,7 +196,7 @@ int main(int argc, char **argv)
         FILE *csv = fopen(csv_path, "w");
         if (!csv) {
             fprintf(stderr, "--csv: cannot write %s\n", csv_path);
-            return 1;
+            goto done;
         }
         fprintf(csv, "variant,n,d,heads,threads,pass,ms,x_plain,x_array_sum\n");
         for (int x = 0; x < VARIANTS; ++x)
@@ -201,6 +206,11 @@ int main(int argc, char **argv)
         fclose(csv);
     }
     (void)sink;
-    fa_context_destroy(ctx);
-    return 0;
+    status = 0;
+done:
+    free(q), free(k), free(v), free(o), free(lse), free(bias), free(slopes), free(sinks);
+    free(bias_f16), free(bias_bf16), free(dout), free(dq), free(dk), free(dv), free(dbias32), free(dbias16);
+    free(times);
+    if (ctx) fa_context_destroy(ctx);
+    return status;
 }
