@@ -591,16 +591,17 @@ int main(int argc, char **argv)
             return strcmp(argv[i], "--help") ? 1 : 0;
         }
     }
+    /* Checked before the context exists: nothing to free on this exit. */
+    if (rounds < 1 || min_time <= 0.0) {
+        fprintf(stderr, "--rounds and --min-time must be positive\n");
+        return 1;
+    }
     fa_context *ctx;
     CHECK(fa_context_create(FA_BACKEND_CPU, 0, &ctx));
     CHECK(fa_context_set_num_threads(ctx, threads));
     bench_cpu_threads = threads;
     printf("%s\n", fa_context_info(ctx));
 
-    if (rounds < 1 || min_time <= 0.0) {
-        fprintf(stderr, "--rounds and --min-time must be positive\n");
-        return 1;
-    }
     /* 128 MiB (512 MiB without --quick) of floats: far beyond the last-level cache */
     sum_arg sum = {NULL, (size_t)1 << (quick ? 25 : 27), threads, 0.0};
     float *x = decode || serving || quant ? alloc_values(sum.n, FA_DTYPE_F32) : NULL;
