@@ -197,6 +197,35 @@ static void run_failures(fa_context *ctx)
             break;
         }
 
+    /* Each of the ring's own tensor and desc checks, on the last rank only: every rank errs, the
+     * bad rank names the field, and no rank writes out. */
+    static const struct { const char *what, *message; } faults[] = {
+        {"unknown dtype", "unknown dtype"}, {"misaligned data", "not aligned"},
+        {"zero heads", "dimensions must be positive"}, {"mixed strides", "strides must be all 0"},
+        {"unknown desc->struct_size", "desc->struct_size"},
+    };
+    for (size_t f = 0; f < sizeof faults / sizeof *faults; ++f) {
+        fa_tensor q_fault = tq;
+        fa_attention_desc desc_fault = desc;
+        if (rank == ranks - 1) {
+            if (f == 0) q_fault.dtype = (fa_dtype)77;
+            if (f == 1) q_fault.data = (char *)q + 2;
+            if (f == 2) q_fault.heads = 0;
+            if (f == 3) q_fault.stride_seq = HQ * D, q_fault.stride_batch = 0, q_fault.stride_head = D;
+            if (f == 4) desc_fault.struct_size = 3;
+        }
+        memset(o, 0x5a, lq * 4);
+        st = fa_ring_forward(ctx, MPI_COMM_WORLD, &desc_fault, &q_fault, &tk, &tv, &to, lse);
+        CHECK(st == FA_ERROR_INVALID_VALUE, "%s on rank %d: status %d", faults[f].what, ranks - 1, (int)st);
+        if (rank == ranks - 1)
+            CHECK(strstr(fa_last_error(), faults[f].message) != NULL, "%s: message %s", faults[f].what, fa_last_error());
+        for (size_t x = 0; x < lq; ++x)
+            if (((unsigned char *)o)[x] != 0x5a) {
+                CHECK(0, "out written after %s", faults[f].what);
+                break;
+            }
+    }
+
     fa_attention_desc other = desc;
     if (rank == 0) other.causal = 0; /* ranks disagree on the desc */
     st = fa_ring_forward(ctx, MPI_COMM_WORLD, &other, &tq, &tk, &tv, &to, lse);
