@@ -264,7 +264,7 @@ static void describe(const problem *p, uint8_t flags, int corrupted, uint8_t var
             (unsigned)variant);
     for (int c = 0; c <= p->n; ++c) {
         const fa_tensor *t = c < p->n ? &p->tensors[p->tensor_of[c]] : &p->out;
-        char name[16];
+        char name[24]; /* "part " and any int */
         if (c < p->n) snprintf(name, sizeof name, "part %d", c);
         else snprintf(name, sizeof name, "out");
         fprintf(stderr, "  %s: strides (%lld, %lld, %lld), %zu bytes%s", name, (long long)t->stride_batch, (long long)t->stride_seq, (long long)t->stride_head,
