@@ -73,33 +73,6 @@ static void make_tensor(reader *r, int strided, fa_tensor *t, fa_dtype dtype, in
     t->data = malloc((size_t)last * (dtype == FA_DTYPE_F32 ? 4 : 2));
 }
 
-FUZZ_CHECKER static size_t offset_of(const fa_tensor *t, int64_t b, int64_t i, int64_t h, int64_t c)
-{
-    const int64_t packed = t->stride_batch == 0;
-    const int64_t sb = packed ? t->seqlen * t->heads * t->head_dim : t->stride_batch;
-    const int64_t ss = packed ? t->heads * t->head_dim : t->stride_seq;
-    const int64_t sh = packed ? t->head_dim : t->stride_head;
-    return (size_t)(b * sb + i * ss + h * sh + c);
-}
-
-FUZZ_CHECKER static double get(const fa_tensor *t, size_t o)
-{
-    switch (t->dtype) {
-    case FA_DTYPE_F16: return fa_f16_to_f32(((const uint16_t *)t->data)[o]);
-    case FA_DTYPE_BF16: return fa_bf16_to_f32(((const uint16_t *)t->data)[o]);
-    default: return ((const float *)t->data)[o];
-    }
-}
-
-FUZZ_CHECKER static void set(fa_tensor *t, size_t o, float x)
-{
-    switch (t->dtype) {
-    case FA_DTYPE_F16: ((uint16_t *)t->data)[o] = fa_f32_to_f16(x); break;
-    case FA_DTYPE_BF16: ((uint16_t *)t->data)[o] = fa_f32_to_bf16(x); break;
-    default: ((float *)t->data)[o] = x; break;
-    }
-}
-
 static size_t elements(const fa_tensor *t) { return (size_t)(t->batch * t->seqlen * t->heads * t->head_dim); }
 
 /* Packed double copy of a tensor (the oracle's layout), and the largest magnitude. */
@@ -111,7 +84,7 @@ FUZZ_CHECKER static double *to_doubles(const fa_tensor *t, double *max_abs)
         for (int64_t i = 0; i < t->seqlen; ++i)
             for (int64_t h = 0; h < t->heads; ++h)
                 for (int64_t c = 0; c < t->head_dim; ++c) {
-                    x[n] = get(t, offset_of(t, b, i, h, c));
+                    x[n] = tensor_get(t, tensor_offset(t, b, i, h, c));
                     if (max_abs && fabs(x[n]) > *max_abs) *max_abs = fabs(x[n]);
                     ++n;
                 }
@@ -125,20 +98,20 @@ FUZZ_CHECKER static void fill(fa_tensor *t, uint64_t *rng, double amplitude)
             for (int64_t h = 0; h < t->heads; ++h)
                 for (int64_t c = 0; c < t->head_dim; ++c) {
                     const double u = (double)(splitmix(rng) >> 11) * 0x1p-53 * 2.0 - 1.0;
-                    set(t, offset_of(t, b, i, h, c), (float)(u * amplitude));
+                    tensor_set(t, tensor_offset(t, b, i, h, c), (float)(u * amplitude));
                 }
 }
 
 FUZZ_CHECKER static void poison(fa_tensor *t)
 {
     /* 0xff bytes: a NaN in every dtype, never produced from finite inputs. */
-    const int64_t last = offset_of(t, t->batch - 1, t->seqlen - 1, t->heads - 1, t->head_dim);
+    const int64_t last = tensor_offset(t, t->batch - 1, t->seqlen - 1, t->heads - 1, t->head_dim);
     memset(t->data, 0xff, (size_t)last * (t->dtype == FA_DTYPE_F32 ? 4 : 2));
 }
 
 FUZZ_CHECKER static int untouched(const fa_tensor *t)
 {
-    const int64_t last = offset_of(t, t->batch - 1, t->seqlen - 1, t->heads - 1, t->head_dim);
+    const int64_t last = tensor_offset(t, t->batch - 1, t->seqlen - 1, t->heads - 1, t->head_dim);
     return all_ff(t->data, (size_t)last * (t->dtype == FA_DTYPE_F32 ? 4 : 2));
 }
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/half.h"
 #include "flashattn.h"
 
 /* For the helpers that only compute expected results and compare: without the fuzzer's coverage
@@ -39,6 +40,36 @@ static inline uint64_t splitmix(uint64_t *state)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+/* Element offset of (b, i, h, c) in t: its strides, or the packed [batch, seqlen, heads, head_dim]
+ * layout when they are 0. */
+FUZZ_CHECKER static inline size_t tensor_offset(const fa_tensor *t, int64_t b, int64_t i, int64_t h, int64_t c)
+{
+    const int64_t packed = t->stride_batch == 0;
+    const int64_t sb = packed ? t->seqlen * t->heads * t->head_dim : t->stride_batch;
+    const int64_t ss = packed ? t->heads * t->head_dim : t->stride_seq;
+    const int64_t sh = packed ? t->head_dim : t->stride_head;
+    return (size_t)(b * sb + i * ss + h * sh + c);
+}
+
+/* Element o of an f32, f16 or bf16 tensor, and its store with the dtype's rounding. */
+FUZZ_CHECKER static inline double tensor_get(const fa_tensor *t, size_t o)
+{
+    switch (t->dtype) {
+    case FA_DTYPE_F16: return fa_f16_to_f32(((const uint16_t *)t->data)[o]);
+    case FA_DTYPE_BF16: return fa_bf16_to_f32(((const uint16_t *)t->data)[o]);
+    default: return ((const float *)t->data)[o];
+    }
+}
+
+FUZZ_CHECKER static inline void tensor_set(fa_tensor *t, size_t o, float x)
+{
+    switch (t->dtype) {
+    case FA_DTYPE_F16: ((uint16_t *)t->data)[o] = fa_f32_to_f16(x); break;
+    case FA_DTYPE_BF16: ((uint16_t *)t->data)[o] = fa_f32_to_bf16(x); break;
+    default: ((float *)t->data)[o] = x; break;
+    }
 }
 
 /* 1 when every byte still holds the 0xff canary. */

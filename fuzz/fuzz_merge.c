@@ -111,33 +111,6 @@ static void make_tensor(uint8_t layout, int strided, fa_tensor *t, size_t *bytes
     t->data = malloc(*bytes);
 }
 
-FUZZ_CHECKER static size_t offset_of(const fa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t x)
-{
-    const int64_t packed = t->stride_batch == 0;
-    const int64_t sb = packed ? t->seqlen * t->heads * t->head_dim : t->stride_batch;
-    const int64_t ss = packed ? t->heads * t->head_dim : t->stride_seq;
-    const int64_t sh = packed ? t->head_dim : t->stride_head;
-    return (size_t)(b * sb + s * ss + h * sh + x);
-}
-
-FUZZ_CHECKER static double get(const fa_tensor *t, size_t o)
-{
-    switch (t->dtype) {
-    case FA_DTYPE_F16: return fa_f16_to_f32(((const uint16_t *)t->data)[o]);
-    case FA_DTYPE_BF16: return fa_bf16_to_f32(((const uint16_t *)t->data)[o]);
-    default: return ((const float *)t->data)[o];
-    }
-}
-
-FUZZ_CHECKER static void set(fa_tensor *t, size_t o, float x)
-{
-    switch (t->dtype) {
-    case FA_DTYPE_F16: ((uint16_t *)t->data)[o] = fa_f32_to_f16(x); break;
-    case FA_DTYPE_BF16: ((uint16_t *)t->data)[o] = fa_f32_to_bf16(x); break;
-    default: ((float *)t->data)[o] = x; break;
-    }
-}
-
 FUZZ_CHECKER static double uniform(uint64_t *rng) { return (double)(splitmix(rng) >> 11) * 0x1p-53 * 2.0 - 1.0; }
 
 /* True with probability byte / 256. */
@@ -174,10 +147,10 @@ FUZZ_CHECKER static void fill(problem *p, int c, uint64_t *rng, int special)
                 const size_t row = (size_t)((b * p->heads + h) * p->seqlen + s);
                 const int unread = special && lse[row] == -INFINITY && (splitmix(rng) & 1);
                 for (int64_t x = 0; x < p->head_dim; ++x)
-                    set(t, offset_of(t, b, s, h, x), unread ? NAN : (float)(uniform(rng) * p->amplitude));
+                    tensor_set(t, tensor_offset(t, b, s, h, x), unread ? NAN : (float)(uniform(rng) * p->amplitude));
                 if (special && !unread && chance(rng, p->p_values)) {
                     static const float bad[] = {NAN, INFINITY, -INFINITY};
-                    set(t, offset_of(t, b, s, h, (int64_t)(splitmix(rng) % (uint64_t)p->head_dim)), bad[splitmix(rng) % 3]);
+                    tensor_set(t, tensor_offset(t, b, s, h, (int64_t)(splitmix(rng) % (uint64_t)p->head_dim)), bad[splitmix(rng) % 3]);
                 }
             }
 }
@@ -451,7 +424,7 @@ FUZZ_CHECKER static void check_gaps(const problem *p)
     for (int64_t b = 0; b < p->batch; ++b)
         for (int64_t s = 0; s < p->seqlen; ++s)
             for (int64_t h = 0; h < p->heads; ++h)
-                memset(used + offset_of(&p->out, b, s, h, 0) * es, 1, (size_t)p->head_dim * es);
+                memset(used + tensor_offset(&p->out, b, s, h, 0) * es, 1, (size_t)p->head_dim * es);
     const uint8_t *bytes = p->out.data;
     for (size_t i = 0; i < p->out_bytes; ++i)
         if (!used[i] && bytes[i] != 0xff) fail("fa_merge_partials wrote out's gap byte %zu", i);
@@ -483,7 +456,7 @@ FUZZ_CHECKER static void check_against_reference(const problem *p)
                 if (poisoned || top == -INFINITY) {
                     /* A NaN or +inf lse: NaN out and lse. Every part -inf: zeros and lse -inf. */
                     for (int64_t x = 0; x < p->head_dim; ++x) {
-                        const double got = get(out, offset_of(out, b, s, h, x));
+                        const double got = tensor_get(out, tensor_offset(out, b, s, h, x));
                         if (poisoned ? !isnan(got) : got != 0.0)
                             fail("row %zu (b %lld h %lld s %lld) element %lld: %.9g, expected %s (%s)", row, (long long)b,
                                  (long long)h, (long long)s, (long long)x, got, poisoned ? "NaN" : "0",
@@ -502,7 +475,7 @@ FUZZ_CHECKER static void check_against_reference(const problem *p)
                 for (int c = 0; c < p->n; ++c) {
                     const fa_tensor *t = &p->tensors[p->tensor_of[c]];
                     for (int64_t x = 0; x < p->head_dim && w[c] > 0.0; ++x) {
-                        const double v = get(t, offset_of(t, b, s, h, x));
+                        const double v = tensor_get(t, tensor_offset(t, b, s, h, x));
                         if (isfinite(v) && fabs(v) > magnitude) magnitude = fabs(v);
                     }
                 }
@@ -516,12 +489,12 @@ FUZZ_CHECKER static void check_against_reference(const problem *p)
                     for (int c = 0; c < p->n; ++c) {
                         if (w[c] == 0.0) continue; /* lse -inf: not read */
                         const fa_tensor *t = &p->tensors[p->tensor_of[c]];
-                        const double v = get(t, offset_of(t, b, s, h, x));
+                        const double v = tensor_get(t, tensor_offset(t, b, s, h, x));
                         if (!isfinite(v) && w[c] < SURELY_READ) unsure = 1;
                         acc += w[c] * v;
                     }
                     if (unsure) continue;
-                    const double want = acc / sum, got = get(out, offset_of(out, b, s, h, x));
+                    const double want = acc / sum, got = tensor_get(out, tensor_offset(out, b, s, h, x));
                     if (isnan(want) ? !isnan(got) : isinf(want) ? got != want : !(fabs(got - want) <= tol))
                         fail("row %zu (b %lld h %lld s %lld) element %lld: %.9g, expected %.9g (tolerance %.3g)", row,
                              (long long)b, (long long)h, (long long)s, (long long)x, got, want, tol);
@@ -542,7 +515,7 @@ FUZZ_CHECKER static int same_elements(const problem *p, const uint8_t *first)
     for (int64_t b = 0; b < p->batch; ++b)
         for (int64_t s = 0; s < p->seqlen; ++s)
             for (int64_t h = 0; h < p->heads; ++h) {
-                const size_t o = offset_of(&p->out, b, s, h, 0) * es;
+                const size_t o = tensor_offset(&p->out, b, s, h, 0) * es;
                 if (memcmp(first + o, (const uint8_t *)p->out.data + o, (size_t)p->head_dim * es)) return 0;
             }
     return 1;
