@@ -56,20 +56,7 @@ static void make_tensor(reader *r, int strided, fa_tensor *t, fa_dtype dtype, in
 {
     *t = (fa_tensor){NULL, dtype, batch, seqlen, heads, d, 0, 0, 0};
     int64_t last = batch * seqlen * heads * d; /* one past the largest element offset */
-    if (strided) {
-        const uint8_t layout = next(r);
-        const int64_t gap_head = layout & 3, gap_row = (layout >> 2) & 3, gap_batch = (layout >> 4) & 3;
-        if (layout & 64) { /* [batch, heads, seqlen, d] */
-            t->stride_seq = d + gap_row;
-            t->stride_head = seqlen * t->stride_seq + gap_head;
-            t->stride_batch = heads * t->stride_head + gap_batch;
-        } else {
-            t->stride_head = d + gap_head;
-            t->stride_seq = heads * t->stride_head + gap_row;
-            t->stride_batch = seqlen * t->stride_seq + gap_batch;
-        }
-        last = (batch - 1) * t->stride_batch + (seqlen - 1) * t->stride_seq + (heads - 1) * t->stride_head + d;
-    }
+    if (strided) last = set_gapped_strides(t, next(r));
     t->data = malloc((size_t)last * (dtype == FA_DTYPE_F32 ? 4 : 2));
 }
 
@@ -154,14 +141,8 @@ static void decode_extras(reader *r, problem *p, uint64_t *rng)
         p->modifier_max += (double)max_slope * (double)reach;
     }
     if (extras & X_SINKS) {
-        double max_sink = 0.0;
-        for (int64_t h = 0; h < s->heads_q; ++h) {
-            const uint8_t b = next(r);
-            p->sinks[h] = b == 255 ? -INFINITY : (float)(b % 33) - 16.0f; /* -inf: a head without a sink */
-            if (b != 255 && fabs((double)p->sinks[h]) > max_sink) max_sink = fabs((double)p->sinks[h]);
-        }
         desc->sinks = p->sinks;
-        p->modifier_max += max_sink;
+        p->modifier_max += decode_sinks(r, s->heads_q, p->sinks);
     }
     if (extras & X_BIAS) {
         const fa_dtype dtype = (fa_dtype)(next(r) % 3);

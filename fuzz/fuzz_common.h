@@ -3,6 +3,7 @@
  * tolerance of a forward result, and the CPU context. FUZZ_TARGET names the target in messages. */
 #ifndef FA_FUZZ_COMMON_H
 #define FA_FUZZ_COMMON_H
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,38 @@ static inline uint64_t splitmix(uint64_t *state)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+/* Strides with gaps of 0..3 elements after each dimension (layout bits 0-1 head, 2-3 row, 4-5
+ * batch), in [batch, seqlen, heads, d] order or, with bit 6, [batch, heads, seqlen, d]; returns one
+ * past t's largest element offset (t's sizes set). */
+static inline int64_t set_gapped_strides(fa_tensor *t, uint8_t layout)
+{
+    const int64_t gap_head = layout & 3, gap_row = (layout >> 2) & 3, gap_batch = (layout >> 4) & 3;
+    if (layout & 64) { /* [batch, heads, seqlen, d] */
+        t->stride_seq = t->head_dim + gap_row;
+        t->stride_head = t->seqlen * t->stride_seq + gap_head;
+        t->stride_batch = t->heads * t->stride_head + gap_batch;
+    } else {
+        t->stride_head = t->head_dim + gap_head;
+        t->stride_seq = t->heads * t->stride_head + gap_row;
+        t->stride_batch = t->seqlen * t->stride_seq + gap_batch;
+    }
+    return (t->batch - 1) * t->stride_batch + (t->seqlen - 1) * t->stride_seq + (t->heads - 1) * t->stride_head +
+           t->head_dim;
+}
+
+/* One sink per head from the input (byte 255: -inf, a head without a sink; else -16..16); returns
+ * the largest finite |sink|. */
+static inline double decode_sinks(reader *r, int64_t heads, float *sinks)
+{
+    double max_sink = 0.0;
+    for (int64_t h = 0; h < heads; ++h) {
+        const uint8_t b = next(r);
+        sinks[h] = b == 255 ? -INFINITY : (float)(b % 33) - 16.0f;
+        if (b != 255 && fabs((double)sinks[h]) > max_sink) max_sink = fabs((double)sinks[h]);
+    }
+    return max_sink;
 }
 
 /* Element offset of (b, i, h, c) in t: its strides, or the packed [batch, seqlen, heads, head_dim]

@@ -94,19 +94,7 @@ static void make_tensor(uint8_t layout, int strided, fa_tensor *t, size_t *bytes
     const int64_t batch = p->batch, seqlen = p->seqlen, heads = p->heads, d = p->head_dim;
     *t = (fa_tensor){NULL, p->dtype, batch, seqlen, heads, d, 0, 0, 0};
     int64_t last = batch * seqlen * heads * d;
-    if (strided && !(layout & 128)) {
-        const int64_t gap_head = layout & 3, gap_row = (layout >> 2) & 3, gap_batch = (layout >> 4) & 3;
-        if (layout & 64) {
-            t->stride_seq = d + gap_row;
-            t->stride_head = seqlen * t->stride_seq + gap_head;
-            t->stride_batch = heads * t->stride_head + gap_batch;
-        } else {
-            t->stride_head = d + gap_head;
-            t->stride_seq = heads * t->stride_head + gap_row;
-            t->stride_batch = seqlen * t->stride_seq + gap_batch;
-        }
-        last = (batch - 1) * t->stride_batch + (seqlen - 1) * t->stride_seq + (heads - 1) * t->stride_head + d;
-    }
+    if (strided && !(layout & 128)) last = set_gapped_strides(t, layout);
     *bytes = (size_t)last * elem_size(p->dtype);
     t->data = malloc(*bytes);
     /* The gaps too: inputs are compared byte for byte with their copies after each call. */

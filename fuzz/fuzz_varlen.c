@@ -130,14 +130,8 @@ static void decode_modifiers(reader *r, problem *p, uint64_t *rng)
         p->modifier_max += (double)max_slope * (double)(p->true_max_q + p->true_max_k);
     }
     if (extras & X_SINKS) {
-        double max_sink = 0.0;
-        for (int64_t h = 0; h < p->heads_q; ++h) {
-            const uint8_t b = next(r);
-            p->sinks[h] = b == 255 ? -INFINITY : (float)(b % 33) - 16.0f; /* -inf: a head without a sink */
-            if (b != 255 && fabs((double)p->sinks[h]) > max_sink) max_sink = fabs((double)p->sinks[h]);
-        }
         desc->sinks = p->sinks;
-        p->modifier_max += max_sink;
+        p->modifier_max += decode_sinks(r, p->heads_q, p->sinks);
     }
     if (extras & X_BIAS) {
         const fa_dtype dtype = (fa_dtype)(next(r) % 3);
