@@ -48,6 +48,7 @@ typedef struct problem {
     fa_bias bias, dbias;
     size_t bias_elements;          /* of bias and of dbias (same packed layout) */
     double modifier_max;           /* bound on |ALiBi| + |bias| + |sink|, for the tolerances */
+    int64_t tile_bytes;            /* the CPU's tile budget, 0: the L2's */
 } problem;
 
 /* Explicit strides with gaps, or a [batch, heads, seqlen, head_dim] layout; exact-size buffer. */
@@ -171,6 +172,8 @@ static void decode(reader *r, problem *p, uint8_t flags)
     p->s.seqlen_k = 1 + next(r) % 48;
     const uint8_t d = next(r);
     p->s.head_dim = d < 224 ? 1 + d % 40 : 33 + (d - 224) * 2; /* a few larger head dims, up to 95 */
+    const int64_t d_cap = FUZZ_WORK_CAP / (p->s.batch * p->s.heads_q * p->s.seqlen_q * p->s.seqlen_k);
+    if (p->s.head_dim > d_cap) p->s.head_dim = d_cap > 1 ? d_cap : 1;
     fa_attention_desc_init(&p->desc);
     p->desc.causal = (flags & F_CAUSAL) != 0;
     if (flags & F_WINDOW) {
@@ -217,6 +220,7 @@ static void decode(reader *r, problem *p, uint8_t flags)
     fill(&p->v, &rng, p->amplitude);
     fill(&p->dout, &rng, 1.0);
     decode_extras(r, p, &rng);
+    p->tile_bytes = decode_tile_bytes(r);
 }
 
 /* FUZZ_VERBOSE=1: print the decoded problem, to turn a crash input into a readable reproducer. */
@@ -238,6 +242,7 @@ static void describe(const problem *p, uint8_t flags, uint8_t corruption, uint8_
             (long long)p->desc.seqlen_k_global, (double)p->desc.softcap, p->desc.alibi_slopes ? "yes" : "no",
             p->desc.alibi_per_batch ? " (per batch)" : "", p->desc.sinks ? "yes" : "no",
             p->desc.bias ? dtypes[p->bias.dtype] : "no");
+    fprintf(stderr, "  cpu tile budget %lld bytes%s\n", (long long)p->tile_bytes, p->tile_bytes ? "" : " (the L2's)");
 }
 
 static void free_problem(problem *p)
@@ -401,8 +406,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     problem p;
     memset(&p, 0, sizeof p);
     decode(&r, &p, flags);
-    if (getenv("FUZZ_VERBOSE")) describe(&p, flags, corruption, alloc_fault);
+    if (getenv("FUZZ_VERBOSE")) {
+        describe(&p, flags, corruption, alloc_fault);
+        fprintf(stderr, "  input: %zu bytes, %zu decoded (0 past its end)\n", r.size, r.pos);
+    }
     fa_context *ctx = context();
+    fa_cpu_debug_tile_bytes(p.tile_bytes);
     poison(&p.out);
     memset(p.lse, 0xff, (size_t)(p.s.batch * p.s.heads_q * p.s.seqlen_q) * sizeof(float));
     const fa_tensor out_as_allocated = p.out; /* corruption may change out's shape */

@@ -10,7 +10,13 @@
 #include <string.h>
 
 #include "common/half.h"
+#include "cpu/cpu_backend.h"
 #include "flashattn.h"
+
+/* Bound on a dense problem's batch * heads_q * seqlen_q * seqlen_k * head_dim (what the oracle and
+ * the instrumented library cost): every execution stays short, and large head dims stay reachable
+ * with short sequences. */
+#define FUZZ_WORK_CAP 65536
 
 /* For the helpers that only compute expected results and compare: without the fuzzer's coverage
  * callbacks (they guide nothing, and in the fp64 comparison loops they cost most of the time). */
@@ -26,8 +32,13 @@ typedef struct reader {
     size_t size, pos;
 } reader;
 
-/* Next byte of the input, 0 once it is exhausted: every input decodes to some problem. */
-static inline uint8_t next(reader *r) { return r->pos < r->size ? r->data[r->pos++] : 0; }
+/* Next byte of the input, 0 once it is exhausted: every input decodes to some problem. pos counts
+ * the bytes decoded, those read past the end included. */
+static inline uint8_t next(reader *r)
+{
+    const size_t at = r->pos++;
+    return at < r->size ? r->data[at] : 0;
+}
 static inline uint64_t next_u64(reader *r)
 {
     uint64_t v = 0;
@@ -74,6 +85,12 @@ static inline double decode_sinks(reader *r, int64_t heads, float *sinks)
     }
     return max_sink;
 }
+
+/* The CPU backend's tile budget from one byte (fa_cpu_debug_tile_bytes): 0, or a missing byte,
+ * keeps the tiles cut for the L2; b > 0 gives 256 b bytes, key tiles of 16 up to ~1000 columns,
+ * so that the fuzzer's short sequences cross key and query tile boundaries (the online softmax's
+ * rescaling, the backward's chained dQ) as long ones do. */
+static inline int64_t decode_tile_bytes(reader *r) { return (int64_t)next(r) * 256; }
 
 /* Element offset of (b, i, h, c) in t: its strides, or the packed [batch, seqlen, heads, head_dim]
  * layout when they are 0. */

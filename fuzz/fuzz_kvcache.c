@@ -969,7 +969,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const unsigned accept = expected_statuses(&p, corrupted, table_status);
     if (getenv("FUZZ_VERBOSE")) {
         describe(&p, corrupted);
-        fprintf(stderr, "  input: %zu of %zu bytes read\n", r.pos < r.size ? r.pos : r.size, r.size);
+        fprintf(stderr, "  input: %zu bytes, %zu decoded (0 past its end)\n", r.size, r.pos);
     }
     fa_context *ctx = context();
     const char *what = p.append ? "fa_kvcache_append" : "fa_forward_kvcache_ex";

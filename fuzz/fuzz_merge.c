@@ -525,7 +525,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const int corrupted = flags & F_CORRUPT ? corrupt(&p, &a, corruption, variant) : -1;
     if (getenv("FUZZ_VERBOSE")) {
         describe(&p, flags, corrupted, variant);
-        fprintf(stderr, "  input: %zu of %zu bytes read\n", r.pos < r.size ? r.pos : r.size, r.size);
+        fprintf(stderr, "  input: %zu bytes, %zu decoded (0 past its end)\n", r.size, r.pos);
     }
     memset(p.out.data, 0xff, p.out_bytes);
     memset(p.lse_out, 0xff, p.rows * sizeof(float));

@@ -31,7 +31,6 @@
 
 #define MAX_SEQS 6
 #define MAX_HEADS_Q 9
-#define WORK_CAP 65536
 
 enum flags {
     F_CAUSAL = 1, F_WINDOW = 2, F_DROPOUT = 4, F_BLOCK_MASK = 8, F_MODIFIERS = 16, F_LIE = 32, F_SCALE = 64,
@@ -57,6 +56,7 @@ typedef struct problem {
     int64_t batch, heads_q, heads_kv, d;
     int64_t len_q[MAX_SEQS], len_k[MAX_SEQS];
     int64_t total_q, total_k, true_max_q, true_max_k;
+    int64_t tile_bytes; /* the CPU's tile budget, 0: the L2's */
     int32_t *cu_q, *cu_k; /* batch + 1 entries (batch + 2 for C_BATCH) */
     size_t cu_entries;
     fa_varlen varlen;
@@ -178,9 +178,8 @@ static void decode(reader *r, problem *p, uint8_t flags, uint8_t corruption)
         p->true_max_k = p->len_k[b] > p->true_max_k ? p->len_k[b] : p->true_max_k;
         pairs += p->len_q[b] * p->len_k[b];
     }
-    /* The oracle and the instrumented library cost pairs * heads_q * head_dim: a cap keeps every
-     * execution short (large head dims stay reachable with short sequences). */
-    const int64_t d_cap = WORK_CAP / ((pairs ? pairs : 1) * p->heads_q);
+    /* The sequences' query-key pairs stand for batch * seqlen_q * seqlen_k. */
+    const int64_t d_cap = FUZZ_WORK_CAP / ((pairs ? pairs : 1) * p->heads_q);
     if (p->d > d_cap) p->d = d_cap > 1 ? d_cap : 1;
     p->corruption = flags & F_CORRUPT ? corruption % C_MODES : -1;
     p->cu_entries = (size_t)p->batch + (p->corruption == C_BATCH ? 2 : 1);
@@ -246,6 +245,7 @@ static void decode(reader *r, problem *p, uint8_t flags, uint8_t corruption)
     fill(&p->v, &rng, p->amplitude);
     fill(&p->dout, &rng, 1.0);
     if (flags & F_MODIFIERS) decode_modifiers(r, p, &rng);
+    p->tile_bytes = decode_tile_bytes(r);
 }
 
 /* Breaks one argument (mode p->corruption) against the documented rules; the byte also picks the
@@ -330,6 +330,7 @@ static void describe(const problem *p, uint8_t alloc_fault)
             p->desc.alibi_slopes ? "yes" : "no", p->desc.alibi_per_batch ? " (per sequence)" : "",
             p->desc.sinks ? "yes" : "no", p->desc.bias ? dtypes[p->bias.dtype] : "no",
             p->corruption >= 0 ? corruption_names[p->corruption] : "no", (unsigned)alloc_fault);
+    fprintf(stderr, "  cpu tile budget %lld bytes%s\n", (long long)p->tile_bytes, p->tile_bytes ? "" : " (the L2's)");
 }
 
 static void free_problem(problem *p)
@@ -575,9 +576,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (p.lie < 0) p.accept |= 1u << FA_ERROR_INVALID_VALUE;
     if (getenv("FUZZ_VERBOSE")) {
         describe(&p, alloc_fault);
-        fprintf(stderr, "  input: %zu of %zu bytes read\n", r.pos < r.size ? r.pos : r.size, r.size);
+        fprintf(stderr, "  input: %zu bytes, %zu decoded (0 past its end)\n", r.size, r.pos);
     }
     fa_context *ctx = context();
+    fa_cpu_debug_tile_bytes(p.tile_bytes);
     memset(p.out.data, 0xff, p.q_bytes); /* 0xff bytes: a NaN in every dtype, never a result */
     memset(p.lse, 0xff, p.lse_count * sizeof *p.lse);
     /* alloc_fault 1..8: fail that allocation of the forward (and, separately, of the backward). */

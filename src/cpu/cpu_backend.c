@@ -70,13 +70,24 @@ static fa_status cpu_copy(void *state, void *dst, const void *src, size_t bytes)
     return FA_SUCCESS;
 }
 
+static int64_t debug_tile_bytes; /* 0: the caches decide */
+
+int64_t fa_cpu_debug_tile_bytes(int64_t bytes)
+{
+    const int64_t previous = debug_tile_bytes;
+    debug_tile_bytes = bytes > 0 ? bytes : 0;
+    return previous;
+}
+
 void fa_cpu_tiles(const fa_cpu_state *s, int64_t head_dim, int64_t *block_rows, int64_t *block_cols,
                   int64_t *sram_elements)
 {
     /* M = the L2 a core has, up to 1 MiB: measured best at 1 MiB on a Zen 4 (L2 1 MiB; half of it
      * was slower) and on an Emerald Rapids (L2 2 MiB: its whole L2 was 2-10% slower than half of
      * it, forward and backward, d = 64 and 128; the backward's tiles then outgrew the L2). */
-    const int64_t budget = s->caches.l2_bytes < FA_CPU_TILE_BYTES_MAX ? s->caches.l2_bytes : FA_CPU_TILE_BYTES_MAX;
+    const int64_t budget = debug_tile_bytes                                ? debug_tile_bytes
+                           : s->caches.l2_bytes < FA_CPU_TILE_BYTES_MAX ? s->caches.l2_bytes
+                                                                        : FA_CPU_TILE_BYTES_MAX;
     const int64_t m = budget / (int64_t)sizeof(float);
     fa_fit_tiles(m, head_dim, s->kernels->tile_step, s->kernels->tile_step, block_rows, block_cols);
     if (sram_elements) *sram_elements = m;
@@ -85,11 +96,16 @@ void fa_cpu_tiles(const fa_cpu_state *s, int64_t head_dim, int64_t *block_rows, 
 void fa_cpu_problem_tiles(const fa_cpu_state *s, const fa_problem *p, int64_t *block_rows, int64_t *block_cols)
 {
     fa_cpu_tiles(s, p->shape.head_dim, block_rows, block_cols, NULL);
+    const int64_t step = s->kernels->tile_step;
+    /* A key tile need not be wider than all the keys (rounded up to the kernels' step): short
+     * sequences then allocate and clear a small score tile rather than one cut for the L2. One
+     * tile covered every key before and does after, so results do not change. */
+    const int64_t keys = (p->shape.seqlen_k + step - 1) / step * step;
+    if (*block_cols > keys) *block_cols = keys;
     /* Block-sparse: tiles of exactly one mask block (when the mask's blocks are a multiple of the
      * kernels' step), so a zero block is a skipped tile (Algorithm 5), not a masked part of a
      * wider tile; key tiles then start on mask-block boundaries (fa_cpu_first_key). */
     const fa_block_mask *bm = fa_mask_blocks(&p->mask);
-    const int64_t step = s->kernels->tile_step;
     if (!bm) return;
     if (bm->block_q < *block_rows && bm->block_q % step == 0) *block_rows = bm->block_q;
     if (bm->block_k < *block_cols && bm->block_k % step == 0) *block_cols = bm->block_k;

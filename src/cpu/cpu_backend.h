@@ -15,6 +15,12 @@ typedef struct fa_cpu_state {
 /* The on-chip memory M the tiles are cut for: a core's L2, at most this many bytes. */
 #define FA_CPU_TILE_BYTES_MAX ((int64_t)1 << 20)
 
+/* Tests and fuzzing: cut the tiles for an on-chip memory of this many bytes instead of the L2, so
+ * that small problems span many tiles (0 restores the caches' size; any size gives correct
+ * results, only the speed changes). Process-wide; set it while no call runs. Returns the previous
+ * value. */
+int64_t fa_cpu_debug_tile_bytes(int64_t bytes);
+
 /* Br, Bc for this head_dim: the paper's formula with M = the L2 size (at most
  * FA_CPU_TILE_BYTES_MAX) in f32 elements (tiles are held in f32 whatever the input dtype),
  * snapped to the kernels' register tile. */
