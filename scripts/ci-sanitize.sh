@@ -3,7 +3,8 @@
 # device code cannot be sanitized without a device, and their host side is covered by the
 # plugin-loader tests of the normal build).
 #  1. ASan + UBSan (gcc, libgomp): every test, FA_TEST_QUICK=1, the emulated GPU suite included
-#     (its mutation check builds unsanitized plugins of its own: not here). LeakSanitizer runs at exit of
+#     (its mutation check builds unsanitized plugins of its own: not here; the runs in suite
+#     emu-twin repeat what another run drives: not here either, for time). LeakSanitizer runs at exit of
 #     each test, so the allocation-failure walk also proves that failures leak nothing; huge
 #     requests return NULL (allocator_may_return_null) as they would from malloc. Built with the
 #     benchmarks (their smoke test runs each program once, so LeakSanitizer checks them too) and
@@ -41,7 +42,8 @@ setup build-asan "${common[@]}" -Dbench=true -Db_coverage=true -Db_sanitize=addr
 meson compile -C build-asan -j "$jobs" >/dev/null
 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  meson test -C build-asan --num-processes "$jobs" --print-errorlogs --timeout-multiplier 4 --no-suite mutation
+  meson test -C build-asan --num-processes "$jobs" --print-errorlogs --timeout-multiplier 4 --no-suite mutation \
+    --no-suite emu-twin
 echo "ci-sanitize: ASan + UBSan done in $(( $(date +%s) - step_start )) s"
 
 step_start=$(date +%s)
