@@ -172,8 +172,7 @@ static void decode(reader *r, problem *p, uint8_t flags)
     p->s.seqlen_k = 1 + next(r) % 48;
     const uint8_t d = next(r);
     p->s.head_dim = d < 224 ? 1 + d % 40 : 33 + (d - 224) * 2; /* a few larger head dims, up to 95 */
-    const int64_t d_cap = FUZZ_WORK_CAP / (p->s.batch * p->s.heads_q * p->s.seqlen_q * p->s.seqlen_k);
-    if (p->s.head_dim > d_cap) p->s.head_dim = d_cap > 1 ? d_cap : 1;
+    p->s.head_dim = fuzz_capped_head_dim(p->s.head_dim, p->s.batch * p->s.seqlen_q * p->s.seqlen_k, p->s.heads_q);
     fa_attention_desc_init(&p->desc);
     p->desc.causal = (flags & F_CAUSAL) != 0;
     if (flags & F_WINDOW) {

@@ -13,10 +13,18 @@
 #include "cpu/cpu_backend.h"
 #include "flashattn.h"
 
-/* Bound on a dense problem's batch * heads_q * seqlen_q * seqlen_k * head_dim (what the oracle and
- * the instrumented library cost): every execution stays short, and large head dims stay reachable
- * with short sequences. */
+/* Bound on a problem's query-key pairs * heads_q * head_dim (what the oracle and the instrumented
+ * library cost): every execution stays short, and large head dims stay reachable with short
+ * sequences. */
 #define FUZZ_WORK_CAP 65536
+
+/* head_dim lowered (to 1 at least) so that pairs * heads_q * head_dim stays within FUZZ_WORK_CAP;
+ * pairs: batch * seqlen_q * seqlen_k, or a packed batch's sum over sequences. */
+static inline int64_t fuzz_capped_head_dim(int64_t head_dim, int64_t pairs, int64_t heads_q)
+{
+    const int64_t cap = FUZZ_WORK_CAP / ((pairs > 0 ? pairs : 1) * heads_q);
+    return head_dim > cap ? (cap > 1 ? cap : 1) : head_dim;
+}
 
 /* For the helpers that only compute expected results and compare: without the fuzzer's coverage
  * callbacks (they guide nothing, and in the fp64 comparison loops they cost most of the time). */

@@ -178,9 +178,7 @@ static void decode(reader *r, problem *p, uint8_t flags, uint8_t corruption)
         p->true_max_k = p->len_k[b] > p->true_max_k ? p->len_k[b] : p->true_max_k;
         pairs += p->len_q[b] * p->len_k[b];
     }
-    /* The sequences' query-key pairs stand for batch * seqlen_q * seqlen_k. */
-    const int64_t d_cap = FUZZ_WORK_CAP / ((pairs ? pairs : 1) * p->heads_q);
-    if (p->d > d_cap) p->d = d_cap > 1 ? d_cap : 1;
+    p->d = fuzz_capped_head_dim(p->d, pairs, p->heads_q);
     p->corruption = flags & F_CORRUPT ? corruption % C_MODES : -1;
     p->cu_entries = (size_t)p->batch + (p->corruption == C_BATCH ? 2 : 1);
     p->cu_q = offsets(p->len_q, p->batch, p->corruption == C_BATCH);
