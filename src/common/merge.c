@@ -62,8 +62,9 @@ static fa_status check_merge(int n, const fa_tensor *const *outs, const float *c
     if (n < 1) return INVALID("n: %d parts, at least 1 needed", n);
     if (!outs) return INVALID("outs: is NULL");
     if (!lses) return INVALID("lses: is NULL");
-    fa_status st = fa_validate_tensor("out", out, target);
-    if (st) return st;
+    /* outs[0] before out: a binding that allocates out copies outs[0]'s shape, and the fault is outs[0]'s. */
+    fa_status st = fa_validate_tensor("outs[0]", outs[0], &parts[0]);
+    if (st || (st = fa_validate_tensor("out", out, target))) return st;
     int64_t rows;
     if (!fa_checked_mul(out->batch, out->heads, &rows) || !fa_checked_mul(rows, out->seqlen, &rows) ||
         !fa_checked_mul(rows, (int64_t)sizeof(float), &(int64_t){0}))

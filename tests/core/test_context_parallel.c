@@ -439,6 +439,13 @@ static void test_merge_arguments(void **state)
     fa_tensor f16 = {half, FA_DTYPE_F16, BATCH, L, HQ, D, 0, 0, 0};
     const fa_tensor *bad_dtype[2] = {&ta, &f16};
     EXPECT(fa_merge_partials(ctx, 2, bad_dtype, lses, &to, lse), FA_ERROR_INVALID_VALUE, "outs[1]: dtype");
+    /* A caller that sizes out from outs[0] (the Python binding does) copies its bad shape: the
+     * message names the input, the cause. An out of its own bad shape is named as out. */
+    fa_tensor empty = packed(a, L, HQ), empty_out = packed(out, L, HQ);
+    empty.head_dim = empty_out.head_dim = 0;
+    const fa_tensor *bad_first[2] = {&empty, &tb};
+    EXPECT(fa_merge_partials(ctx, 2, bad_first, lses, &empty_out, lse), FA_ERROR_INVALID_VALUE, "outs[0]: head_dim 0");
+    EXPECT(fa_merge_partials(ctx, 2, outs, lses, &empty_out, lse), FA_ERROR_INVALID_VALUE, "out: head_dim 0");
     const fa_tensor *aliased[2] = {&ta, &to};
     EXPECT(fa_merge_partials(ctx, 2, aliased, lses, &to, lse), FA_ERROR_INVALID_VALUE, "out: overlaps outs[1]");
     EXPECT(fa_merge_partials(ctx, 2, outs, lses, &to, lb), FA_ERROR_INVALID_VALUE, "lse_out: overlaps lses[1]");

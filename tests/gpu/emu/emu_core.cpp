@@ -32,6 +32,26 @@
 namespace emu {
 namespace {
 
+/* Switching between fibers. Under ASan, libc's longjmp is intercepted: every jump clears the
+ * shadow of the stack below it and asks the kernel for the signal stack (sigaltstack), which was
+ * most of an emulated run's time. The compiler's own setjmp/longjmp (frame and stack pointers and
+ * a resume address, no libc) do neither, and the functions that switch (EMU_SWITCHES) are left
+ * uninstrumented, since ASan otherwise does the same clearing before any call it sees cannot
+ * return (gcc finds that jump cannot). The switches are still announced to ASan through its fiber
+ * calls (start_switch, finish_switch). The frames a jump leaves are live and return normally
+ * later, except fiber_main's when a launch ends, which is not instrumented. */
+#if defined(EMU_ASAN)
+typedef void *switch_point[5];
+#  define EMU_SAVE(point) __builtin_setjmp(point)
+#  define EMU_SWITCHES __attribute__((noinline, no_sanitize_address))
+EMU_SWITCHES void jump(switch_point &point) { __builtin_longjmp(point, 1); }
+#else
+typedef jmp_buf switch_point;
+#  define EMU_SAVE(point) _setjmp(point)
+#  define EMU_SWITCHES __attribute__((noinline))
+[[noreturn]] inline void jump(switch_point &point) { _longjmp(point, 1); }
+#endif
+
 enum class state : uint8_t { runnable, at_barrier, at_collective, done };
 enum class op : uint8_t { sync_warp, shuffle_xor, shuffle_index, ldmatrix, ldmatrix_trans, mma_f16, mma_bf16, mfma_f16 };
 
@@ -58,7 +78,7 @@ struct pending_copy {
 
 /* One GPU thread. The collective's operands travel in reg/acc/ptr and results come back there. */
 struct fiber {
-    jmp_buf resume;
+    switch_point resume;
     ucontext_t start;
     bool started;
     state st;
@@ -86,7 +106,7 @@ struct grid_run {
     std::vector<fiber> fibers;
     int current;
     bool terminating;
-    jmp_buf scheduler;
+    switch_point scheduler;
     const void *scheduler_stack;
     size_t scheduler_stack_size;
     void *scheduler_fake_stack;
@@ -156,11 +176,11 @@ fiber &self()
 }
 
 /* Back to the scheduler; returns when the scheduler resumes this fiber. */
-__attribute__((noinline)) void yield(fiber &f)
+EMU_SWITCHES void yield(fiber &f)
 {
     grid_run *r = tls_run;
     start_switch(&f.fake_stack, r->scheduler_stack, r->scheduler_stack_size);
-    if (!_setjmp(f.resume)) _longjmp(r->scheduler, 1);
+    if (!EMU_SAVE(f.resume)) jump(r->scheduler);
     finish_switch(f.fake_stack, &r->scheduler_stack, &r->scheduler_stack_size);
 }
 
@@ -177,7 +197,7 @@ void perform(std::vector<pending_copy> &copies, size_t count)
 
 void perform(std::vector<pending_copy> &copies) { perform(copies, copies.size()); }
 
-void fiber_main()
+EMU_SWITCHES void fiber_main()
 {
     grid_run *r = tls_run;
     finish_switch(nullptr, &r->scheduler_stack, &r->scheduler_stack_size);
@@ -195,7 +215,7 @@ void fiber_main()
     }
     r = tls_run;
     start_switch(nullptr, r->scheduler_stack, r->scheduler_stack_size);
-    _longjmp(r->scheduler, 1);
+    jump(r->scheduler);
 }
 
 /* The context a fiber starts from (fiber_main on its own stack). Not inlined: getcontext
@@ -209,18 +229,18 @@ __attribute__((noinline)) void prepare_start(fiber &f)
     makecontext(&f.start, fiber_main, 0);
 }
 
-/* Not inlined: the _setjmp below must not share a frame with the caller's loop variables. */
-__attribute__((noinline)) void enter(grid_run &r, int index)
+/* Not inlined: the EMU_SAVE below must not share a frame with the caller's loop variables. */
+EMU_SWITCHES void enter(grid_run &r, int index)
 {
     fiber &f = r.fibers[static_cast<size_t>(index)];
     r.current = index;
     start_switch(&r.scheduler_fake_stack, f.stack, f.stack_size);
-    if (!_setjmp(r.scheduler)) {
+    if (!EMU_SAVE(r.scheduler)) {
         if (!f.started) {
             f.started = true;
             setcontext(&f.start);
         }
-        _longjmp(f.resume, 1);
+        jump(f.resume);
     }
     finish_switch(r.scheduler_fake_stack, nullptr, nullptr);
     r.current = -1;

@@ -1,5 +1,5 @@
 /* The SIMT emulator's core: runs a kernel's grid on the calling CPU thread, one block at a time,
- * every GPU thread of the block a fiber (ucontext to start it, _setjmp/_longjmp to switch: no
+ * every GPU thread of the block a fiber (ucontext to start it, setjmp/longjmp to switch: no
  * system call per switch). __syncthreads and every warp collective is a rendezvous: a fiber runs
  * until it reaches one and then waits; when no fiber can run, the scheduler releases a barrier
  * that every thread of the block has reached, or resolves a collective that every lane of a warp
