@@ -7,7 +7,8 @@
 # step fails when any target fails.
 # Usage: scripts/ci-fuzz.sh [source dir] [seconds (default 60)] [emulated seconds (default 0)]
 #   Each target fuzzes until FA_FUZZ_RUNS executions (default 100000) or its share of the seconds
-#   (the table's percent), whichever comes first; the shares add up to the seconds, and the
+#   (the table's percent, plus what the runs that ended before it started left unspent), whichever
+#   comes first; the shares add up to the seconds, and the
 #   targets run FA_FUZZ_LANES at a time (default FA_CI_JOBS, else 2), so the step takes about
 #   seconds / lanes. The emulated seconds, when not 0, are shared by the targets marked "emu": they
 #   run again on the CUDA plugin built for the SIMT emulator (tests/gpu/emu) with the same
@@ -161,10 +162,26 @@ if [ "$emulated_seconds" -gt 0 ] && [ ${#emulated[@]} -gt 0 ]; then
   start_job emulated-plugin build_plugin
 fi
 
+# A run that reaches its executions early leaves seconds of its share unspent: the next run to
+# start gets them on top of its own share (the sum of the CPU runs' times stays within $seconds).
+declare -A granted=() # CPU run -> the seconds it was given
+handed=0              # unspent seconds already given to later runs
+unspent_seconds() {
+  local label executions seconds_run _ left=0
+  while read -r label executions seconds_run _; do
+    [ -n "${granted[$label]:-}" ] && left=$(( left + granted[$label] - seconds_run ))
+  done <"$build/runs.txt"
+  echo $(( left - handed > 0 ? left - handed : 0 ))
+}
 step_start=$(date +%s)
 for entry in "${targets[@]}"; do
   read -r target percent _ <<<"$entry"
   share=$(( seconds * percent / 100 > 0 ? seconds * percent / 100 : 1 ))
+  while [ "${#running[@]}" -ge "$lanes" ]; do reap; done # the lane first: then what the finished left is known
+  extra=$(unspent_seconds)
+  handed=$(( handed + extra ))
+  share=$(( share + extra ))
+  granted[$target]=$share
   start_job "$target" fuzz "$target" "$share" "corpus-$target" "fuzz/corpus/$target" "fuzz-$target.log" "$target"
 done
 finish_jobs
@@ -185,7 +202,9 @@ while read -r label executions seconds_run exit_status; do
   rate=$(( seconds_run > 0 ? executions / seconds_run : executions ))
   note=
   if [ "$executions" -lt "$runs" ] && [[ "$label" != */emulated-* ]]; then note="  below the goal"; below=$(( below + 1 )); fi
-  printf '  %-28s %9d executions %5d s %7d/s  exit %d%s\n' "$label" "$executions" "$seconds_run" "$rate" "$exit_status" "$note"
+  given=${granted[$label]:-}
+  printf '  %-28s %9d executions %5d s %7d/s  exit %d%s%s\n' "$label" "$executions" "$seconds_run" "$rate" "$exit_status" \
+    "${given:+  (given $given s)}" "$note"
 done < <(sort "$build/runs.txt")
 [ "$below" -eq 0 ] || echo "ci-fuzz: $below CPU run(s) stopped at their time share before $runs executions (a slower machine)"
 for job in "${!failed[@]}"; do echo "ci-fuzz: $job failed (exit status ${failed[$job]})"; done
