@@ -22,7 +22,8 @@
 #include "harness.h"
 
 enum { B = 2, HQ = 4, HK = 2, D = 128 };
-static int64_t N = 203;
+/* The sequence length: 203, or 131 under FA_TEST_QUICK=1 (header comment). */
+static int64_t sequence_length(void) { return fa_test_quick() ? 131 : 203; }
 
 typedef struct repeat_outputs { void *out, *dq, *dk, *dv; float *lse, *dsinks, *dbias; } repeat_outputs;
 
@@ -31,18 +32,19 @@ static float *fetch_f32(fa_context *ctx, const buffer *b) { return (float *)buff
 static repeat_outputs run_once(fa_context *ctx, fa_dtype dtype, const buffer *q, const buffer *k, const buffer *v,
                                const buffer *dout, const float *sinks_dev, const buffer *bias)
 {
-    const size_t nq = (size_t)B * N * HQ * D, nk = (size_t)B * N * HK * D, nl = (size_t)B * HQ * N;
-    const size_t nb = (size_t)HQ * N * N;
+    const int64_t n = sequence_length();
+    const size_t nq = (size_t)B * n * HQ * D, nk = (size_t)B * n * HK * D, nl = (size_t)B * HQ * n;
+    const size_t nb = (size_t)HQ * n * n;
     buffer out = buffer_new(ctx, nq, dtype, 0), dq = buffer_new(ctx, nq, dtype, 0);
     buffer dk = buffer_new(ctx, nk, dtype, 0), dv = buffer_new(ctx, nk, dtype, 0);
     buffer lse = buffer_new(ctx, nl, FA_DTYPE_F32, 0), dsinks = buffer_new(ctx, HQ, FA_DTYPE_F32, 0);
     buffer dbias = buffer_new(ctx, nb, FA_DTYPE_F32, 0);
-    const fa_tensor tq = {q->dev, dtype, B, N, HQ, D, 0, 0, 0}, tk = {k->dev, dtype, B, N, HK, D, 0, 0, 0};
-    const fa_tensor tv = {v->dev, dtype, B, N, HK, D, 0, 0, 0}, tdo = {dout->dev, dtype, B, N, HQ, D, 0, 0, 0};
-    fa_tensor to = {out.dev, dtype, B, N, HQ, D, 0, 0, 0}, tdq = {dq.dev, dtype, B, N, HQ, D, 0, 0, 0};
-    fa_tensor tdk = {dk.dev, dtype, B, N, HK, D, 0, 0, 0}, tdv = {dv.dev, dtype, B, N, HK, D, 0, 0, 0};
-    const fa_bias fbias = {bias->dev, FA_DTYPE_F32, 0, (int64_t)N * N, N}; /* shared by the batch */
-    const fa_bias fdbias = {dbias.dev, FA_DTYPE_F32, 0, (int64_t)N * N, N};
+    const fa_tensor tq = {q->dev, dtype, B, n, HQ, D, 0, 0, 0}, tk = {k->dev, dtype, B, n, HK, D, 0, 0, 0};
+    const fa_tensor tv = {v->dev, dtype, B, n, HK, D, 0, 0, 0}, tdo = {dout->dev, dtype, B, n, HQ, D, 0, 0, 0};
+    fa_tensor to = {out.dev, dtype, B, n, HQ, D, 0, 0, 0}, tdq = {dq.dev, dtype, B, n, HQ, D, 0, 0, 0};
+    fa_tensor tdk = {dk.dev, dtype, B, n, HK, D, 0, 0, 0}, tdv = {dv.dev, dtype, B, n, HK, D, 0, 0, 0};
+    const fa_bias fbias = {bias->dev, FA_DTYPE_F32, 0, (int64_t)n * n, n}; /* shared by the batch */
+    const fa_bias fdbias = {dbias.dev, FA_DTYPE_F32, 0, (int64_t)n * n, n};
     fa_attention_desc desc;
     fa_attention_desc_init(&desc);
     desc.causal = 1;
@@ -71,9 +73,9 @@ static void expect_same_bits(const char *what, const void *a, const void *b, siz
 static void check_repeat(void **state, fa_dtype dtype)
 {
     fa_context *ctx = context_or_skip(state);
-    N = fa_test_quick() ? 131 : 203;
-    const size_t nq = (size_t)B * N * HQ * D, nk = (size_t)B * N * HK * D, nl = (size_t)B * HQ * N;
-    const size_t nb = (size_t)HQ * N * N, es = dtype_size(dtype);
+    const int64_t n = sequence_length();
+    const size_t nq = (size_t)B * n * HQ * D, nk = (size_t)B * n * HK * D, nl = (size_t)B * HQ * n;
+    const size_t nb = (size_t)HQ * n * n, es = dtype_size(dtype);
     buffer q = buffer_new(ctx, nq, dtype, 11), k = buffer_new(ctx, nk, dtype, 12), v = buffer_new(ctx, nk, dtype, 13);
     buffer dout = buffer_new(ctx, nq, dtype, 14), bias = buffer_new(ctx, nb, FA_DTYPE_F32, 15);
     buffer sinks = buffer_new(ctx, HQ, FA_DTYPE_F32, 16);
